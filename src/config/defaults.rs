@@ -1,0 +1,104 @@
+//! Defaults, and the configuration embedded in the binary for a run without a config file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Used when no config file is given. Models appear only for providers whose key variable is set.
+pub const EMBEDDED_DEFAULT: &str = r#"
+listen = "127.0.0.1:8787"
+intercept = ["*.cursor.sh"]
+
+[providers.openai]
+kind = "openai-chat"
+api_key_env = "OPENAI_API_KEY"
+
+[providers.anthropic]
+kind = "anthropic"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[[models]]
+id = "gpt-5.1"
+display_name = "GPT-5.1 (BYOK)"
+provider = "openai"
+model = "gpt-5.1"
+context_window = 400000
+max_output_tokens = 32000
+reasoning_effort = "medium"
+
+[[models]]
+id = "claude-sonnet-4-5"
+display_name = "Claude Sonnet 4.5 (BYOK)"
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+context_window = 200000
+max_output_tokens = 32000
+thinking_budget = 4000
+"#;
+
+/// The OS data directory for this app (`~/.local/share/cursor-byok`, `~/Library/Application
+/// Support/cursor-byok`, `%APPDATA%\cursor-byok`); `CURSOR_BYOK_DATA_DIR` overrides it.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CURSOR_BYOK_DATA_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    dirs::data_dir()
+        .or_else(dirs::home_dir)
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("cursor-byok")
+}
+
+pub(super) fn listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8787))
+}
+
+pub(super) fn intercept() -> Vec<String> {
+    vec!["*.cursor.sh".to_string()]
+}
+
+pub(super) fn origin() -> String {
+    "https://api2.cursor.sh".to_string()
+}
+
+pub(super) fn yes() -> bool {
+    true
+}
+
+pub(super) fn max_tool_rounds() -> u32 {
+    50
+}
+
+pub(super) fn heartbeat_secs() -> u64 {
+    5
+}
+
+pub(super) fn kv_timeout_secs() -> u64 {
+    30
+}
+
+pub(super) fn provider_idle_secs() -> u64 {
+    120
+}
+
+pub(super) fn provider_retries() -> u32 {
+    2
+}
+
+pub(super) fn max_frame_bytes() -> usize {
+    16 << 20
+}
+
+pub(super) fn max_decompressed_bytes() -> usize {
+    64 << 20
+}
+
+pub(super) fn max_history_bytes() -> usize {
+    64 << 20
+}
+
+pub(super) fn context_window() -> u32 {
+    128_000
+}
+
+pub(super) fn max_output_tokens() -> u32 {
+    16_000
+}

@@ -1,0 +1,452 @@
+//! Configuration: the TOML model, defaults, validation and redacted secrets.
+//!
+//! Loading never echoes a secret: errors name the file, the key and the reason, and a reason
+//! that would quote a value under a secret-looking key is redacted.
+
+mod defaults;
+mod error;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::secret::Secret;
+
+pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
+pub use error::ConfigError;
+
+/// Prefix of every model id Cursor sees for a configured model, so ours can never collide with
+/// Cursor's own ids.
+pub const MODEL_ID_PREFIX: &str = "byok-";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The proxy listener (HTTP CONNECT and absolute-form HTTP).
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// Where the CA and caches live; `None` means the OS data directory.
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// Host patterns whose TLS is terminated (`*.cursor.sh` matches every subdomain).
+    #[serde(default = "defaults::intercept")]
+    pub intercept: Vec<String>,
+    /// Optional password for the proxy listener (`Proxy-Authorization: Basic`).
+    #[serde(default)]
+    pub proxy_auth: Option<ProxyAuth>,
+    #[serde(default)]
+    pub direct: DirectDoors,
+    #[serde(default)]
+    pub upstream: UpstreamConfig,
+    #[serde(default)]
+    pub cursor: CursorConfig,
+    #[serde(default)]
+    pub agent: AgentConfig,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyAuth {
+    pub username: String,
+    pub password: Secret,
+}
+
+/// Listeners for clients that take a backend URL instead of a proxy (Cursor's CLI and SDK).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirectDoors {
+    /// TLS listener (ALPN h2 + http/1.1) presenting leaves from our CA.
+    #[serde(default)]
+    pub tls_listen: Option<SocketAddr>,
+    /// Plain-HTTP listener.
+    #[serde(default)]
+    pub http_listen: Option<SocketAddr>,
+    /// The Cursor origin requests on the direct doors are sent to.
+    #[serde(default = "defaults::origin")]
+    pub origin: String,
+}
+
+impl Default for DirectDoors {
+    fn default() -> Self {
+        DirectDoors {
+            tls_listen: None,
+            http_listen: None,
+            origin: defaults::origin(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Outbound HTTP proxy for our own dials (corporate networks), e.g. `http://proxy:3128`.
+    #[serde(default)]
+    pub proxy: Option<String>,
+    /// Extra PEM roots trusted for upstream TLS, besides the OS store.
+    #[serde(default)]
+    pub extra_roots: Option<PathBuf>,
+    /// Host → address overrides (tests put a local server behind `api2.cursor.sh`).
+    #[serde(default)]
+    pub resolve: BTreeMap<String, SocketAddr>,
+    /// Seconds allowed for connecting upstream.
+    #[serde(default)]
+    pub connect_timeout_secs: Option<u64>,
+}
+
+impl UpstreamConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs.unwrap_or(10))
+    }
+}
+
+/// How Cursor's own services are adjusted.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CursorConfig {
+    /// Rewrite `GetServerConfig` so desktop clients use the HTTP/1.1 agent transport, which
+    /// honours the proxy setting (their HTTP/2 agent client bypasses it).
+    #[serde(default = "defaults::yes")]
+    pub force_http1_agent: bool,
+    /// Advertise the direct TLS door in `agent_url_config` instead.
+    #[serde(default)]
+    pub advertise_direct_door: bool,
+}
+
+impl Default for CursorConfig {
+    fn default() -> Self {
+        CursorConfig {
+            force_http1_agent: true,
+            advertise_direct_door: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Tool rounds allowed in one turn before the turn ends with an explanation.
+    #[serde(default = "defaults::max_tool_rounds")]
+    pub max_tool_rounds: u32,
+    /// Seconds of silence after which a heartbeat goes to the client.
+    #[serde(default = "defaults::heartbeat_secs")]
+    pub heartbeat_secs: u64,
+    /// Seconds to wait for the client to acknowledge a blob.
+    #[serde(default = "defaults::kv_timeout_secs")]
+    pub kv_timeout_secs: u64,
+    /// Seconds of provider silence mid-stream before the request is given up.
+    #[serde(default = "defaults::provider_idle_secs")]
+    pub provider_idle_timeout_secs: u64,
+    /// Retries for a provider request that failed before streaming anything.
+    #[serde(default = "defaults::provider_retries")]
+    pub provider_max_retries: u32,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            max_tool_rounds: defaults::max_tool_rounds(),
+            heartbeat_secs: defaults::heartbeat_secs(),
+            kv_timeout_secs: defaults::kv_timeout_secs(),
+            provider_idle_timeout_secs: defaults::provider_idle_secs(),
+            provider_max_retries: defaults::provider_retries(),
+        }
+    }
+}
+
+/// Size limits on what clients and providers send us.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default = "defaults::max_frame_bytes")]
+    pub max_frame_bytes: usize,
+    #[serde(default = "defaults::max_decompressed_bytes")]
+    pub max_decompressed_bytes: usize,
+    /// Upper bound on the provider history rebuilt for one run.
+    #[serde(default = "defaults::max_history_bytes")]
+    pub max_history_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: defaults::max_frame_bytes(),
+            max_decompressed_bytes: defaults::max_decompressed_bytes(),
+            max_history_bytes: defaults::max_history_bytes(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    OpenaiChat,
+    OpenaiResponses,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            ProviderKind::OpenaiChat | ProviderKind::OpenaiResponses => "https://api.openai.com/v1",
+            ProviderKind::Anthropic => "https://api.anthropic.com/v1",
+        }
+    }
+}
+
+/// How the API key is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthHeader {
+    /// `Authorization: Bearer <key>` (OpenAI and compatibles).
+    Bearer,
+    /// `api-key: <key>` (Azure OpenAI).
+    ApiKey,
+    /// `x-api-key: <key>` (Anthropic).
+    XApiKey,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The key inline. Prefer `api_key_env`.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// Name of an environment variable holding the key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub auth: Option<AuthHeader>,
+    /// Extra headers on every request (values may be secrets, so they never print).
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+}
+
+impl ProviderConfig {
+    pub fn base_url(&self) -> &str {
+        self.base_url
+            .as_deref()
+            .unwrap_or_else(|| self.kind.default_base_url())
+    }
+
+    pub fn auth(&self) -> AuthHeader {
+        self.auth.unwrap_or(match self.kind {
+            ProviderKind::Anthropic => AuthHeader::XApiKey,
+            _ => AuthHeader::Bearer,
+        })
+    }
+
+    /// The API key: inline, else from the named environment variable.
+    pub fn resolve_api_key(&self) -> Option<Secret> {
+        if let Some(key) = &self.api_key {
+            return Some(key.clone());
+        }
+        let var = self.api_key_env.as_deref()?;
+        std::env::var(var)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(Secret::new)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Short id; Cursor sees it as `byok-<id>`.
+    pub id: String,
+    /// Name shown in Cursor's model picker.
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// Key of an entry in `[providers]`.
+    pub provider: String,
+    /// The provider's own model name.
+    pub model: String,
+    #[serde(default = "defaults::context_window")]
+    pub context_window: u32,
+    #[serde(default = "defaults::max_output_tokens")]
+    pub max_output_tokens: u32,
+    /// `low` | `medium` | `high` for reasoning models (OpenAI), if any.
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    /// Anthropic extended-thinking budget in tokens, if any.
+    #[serde(default)]
+    pub thinking_budget: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default = "defaults::yes")]
+    pub supports_images: bool,
+}
+
+impl ModelConfig {
+    /// The id Cursor sees and sends back in `requested_model.model_id`.
+    pub fn cursor_id(&self) -> String {
+        format!("{MODEL_ID_PREFIX}{}", self.id)
+    }
+
+    pub fn display_name(&self) -> &str {
+        self.display_name.as_deref().unwrap_or(&self.id)
+    }
+
+    pub fn thinks(&self) -> bool {
+        self.thinking_budget.is_some() || self.reasoning_effort.is_some()
+    }
+}
+
+const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high", "xhigh"];
+
+impl Config {
+    /// Parse and validate TOML text; `origin` names the file in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::syntax(origin, text, &e))?;
+        let config: Config = serde_path_to_error::deserialize(de)
+            .map_err(|e| ConfigError::from_path_error(origin, text, e))?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            file: origin.clone(),
+            reason: e.to_string(),
+        })?;
+        Config::from_toml(&text, &origin)
+    }
+
+    /// The embedded default, with models derived from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`.
+    pub fn embedded_default() -> Config {
+        // The embedded text is covered by a unit test, so it always parses and validates.
+        Config::from_toml(EMBEDDED_DEFAULT, "<embedded default>")
+            .expect("embedded default config is valid (tested)")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
+    pub fn model_by_cursor_id(&self, cursor_id: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.cursor_id() == cursor_id)
+    }
+
+    /// Models whose provider has a usable API key.
+    pub fn usable_models(&self) -> impl Iterator<Item = &ModelConfig> {
+        self.models.iter().filter(|m| {
+            self.providers
+                .get(&m.provider)
+                .is_some_and(|p| p.resolve_api_key().is_some())
+        })
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |key: String, reason: String| ConfigError::Invalid {
+            file: file.to_string(),
+            key,
+            line: None,
+            reason,
+        };
+        if self.intercept.is_empty() {
+            return Err(invalid("intercept".into(), "at least one host pattern is needed".into()));
+        }
+        for (i, p) in self.intercept.iter().enumerate() {
+            let rest = p.strip_prefix("*.").unwrap_or(p);
+            if rest.is_empty() || rest.contains('*') || rest.contains('/') {
+                return Err(invalid(
+                    format!("intercept[{i}]"),
+                    format!("`{p}` is not a host name or `*.domain` pattern"),
+                ));
+            }
+        }
+        if let Some(url) = &self.upstream.proxy {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    "upstream.proxy".into(),
+                    "must be an http:// or https:// URL".into(),
+                ));
+            }
+        }
+        if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://") {
+            return Err(invalid("direct.origin".into(), "must be an http(s):// URL".into()));
+        }
+        for (name, p) in &self.providers {
+            if let Some(url) = &p.base_url {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(invalid(
+                        format!("providers.{name}.base_url"),
+                        "must be an http:// or https:// URL".into(),
+                    ));
+                }
+            }
+            if p.api_key.is_none() && p.api_key_env.is_none() {
+                return Err(invalid(
+                    format!("providers.{name}"),
+                    "needs `api_key_env` (preferred) or `api_key`".into(),
+                ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let key = |field: &str| format!("models[{i}].{field}");
+            if m.id.is_empty()
+                || !m
+                    .id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(invalid(
+                    key("id"),
+                    "use letters, digits, `-`, `_` or `.` (a `:` would read as a variant)".into(),
+                ));
+            }
+            if !seen.insert(&m.id) {
+                return Err(invalid(key("id"), format!("`{}` is configured twice", m.id)));
+            }
+            if !self.providers.contains_key(&m.provider) {
+                return Err(invalid(
+                    key("provider"),
+                    format!("no provider named `{}` in [providers]", m.provider),
+                ));
+            }
+            if m.context_window == 0 || m.max_output_tokens == 0 {
+                return Err(invalid(key("context_window"), "token limits must be positive".into()));
+            }
+            if let Some(effort) = &m.reasoning_effort {
+                if !REASONING_EFFORTS.contains(&effort.as_str()) {
+                    return Err(invalid(
+                        key("reasoning_effort"),
+                        format!("`{effort}` is not one of {}", REASONING_EFFORTS.join(", ")),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Does `host` match one of the intercept patterns? (`*.cursor.sh` matches `api2.cursor.sh`
+/// and `a.b.cursor.sh`, not `cursor.sh` itself nor `evilcursor.sh`.)
+pub fn host_matches(patterns: &[String], host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    patterns.iter().any(|p| {
+        let p = p.to_ascii_lowercase();
+        match p.strip_prefix("*.") {
+            Some(domain) => host.len() > domain.len() + 1
+                && host.ends_with(domain)
+                && host.as_bytes()[host.len() - domain.len() - 1] == b'.',
+            None => host == p,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+use super::*;
+
+#[test]
+fn embedded_default_is_valid() {
+    let c = Config::embedded_default();
+    assert!(c.listen.ip().is_loopback());
+    assert_eq!(c.intercept, vec!["*.cursor.sh"]);
+    assert_eq!(c.models.len(), 2);
+}
+
+#[test]
+fn example_is_valid() {
+    let text = include_str!("../../config.example.toml");
+    let c = Config::from_toml(text, "config.example.toml").unwrap();
+    assert_eq!(c.models[0].cursor_id(), "byok-gpt-5.1");
+    assert_eq!(c.providers["anthropic"].auth(), AuthHeader::XApiKey);
+    assert_eq!(c.providers["openai"].auth(), AuthHeader::Bearer);
+}
+
+#[test]
+fn wrong_type_names_file_key_and_reason() {
+    let text = "listen = \"127.0.0.1:1\"\n[agent]\nmax_tool_rounds = \"many\"\n";
+    let err = Config::from_toml(text, "c.toml").unwrap_err().to_string();
+    assert!(err.contains("c.toml"), "{err}");
+    assert!(err.contains("agent.max_tool_rounds"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn secret_values_are_never_echoed() {
+    let text = "[providers.x]\nkind = \"openai-chat\"\napi_key = \"sk-SECRET\"\n[providers.x.headers]\nh = [\"sk-SECRET2\"]\n";
+    let err = Config::from_toml(text, "c.toml").unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("sk-SECRET"), "{shown}");
+    assert!(shown.contains("providers.x.headers"), "{shown}");
+
+    let c = Config::from_toml("[providers.x]\nkind = \"anthropic\"\napi_key = \"sk-SECRET\"\n", "c").unwrap();
+    assert!(!format!("{c:?}").contains("sk-SECRET"));
+}
+
+#[test]
+fn unknown_keys_and_references_fail() {
+    let err = Config::from_toml("lisen = \"x\"", "c.toml").unwrap_err().to_string();
+    assert!(err.contains("unknown field"), "{err}");
+    let err = Config::from_toml(
+        "[[models]]\nid = \"a\"\nprovider = \"nope\"\nmodel = \"m\"\n",
+        "c.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("models[0].provider") && err.contains("nope"), "{err}");
+    let err = Config::from_toml("[providers.p]\nkind = \"gemini\"\napi_key_env = \"X\"\n", "c.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("providers.p.kind"), "{err}");
+}
+
+#[test]
+fn host_patterns() {
+    let p = vec!["*.cursor.sh".to_string()];
+    assert!(host_matches(&p, "api2.cursor.sh"));
+    assert!(host_matches(&p, "agent.api5.cursor.sh"));
+    assert!(host_matches(&p, "API2.Cursor.SH."));
+    assert!(!host_matches(&p, "cursor.sh"));
+    assert!(!host_matches(&p, "evilcursor.sh"));
+    assert!(!host_matches(&p, "cursor.sh.evil.com"));
+    assert!(host_matches(&["example.com".to_string()], "example.com"));
+}

@@ -1,0 +1,77 @@
+//! The binary's commands, run as a user would.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cursor-byok"));
+    cmd.env_remove("RUST_LOG").env_remove("CURSOR_BYOK_CONFIG");
+    cmd
+}
+
+fn fingerprint(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SHA-256:"))
+        .expect("a fingerprint line")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn ca_is_created_once_with_a_private_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = bin().args(["ca", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let first = String::from_utf8(first.stdout).unwrap();
+    assert!(first.contains("Created a new CA"), "{first}");
+
+    let second = bin().args(["ca", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(second.status.success());
+    let second = String::from_utf8(second.stdout).unwrap();
+    assert!(second.contains("Using the existing CA"), "{second}");
+    assert_eq!(fingerprint(&first), fingerprint(&second));
+    assert_eq!(fingerprint(&first).len(), 32 * 3 - 1);
+    assert!(!first.contains("PRIVATE KEY"));
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("ca.key.pem")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert!(dir.path().join("ca.der").is_file());
+}
+
+#[test]
+fn example_config_checks() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.toml");
+    let out = bin().args(["check-config", example]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("byok-gpt-5.1"));
+}
+
+#[test]
+fn bad_config_names_file_key_and_reason_without_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[providers.openai]\nkind = \"openai-chat\"\napi_key = \"sk-test-SUPERSECRET\"\n\n[[models]]\nid = \"m\"\nprovider = \"openai\"\nmodel = \"gpt\"\ncontext_window = \"big\"\n",
+    )
+    .unwrap();
+    let out = bin().args(["check-config"]).arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml"), "{err}");
+    assert!(err.contains("models[0].context_window"), "{err}");
+    assert!(err.contains("invalid type"), "{err}");
+    assert!(!err.contains("SUPERSECRET") && !String::from_utf8_lossy(&out.stdout).contains("SUPERSECRET"));
+
+    // A secret in the wrong type is not echoed either.
+    std::fs::write(&path, "[providers.openai]\nkind = \"openai-chat\"\napi_key = [\"sk-test-SUPERSECRET\"]\n").unwrap();
+    let out = bin().args(["check-config"]).arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("providers.openai.api_key"), "{err}");
+    assert!(!err.contains("SUPERSECRET"), "{err}");
+}
