@@ -1,0 +1,179 @@
+//! The compression codecs Connect peers negotiate (identity and gzip), with bounded inflation.
+
+use std::io::{Read, Write};
+
+use bytes::Bytes;
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+
+use super::error::CodecError;
+
+/// A message codec, as named by `content-encoding` (unary) or `connect-content-encoding`
+/// (streams).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    #[default]
+    Identity,
+    Gzip,
+}
+
+impl Encoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Identity => "identity",
+            Encoding::Gzip => "gzip",
+        }
+    }
+
+    /// Parses a `content-encoding` / `connect-content-encoding` header value; absent or empty
+    /// means identity. Codings are case-insensitive in HTTP.
+    pub fn from_header(value: Option<&str>) -> Result<Encoding, CodecError> {
+        let v = value.map(str::trim).unwrap_or("");
+        if v.is_empty() || v.eq_ignore_ascii_case("identity") {
+            Ok(Encoding::Identity)
+        } else if v.eq_ignore_ascii_case("gzip") {
+            Ok(Encoding::Gzip)
+        } else {
+            Err(CodecError::UnsupportedEncoding(v.to_owned()))
+        }
+    }
+
+    /// Picks the codec for our response from the peer's `connect-accept-encoding` /
+    /// `accept-encoding` list: gzip when offered (and not refused with `q=0`), else identity.
+    pub fn negotiate(accept: Option<&str>) -> Encoding {
+        let offered = accept.unwrap_or("").split(',').any(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                let p = p.trim();
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            name.eq_ignore_ascii_case("gzip") && !refused
+        });
+        if offered {
+            Encoding::Gzip
+        } else {
+            Encoding::Identity
+        }
+    }
+}
+
+/// Appends the gzip of `data` to `out` (so callers can reserve a frame header in front of it
+/// and avoid a second copy).
+pub(crate) fn gzip_into(out: Vec<u8>, data: &[u8]) -> Result<Vec<u8>, CodecError> {
+    let mut enc = GzEncoder::new(out, flate2::Compression::default());
+    enc.write_all(data).map_err(CodecError::Compress)?;
+    enc.finish().map_err(CodecError::Compress)
+}
+
+/// Inflates `data`, refusing (without inflating further) as soon as the output would exceed
+/// `max` bytes, so a gzip bomb costs at most `max + 1` bytes of memory and work. Concatenated
+/// gzip members are accepted, as Go's and Node's readers do. An empty input is an empty message
+/// (connect-go treats a zero-length compressed payload that way).
+pub(crate) fn gunzip_bounded(data: &[u8], max: usize) -> Result<Bytes, CodecError> {
+    if data.is_empty() {
+        return Ok(Bytes::new());
+    }
+    let max64 = u64::try_from(max).unwrap_or(u64::MAX);
+    // A cheap first guess at the output size; read_to_end grows it as needed, up to the limit.
+    let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(max));
+    MultiGzDecoder::new(data)
+        .take(max64.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(CodecError::BadGzip)?;
+    if out.len() > max {
+        return Err(CodecError::DecompressedTooLarge { max: max64 });
+    }
+    Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values() {
+        assert_eq!(Encoding::from_header(None).ok(), Some(Encoding::Identity));
+        assert_eq!(
+            Encoding::from_header(Some("")).ok(),
+            Some(Encoding::Identity)
+        );
+        assert_eq!(
+            Encoding::from_header(Some("identity")).ok(),
+            Some(Encoding::Identity)
+        );
+        assert_eq!(
+            Encoding::from_header(Some(" GZIP ")).ok(),
+            Some(Encoding::Gzip)
+        );
+        assert!(matches!(
+            Encoding::from_header(Some("br")),
+            Err(CodecError::UnsupportedEncoding(e)) if e == "br"
+        ));
+    }
+
+    #[test]
+    fn negotiation() {
+        assert_eq!(Encoding::negotiate(None), Encoding::Identity);
+        assert_eq!(Encoding::negotiate(Some("gzip")), Encoding::Gzip);
+        assert_eq!(Encoding::negotiate(Some("br, gzip;q=0.5")), Encoding::Gzip);
+        assert_eq!(
+            Encoding::negotiate(Some("gzip;q=0, br")),
+            Encoding::Identity
+        );
+        assert_eq!(Encoding::negotiate(Some("identity")), Encoding::Identity);
+    }
+
+    #[test]
+    fn gzip_round_trip_and_bounds() {
+        let data = b"hello hello hello hello".repeat(10);
+        let z = gzip_into(Vec::new(), &data).expect("in-memory gzip");
+        assert_eq!(
+            gunzip_bounded(&z, data.len()).expect("fits").as_ref(),
+            &data[..]
+        );
+        assert!(matches!(
+            gunzip_bounded(&z, data.len() - 1),
+            Err(CodecError::DecompressedTooLarge { .. })
+        ));
+        assert!(matches!(
+            gunzip_bounded(b"not gzip", 100),
+            Err(CodecError::BadGzip(_))
+        ));
+        assert!(matches!(
+            gunzip_bounded(&z[..z.len() - 3], 1000),
+            Err(CodecError::BadGzip(_))
+        ));
+        // Two members decode as their concatenation.
+        let two = [z.clone(), z].concat();
+        assert_eq!(
+            gunzip_bounded(&two, 10_000).expect("fits").len(),
+            data.len() * 2
+        );
+    }
+}
+
+/// Test helpers shared by the codec's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::io::Write;
+    use std::sync::OnceLock;
+
+    use flate2::write::GzEncoder;
+
+    /// A gzip bomb: 1 GiB of zeros in about 1 MiB, built streaming (zeros written in 1 MiB
+    /// chunks, so building it never holds the inflated data) and cached across tests.
+    pub(crate) fn gzip_bomb_1gib() -> &'static [u8] {
+        static BOMB: OnceLock<Vec<u8>> = OnceLock::new();
+        BOMB.get_or_init(|| {
+            let zeros = vec![0u8; 1 << 20];
+            let mut enc = GzEncoder::new(Vec::new(), flate2::Compression::best());
+            for _ in 0..1024 {
+                enc.write_all(&zeros).expect("writing to a Vec cannot fail");
+            }
+            enc.finish().expect("writing to a Vec cannot fail")
+        })
+    }
+}
