@@ -15,6 +15,8 @@ use serde::Deserialize;
 
 use crate::secret::Secret;
 
+pub use crate::provider::{AuthMode, ProviderKind};
+
 pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
 pub use error::ConfigError;
 
@@ -185,35 +187,6 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProviderKind {
-    OpenaiChat,
-    OpenaiResponses,
-    Anthropic,
-}
-
-impl ProviderKind {
-    pub fn default_base_url(self) -> &'static str {
-        match self {
-            ProviderKind::OpenaiChat | ProviderKind::OpenaiResponses => "https://api.openai.com/v1",
-            ProviderKind::Anthropic => "https://api.anthropic.com/v1",
-        }
-    }
-}
-
-/// How the API key is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AuthHeader {
-    /// `Authorization: Bearer <key>` (OpenAI and compatibles).
-    Bearer,
-    /// `api-key: <key>` (Azure OpenAI).
-    ApiKey,
-    /// `x-api-key: <key>` (Anthropic).
-    XApiKey,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
@@ -227,7 +200,7 @@ pub struct ProviderConfig {
     #[serde(default)]
     pub api_key_env: Option<String>,
     #[serde(default)]
-    pub auth: Option<AuthHeader>,
+    pub auth: Option<AuthMode>,
     /// Extra headers on every request (values may be secrets, so they never print).
     #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
@@ -240,11 +213,8 @@ impl ProviderConfig {
             .unwrap_or_else(|| self.kind.default_base_url())
     }
 
-    pub fn auth(&self) -> AuthHeader {
-        self.auth.unwrap_or(match self.kind {
-            ProviderKind::Anthropic => AuthHeader::XApiKey,
-            _ => AuthHeader::Bearer,
-        })
+    pub fn auth(&self) -> AuthMode {
+        self.auth.unwrap_or(self.kind.default_auth())
     }
 
     /// The API key: inline, else from the named environment variable.
@@ -308,7 +278,8 @@ const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high", "xhigh"
 impl Config {
     /// Parse and validate TOML text; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::syntax(origin, text, &e))?;
+        let de =
+            toml::Deserializer::parse(text).map_err(|e| ConfigError::syntax(origin, text, &e))?;
         let config: Config = serde_path_to_error::deserialize(de)
             .map_err(|e| ConfigError::from_path_error(origin, text, e))?;
         config.validate(origin)?;
@@ -356,7 +327,10 @@ impl Config {
             reason,
         };
         if self.intercept.is_empty() {
-            return Err(invalid("intercept".into(), "at least one host pattern is needed".into()));
+            return Err(invalid(
+                "intercept".into(),
+                "at least one host pattern is needed".into(),
+            ));
         }
         for (i, p) in self.intercept.iter().enumerate() {
             let rest = p.strip_prefix("*.").unwrap_or(p);
@@ -375,8 +349,12 @@ impl Config {
                 ));
             }
         }
-        if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://") {
-            return Err(invalid("direct.origin".into(), "must be an http(s):// URL".into()));
+        if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://")
+        {
+            return Err(invalid(
+                "direct.origin".into(),
+                "must be an http(s):// URL".into(),
+            ));
         }
         for (name, p) in &self.providers {
             if let Some(url) = &p.base_url {
@@ -409,7 +387,10 @@ impl Config {
                 ));
             }
             if !seen.insert(&m.id) {
-                return Err(invalid(key("id"), format!("`{}` is configured twice", m.id)));
+                return Err(invalid(
+                    key("id"),
+                    format!("`{}` is configured twice", m.id),
+                ));
             }
             if !self.providers.contains_key(&m.provider) {
                 return Err(invalid(
@@ -418,7 +399,10 @@ impl Config {
                 ));
             }
             if m.context_window == 0 || m.max_output_tokens == 0 {
-                return Err(invalid(key("context_window"), "token limits must be positive".into()));
+                return Err(invalid(
+                    key("context_window"),
+                    "token limits must be positive".into(),
+                ));
             }
             if let Some(effort) = &m.reasoning_effort {
                 if !REASONING_EFFORTS.contains(&effort.as_str()) {
@@ -440,9 +424,11 @@ pub fn host_matches(patterns: &[String], host: &str) -> bool {
     patterns.iter().any(|p| {
         let p = p.to_ascii_lowercase();
         match p.strip_prefix("*.") {
-            Some(domain) => host.len() > domain.len() + 1
-                && host.ends_with(domain)
-                && host.as_bytes()[host.len() - domain.len() - 1] == b'.',
+            Some(domain) => {
+                host.len() > domain.len() + 1
+                    && host.ends_with(domain)
+                    && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
+            }
             None => host == p,
         }
     })

@@ -13,8 +13,8 @@ fn example_is_valid() {
     let text = include_str!("../../config.example.toml");
     let c = Config::from_toml(text, "config.example.toml").unwrap();
     assert_eq!(c.models[0].cursor_id(), "byok-gpt-5.1");
-    assert_eq!(c.providers["anthropic"].auth(), AuthHeader::XApiKey);
-    assert_eq!(c.providers["openai"].auth(), AuthHeader::Bearer);
+    assert_eq!(c.providers["anthropic"].auth(), AuthMode::XApiKey);
+    assert_eq!(c.providers["openai"].auth(), AuthMode::Bearer);
 }
 
 #[test]
@@ -35,13 +35,19 @@ fn secret_values_are_never_echoed() {
     assert!(!shown.contains("sk-SECRET"), "{shown}");
     assert!(shown.contains("providers.x.headers"), "{shown}");
 
-    let c = Config::from_toml("[providers.x]\nkind = \"anthropic\"\napi_key = \"sk-SECRET\"\n", "c").unwrap();
+    let c = Config::from_toml(
+        "[providers.x]\nkind = \"anthropic\"\napi_key = \"sk-SECRET\"\n",
+        "c",
+    )
+    .unwrap();
     assert!(!format!("{c:?}").contains("sk-SECRET"));
 }
 
 #[test]
 fn unknown_keys_and_references_fail() {
-    let err = Config::from_toml("lisen = \"x\"", "c.toml").unwrap_err().to_string();
+    let err = Config::from_toml("lisen = \"x\"", "c.toml")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown field"), "{err}");
     let err = Config::from_toml(
         "[[models]]\nid = \"a\"\nprovider = \"nope\"\nmodel = \"m\"\n",
@@ -49,10 +55,16 @@ fn unknown_keys_and_references_fail() {
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("models[0].provider") && err.contains("nope"), "{err}");
-    let err = Config::from_toml("[providers.p]\nkind = \"gemini\"\napi_key_env = \"X\"\n", "c.toml")
-        .unwrap_err()
-        .to_string();
+    assert!(
+        err.contains("models[0].provider") && err.contains("nope"),
+        "{err}"
+    );
+    let err = Config::from_toml(
+        "[providers.p]\nkind = \"gemini\"\napi_key_env = \"X\"\n",
+        "c.toml",
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("providers.p.kind"), "{err}");
 }
 

@@ -1,0 +1,145 @@
+//! Pure stream decoding: bytes → SSE events → [`ProviderEvent`]s, no IO.
+//!
+//! The HTTP layer feeds network chunks in; tests feed fixtures split anywhere and must get the
+//! same events.
+
+use super::anthropic::AnthropicMachine;
+use super::error::{ProviderError, ProviderErrorKind};
+use super::openai_chat::ChatMachine;
+use super::openai_responses::ResponsesMachine;
+use super::sse::{SseEvent, SseParser};
+use super::types::{ExtraData, ProviderEvent, ProviderExtra};
+use super::ProviderKind;
+
+/// Who is speaking: tags extras and names the provider in errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DecodeCtx {
+    pub kind: ProviderKind,
+    /// Replay identity (see `ProviderSettings::identity`).
+    pub origin: String,
+    /// Display name for errors.
+    pub name: String,
+}
+
+impl DecodeCtx {
+    pub(crate) fn extra(&self, data: ExtraData) -> ProviderExtra {
+        ProviderExtra {
+            kind: self.kind,
+            origin: self.origin.clone(),
+            data,
+        }
+    }
+
+    pub(crate) fn decode_error(&self, err: &serde_json::Error, data: &str) -> ProviderEvent {
+        let mut snippet: String = data.chars().take(120).collect();
+        if snippet.len() < data.len() {
+            snippet.push('…');
+        }
+        ProviderEvent::Error(ProviderError::new(
+            ProviderErrorKind::Decode,
+            &self.name,
+            format!("bad event JSON ({err}): {snippet}"),
+        ))
+    }
+}
+
+/// One provider's event-stream state machine.
+pub(crate) trait Machine: Send {
+    fn on_event(&mut self, ev: SseEvent, out: &mut Vec<ProviderEvent>);
+    /// The body ended; finish or report a truncated stream.
+    fn on_eof(&mut self, out: &mut Vec<ProviderEvent>);
+}
+
+/// Decodes one response body of a given provider kind into [`ProviderEvent`]s.
+///
+/// Output ends with exactly one terminal event (`Finished` or `Error`) once the stream is
+/// complete; anything the provider sends after it is ignored.
+pub struct StreamDecoder {
+    sse: SseParser,
+    machine: Box<dyn Machine>,
+    done: bool,
+}
+
+impl StreamDecoder {
+    /// `origin` is the replay identity stamped on extras; `provider_name` appears in errors.
+    pub fn new(kind: ProviderKind, origin: &str, provider_name: &str) -> Self {
+        let ctx = DecodeCtx {
+            kind,
+            origin: origin.to_string(),
+            name: provider_name.to_string(),
+        };
+        let machine: Box<dyn Machine> = match kind {
+            ProviderKind::OpenAiChat => Box::new(ChatMachine::new(ctx)),
+            ProviderKind::OpenAiResponses => Box::new(ResponsesMachine::new(ctx)),
+            ProviderKind::Anthropic => Box::new(AnthropicMachine::new(ctx)),
+        };
+        StreamDecoder {
+            sse: SseParser::new(),
+            machine,
+            done: false,
+        }
+    }
+
+    /// Whether a terminal event was produced.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Bytes buffered for an incomplete event.
+    pub fn pending_bytes(&self) -> usize {
+        self.sse.pending_bytes()
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<ProviderEvent> {
+        if self.done {
+            return Vec::new();
+        }
+        let events = self.sse.feed(chunk);
+        self.run(events, false)
+    }
+
+    /// End of body.
+    pub fn finish(&mut self) -> Vec<ProviderEvent> {
+        if self.done {
+            return Vec::new();
+        }
+        let events = self.sse.finish();
+        self.run(events, true)
+    }
+
+    fn run(&mut self, events: Vec<SseEvent>, eof: bool) -> Vec<ProviderEvent> {
+        let mut out = Vec::new();
+        for ev in events {
+            self.machine.on_event(ev, &mut out);
+            if self.cut_at_terminal(&mut out) {
+                return out;
+            }
+        }
+        if eof {
+            self.machine.on_eof(&mut out);
+            self.cut_at_terminal(&mut out);
+        }
+        out
+    }
+
+    fn cut_at_terminal(&mut self, out: &mut Vec<ProviderEvent>) -> bool {
+        if let Some(pos) = out.iter().position(ProviderEvent::is_terminal) {
+            out.truncate(pos + 1);
+            self.done = true;
+        }
+        self.done
+    }
+}
+
+/// Decode a whole body at once.
+pub fn decode_all(
+    kind: ProviderKind,
+    origin: &str,
+    provider_name: &str,
+    body: &[u8],
+) -> Vec<ProviderEvent> {
+    let mut d = StreamDecoder::new(kind, origin, provider_name);
+    let mut out = d.feed(body);
+    out.extend(d.finish());
+    out
+}

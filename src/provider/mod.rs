@@ -1,0 +1,516 @@
+//! Provider clients: OpenAI Chat Completions (and compatibles), OpenAI Responses, Anthropic
+//! Messages, behind one neutral interface. Knows nothing about Cursor or protobuf.
+//!
+//! ```text
+//! ProviderClient::stream(ProviderRequest, CancellationToken) -> ProviderStream of ProviderEvent
+//!     http.rs    request, retries (before any output), idle timeout, cancellation
+//!     decode.rs  bytes -> sse.rs -> per-provider machine -> events   (pure, fixture-tested)
+//! ```
+
+pub mod anthropic;
+pub mod decode;
+pub mod error;
+mod http;
+pub mod openai_chat;
+pub mod openai_responses;
+pub mod sse;
+pub mod types;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::secret::Secret;
+use decode::DecodeCtx;
+pub use decode::{decode_all, StreamDecoder};
+pub use error::{ProviderError, ProviderErrorKind};
+pub use types::*;
+
+/// Which wire API a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ProviderKind {
+    /// `POST /chat/completions`; also DeepSeek, vLLM, Ollama, OpenRouter, Groq, Gemini, Azure.
+    #[serde(rename = "openai-chat")]
+    OpenAiChat,
+    #[serde(rename = "openai-responses")]
+    OpenAiResponses,
+    #[serde(rename = "anthropic")]
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAiChat => "openai-chat",
+            ProviderKind::OpenAiResponses => "openai-responses",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            ProviderKind::Anthropic => "https://api.anthropic.com",
+            _ => "https://api.openai.com/v1",
+        }
+    }
+
+    /// `XApiKey` for Anthropic, `Bearer` otherwise.
+    pub fn default_auth(self) -> AuthMode {
+        match self {
+            ProviderKind::Anthropic => AuthMode::XApiKey,
+            _ => AuthMode::Bearer,
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the API key goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthMode {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// `api-key: <key>` (Azure OpenAI).
+    ApiKey,
+    /// `x-api-key: <key>` (Anthropic).
+    XApiKey,
+}
+
+/// Retry schedule: exponential backoff with jitter, before any output only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff; doubles each retry.
+    pub base_delay: Duration,
+    /// Backoff cap.
+    pub max_delay: Duration,
+    /// A provider asking to wait longer than this (`retry-after`) gets no retry: the error goes
+    /// to the caller with the delay in it.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_retries: 2,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Everything needed to talk to one provider endpoint.
+#[derive(Debug, Clone)]
+pub struct ProviderSettings {
+    pub kind: ProviderKind,
+    /// Display name for errors and logs; guessed from the host when `None`.
+    pub name: Option<String>,
+    /// API root: `https://api.openai.com/v1`, `https://api.deepseek.com`,
+    /// `https://api.anthropic.com` (a trailing `/v1` is fine too). Empty means the kind's default.
+    /// May carry a query (Azure's `?api-version=`); paths are inserted before it.
+    pub base_url: String,
+    /// Empty sends no auth header (local servers).
+    pub api_key: Secret,
+    /// `None` means the kind's default.
+    pub auth: Option<AuthMode>,
+    /// Sent on every request (e.g. `anthropic-beta`, OpenRouter's `HTTP-Referer`); values may
+    /// be credentials, so they are secrets.
+    pub extra_headers: Vec<(String, Secret)>,
+    /// Replay identity stamped on extras; defaults to the base URL without query. Two settings
+    /// with the same kind and identity may replay each other's reasoning.
+    pub identity: Option<String>,
+    pub anthropic_version: String,
+    /// No bytes for this long (waiting for headers or while streaming) ends the call.
+    pub idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl ProviderSettings {
+    pub fn new(kind: ProviderKind, base_url: impl Into<String>, api_key: Secret) -> Self {
+        ProviderSettings {
+            kind,
+            name: None,
+            base_url: base_url.into(),
+            api_key,
+            auth: None,
+            extra_headers: Vec::new(),
+            identity: None,
+            anthropic_version: "2023-06-01".into(),
+            idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    fn base(&self) -> &str {
+        let b = self.base_url.trim();
+        if b.is_empty() {
+            self.kind.default_base_url()
+        } else {
+            b
+        }
+    }
+
+    /// The replay identity (see [`ProviderExtra`]).
+    pub fn identity(&self) -> String {
+        if let Some(id) = &self.identity {
+            return id.clone();
+        }
+        let base = self.base();
+        let no_query = base.split(['?', '#']).next().unwrap_or(base);
+        no_query.trim_end_matches('/').to_ascii_lowercase()
+    }
+
+    /// The provider's display name.
+    pub fn display_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let host = reqwest::Url::parse(self.base())
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+            .unwrap_or_default();
+        let known = [
+            ("api.openai.com", "OpenAI"),
+            ("api.anthropic.com", "Anthropic"),
+            ("api.deepseek.com", "DeepSeek"),
+            ("openrouter.ai", "OpenRouter"),
+            ("api.groq.com", "Groq"),
+            ("generativelanguage.googleapis.com", "Gemini"),
+            ("openai.azure.com", "Azure OpenAI"),
+            ("api.x.ai", "xAI"),
+            ("api.mistral.ai", "Mistral"),
+        ];
+        for (suffix, name) in known {
+            if host == suffix || host.ends_with(&format!(".{suffix}")) {
+                return name.to_string();
+            }
+        }
+        match (host.is_empty(), self.kind) {
+            (true, ProviderKind::Anthropic) => "Anthropic".into(),
+            (true, _) => "OpenAI".into(),
+            (false, _) => host,
+        }
+    }
+
+    /// The endpoint URL for this kind.
+    fn endpoint(&self) -> Result<reqwest::Url, String> {
+        let mut url = reqwest::Url::parse(self.base()).map_err(|e| format!("bad base URL: {e}"))?;
+        if url.cannot_be_a_base() {
+            return Err("bad base URL: not a hierarchical URL".into());
+        }
+        let ends_v1 = url.path().trim_end_matches('/').ends_with("/v1");
+        let tail: &[&str] = match self.kind {
+            ProviderKind::OpenAiChat => &["chat", "completions"],
+            ProviderKind::OpenAiResponses => &["responses"],
+            ProviderKind::Anthropic if ends_v1 => &["messages"],
+            ProviderKind::Anthropic => &["v1", "messages"],
+        };
+        if let Ok(mut segs) = url.path_segments_mut() {
+            segs.pop_if_empty().extend(tail);
+        }
+        Ok(url)
+    }
+}
+
+/// The resolved, immutable per-client state shared with stream tasks.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub kind: ProviderKind,
+    pub name: String,
+    pub url: reqwest::Url,
+    pub headers: HeaderMap,
+    pub ctx: DecodeCtx,
+    pub api_key: Secret,
+    pub idle_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// api.openai.com wants `max_completion_tokens`.
+    pub openai_host: bool,
+}
+
+/// A client for one provider endpoint; cheap to clone (the HTTP pool is shared).
+#[derive(Debug, Clone)]
+pub struct ProviderClient {
+    http: reqwest::Client,
+    inner: Arc<Resolved>,
+}
+
+impl ProviderClient {
+    /// A client with its own pooled HTTP client.
+    pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
+        let http = build_http_client(settings.connect_timeout).map_err(|e| {
+            ProviderError::new(
+                ProviderErrorKind::Config,
+                &settings.display_name(),
+                e.without_url().to_string(),
+            )
+        })?;
+        Self::with_http_client(settings, http)
+    }
+
+    /// A client reusing `http` (see [`build_http_client`]); its connect timeout applies.
+    pub fn with_http_client(
+        settings: ProviderSettings,
+        http: reqwest::Client,
+    ) -> Result<Self, ProviderError> {
+        let name = settings.display_name();
+        let config_err = |m: String| ProviderError::new(ProviderErrorKind::Config, &name, m);
+        let url = settings.endpoint().map_err(config_err)?;
+        let headers = build_headers(&settings).map_err(config_err)?;
+        let inner = Resolved {
+            kind: settings.kind,
+            openai_host: url.host_str() == Some("api.openai.com"),
+            ctx: DecodeCtx {
+                kind: settings.kind,
+                origin: settings.identity(),
+                name: name.clone(),
+            },
+            name,
+            url,
+            headers,
+            api_key: settings.api_key,
+            idle_timeout: settings.idle_timeout,
+            retry: settings.retry,
+        };
+        Ok(ProviderClient {
+            http,
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn kind(&self) -> ProviderKind {
+        self.inner.kind
+    }
+
+    /// Display name used in errors.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Replay identity stamped on extras this client produces.
+    pub fn identity(&self) -> &str {
+        &self.inner.ctx.origin
+    }
+
+    /// The JSON body [`ProviderClient::stream`] would send.
+    pub fn request_body(&self, req: &ProviderRequest) -> serde_json::Value {
+        let ctx = &self.inner.ctx;
+        match self.inner.kind {
+            ProviderKind::OpenAiChat => openai_chat::build_body(req, ctx, self.inner.openai_host),
+            ProviderKind::OpenAiResponses => openai_responses::build_body(req, ctx),
+            ProviderKind::Anthropic => anthropic::build_body(req, ctx),
+        }
+    }
+
+    /// Start a streamed call. Events arrive through a bounded channel (backpressure); the call
+    /// stops promptly when `cancel` fires or the returned stream is dropped. The stream ends
+    /// after `Finished` or `Error` (a cancelled call ends with a `Canceled` error).
+    pub fn stream(&self, req: ProviderRequest, cancel: CancellationToken) -> ProviderStream {
+        let (tx, rx) = mpsc::channel(64);
+        let token = cancel.child_token();
+        let body = serde_json::to_vec(&self.request_body(&req)).unwrap_or_default();
+        let span = tracing::info_span!(
+            "provider",
+            provider = %self.inner.name,
+            kind = %self.inner.kind,
+            model = %req.model,
+        );
+        tokio::spawn(tracing::Instrument::instrument(
+            http::run(
+                self.http.clone(),
+                self.inner.clone(),
+                body.into(),
+                tx,
+                token.clone(),
+            ),
+            span,
+        ));
+        ProviderStream {
+            rx,
+            _guard: token.drop_guard(),
+        }
+    }
+}
+
+/// The shared HTTP client: pooled, TCP_NODELAY (token streams are many tiny writes), no overall
+/// timeout (streams are long; the idle timeout guards them instead).
+pub fn build_http_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+}
+
+fn build_headers(s: &ProviderSettings) -> Result<HeaderMap, String> {
+    let mut h = HeaderMap::new();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        reqwest::header::ACCEPT,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    if s.kind == ProviderKind::Anthropic {
+        let v = HeaderValue::from_str(&s.anthropic_version)
+            .map_err(|_| "anthropic_version is not a valid header value".to_string())?;
+        h.insert("anthropic-version", v);
+    }
+    for (k, v) in &s.extra_headers {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("extra header name {k:?} is invalid"))?;
+        // Values may be credentials: never echo them.
+        let mut value = HeaderValue::from_str(v.expose())
+            .map_err(|_| format!("extra header {k:?} has an invalid value"))?;
+        value.set_sensitive(true);
+        h.insert(name, value);
+    }
+    let key = s.api_key.expose();
+    if !key.is_empty() {
+        let (name, raw) = match s.auth.unwrap_or(s.kind.default_auth()) {
+            AuthMode::Bearer => (reqwest::header::AUTHORIZATION, format!("Bearer {key}")),
+            AuthMode::ApiKey => (HeaderName::from_static("api-key"), key.to_string()),
+            AuthMode::XApiKey => (HeaderName::from_static("x-api-key"), key.to_string()),
+        };
+        let mut value = HeaderValue::from_str(&raw)
+            .map_err(|_| "the API key contains characters not allowed in a header".to_string())?;
+        value.set_sensitive(true);
+        h.insert(name, value);
+    }
+    Ok(h)
+}
+
+/// Events of one call. Dropping it cancels the call.
+pub struct ProviderStream {
+    rx: mpsc::Receiver<ProviderEvent>,
+    _guard: DropGuard,
+}
+
+impl ProviderStream {
+    /// The next event; `None` after the terminal event.
+    pub async fn recv(&mut self) -> Option<ProviderEvent> {
+        self.rx.recv().await
+    }
+
+    /// Drain into a [`Turn`].
+    pub async fn collect_turn(mut self) -> Turn {
+        let mut b = TurnBuilder::new();
+        while let Some(e) = self.rx.recv().await {
+            b.push(&e);
+        }
+        b.finish()
+    }
+}
+
+impl futures_util::Stream for ProviderStream {
+    type Item = ProviderEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ProviderEvent>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let url = |kind, base: &str| {
+            ProviderSettings::new(kind, base, Secret::default())
+                .endpoint()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            url(ProviderKind::OpenAiChat, ""),
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            url(ProviderKind::OpenAiChat, "https://api.deepseek.com/"),
+            "https://api.deepseek.com/chat/completions"
+        );
+        assert_eq!(
+            url(
+                ProviderKind::OpenAiResponses,
+                "https://x.openai.azure.com/openai/v1?api-version=preview"
+            ),
+            "https://x.openai.azure.com/openai/v1/responses?api-version=preview"
+        );
+        assert_eq!(
+            url(ProviderKind::Anthropic, ""),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            url(ProviderKind::Anthropic, "https://gw.example/anthropic/v1/"),
+            "https://gw.example/anthropic/v1/messages"
+        );
+    }
+
+    #[test]
+    fn names_and_identity() {
+        let s = ProviderSettings::new(
+            ProviderKind::OpenAiChat,
+            "https://API.DeepSeek.com/v1/?x=1",
+            Secret::default(),
+        );
+        assert_eq!(s.display_name(), "DeepSeek");
+        assert_eq!(s.identity(), "https://api.deepseek.com/v1");
+        let s = ProviderSettings::new(ProviderKind::Anthropic, "", Secret::default());
+        assert_eq!(s.display_name(), "Anthropic");
+        let s = ProviderSettings::new(
+            ProviderKind::OpenAiChat,
+            "http://127.0.0.1:11434/v1",
+            Secret::default(),
+        );
+        assert_eq!(s.display_name(), "127.0.0.1");
+    }
+
+    #[test]
+    fn kind_serde_names() {
+        assert_eq!(
+            serde_json::to_string(&ProviderKind::OpenAiResponses).unwrap(),
+            "\"openai-responses\""
+        );
+        let k: ProviderKind = serde_json::from_str("\"openai-chat\"").unwrap();
+        assert_eq!(k, ProviderKind::OpenAiChat);
+        let a: AuthMode = serde_json::from_str("\"x-api-key\"").unwrap();
+        assert_eq!(a, AuthMode::XApiKey);
+    }
+
+    #[test]
+    fn headers_hide_the_key() {
+        let mut s =
+            ProviderSettings::new(ProviderKind::OpenAiChat, "", Secret::new("sk-very-secret"));
+        s.auth = Some(AuthMode::ApiKey);
+        s.extra_headers
+            .push(("x-extra".into(), Secret::new("extra-secret")));
+        let h = build_headers(&s).unwrap();
+        assert_eq!(h["api-key"], "sk-very-secret");
+        assert!(h.get("authorization").is_none());
+        assert!(!format!("{h:?}").contains("sk-very-secret"));
+        assert!(!format!("{s:?}").contains("extra-secret"));
+        let client = ProviderClient::new(s).unwrap();
+        assert!(!format!("{client:?}").contains("sk-very-secret"));
+        let mut bad = ProviderSettings::new(ProviderKind::Anthropic, "", Secret::default());
+        bad.extra_headers
+            .push(("bad header".into(), Secret::new("v")));
+        assert_eq!(
+            ProviderClient::new(bad).unwrap_err().kind,
+            ProviderErrorKind::Config
+        );
+    }
+}
