@@ -1,0 +1,240 @@
+//! After `CONNECT`: terminate TLS for intercepted hosts, tunnel bytes for everything else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::uri::Scheme;
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::instrument;
+
+use super::front::plain_error;
+use super::rewind::Rewind;
+use super::serve;
+use super::server::State;
+use super::sni::{self, Peek};
+use crate::config::host_matches;
+use crate::router::{empty, Body, Door, RequestContext};
+
+/// How long a client may stay silent after `CONNECT` before we assume the server speaks first.
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a ClientHello may take to arrive in full.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const TUNNEL_BUF: usize = 64 * 1024;
+
+/// Answer a `CONNECT`. Hosts outside the intercept patterns are dialled first, so a failure is
+/// a clear 502, and then tunnelled without looking at a byte.
+pub(crate) async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let Some((host, port)) = target(&req) else {
+        return plain_error(
+            StatusCode::BAD_REQUEST,
+            "cursor-byok: CONNECT needs a host:port target",
+        );
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    if host_matches(&state.intercept, &host) {
+        let st = state.clone();
+        state
+            .shutdown
+            .spawn(intercept_or_tunnel(st, on_upgrade, host, port, peer));
+        return Response::new(empty());
+    }
+    match state.router.upstream().dialer().dial(&host, port).await {
+        Ok(server) => {
+            state.shutdown.spawn(async move {
+                if let Some(client) = upgraded(on_upgrade).await {
+                    tunnel(client, server, Bytes::new()).await;
+                }
+            });
+            Response::new(empty())
+        }
+        Err(e) => {
+            tracing::info!(%host, error = %e, "tunnel target unreachable");
+            plain_error(StatusCode::BAD_GATEWAY, &e.client_message())
+        }
+    }
+}
+
+/// `(host, port)` from the authority-form target; the port defaults to 443.
+fn target(req: &Request<Incoming>) -> Option<(String, u16)> {
+    let authority = req.uri().authority()?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    if host.is_empty() {
+        return None;
+    }
+    Some((host, authority.port_u16().unwrap_or(443)))
+}
+
+async fn upgraded(on_upgrade: OnUpgrade) -> Option<TokioIo<Upgraded>> {
+    match on_upgrade.await {
+        Ok(io) => Some(TokioIo::new(io)),
+        Err(e) => {
+            tracing::debug!(error = %e, "CONNECT upgrade failed");
+            None
+        }
+    }
+}
+
+/// What to do with the bytes after `CONNECT` to a host within the patterns.
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    /// Terminate TLS presenting a leaf for this name.
+    Intercept(String),
+    Tunnel,
+}
+
+/// Intercept only a ClientHello naming a host within the patterns (or naming none, for a
+/// CONNECT host within them); everything else tunnels untouched.
+fn decide(peek: &Peek, connect_host: &str, patterns: &[String]) -> Decision {
+    match peek {
+        Peek::ClientHello { sni: Some(name) } if host_matches(patterns, name) => {
+            Decision::Intercept(name.clone())
+        }
+        Peek::ClientHello { sni: None } => Decision::Intercept(connect_host.to_string()),
+        _ => Decision::Tunnel,
+    }
+}
+
+#[instrument(skip_all, name = "connect", fields(%peer, %host, port = port))]
+async fn intercept_or_tunnel(
+    state: Arc<State>,
+    on_upgrade: OnUpgrade,
+    host: String,
+    port: u16,
+    peer: SocketAddr,
+) {
+    let Some(mut client) = upgraded(on_upgrade).await else {
+        return;
+    };
+    let (seen, peek, closed) = read_client_hello(&mut client).await;
+    if closed && seen.is_empty() {
+        return; // the client left without a byte: nothing to carry
+    }
+    match decide(&peek, &host, &state.intercept) {
+        Decision::Intercept(name) => {
+            let config = match state.certs.server_config(&name) {
+                Ok(config) => config,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot mint a leaf; closing");
+                    return;
+                }
+            };
+            tracing::debug!(%name, "intercepting");
+            let base = RequestContext {
+                scheme: Scheme::HTTPS,
+                host: name,
+                port,
+                client_version: Version::HTTP_11,
+                door: Door::Connect,
+                peer,
+            };
+            serve::serve_tls(
+                state.clone(),
+                Rewind::new(seen.freeze(), client),
+                config,
+                base,
+            )
+            .await;
+        }
+        Decision::Tunnel => {
+            tracing::debug!(?peek, "tunnelling");
+            match state.router.upstream().dialer().dial(&host, port).await {
+                Ok(server) => tunnel(client, server, seen.freeze()).await,
+                Err(e) => tracing::info!(error = %e, "tunnel target unreachable"),
+            }
+        }
+    }
+}
+
+/// Read until the bytes are a whole ClientHello, clearly not one, or the client goes quiet.
+/// Returns what was read, the verdict, and whether the client closed its side.
+async fn read_client_hello<IO: AsyncRead + Unpin>(io: &mut IO) -> (BytesMut, Peek, bool) {
+    let mut buf = BytesMut::with_capacity(2048);
+    let deadline = tokio::time::Instant::now() + FIRST_BYTES_TIMEOUT + HELLO_TIMEOUT;
+    loop {
+        let wait = if buf.is_empty() {
+            FIRST_BYTES_TIMEOUT
+        } else {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        };
+        match tokio::time::timeout(wait, io.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => return (buf, Peek::NeedMore, true),
+            // Silence: perhaps a protocol where the server speaks first.
+            Err(_) => return (buf, Peek::NeedMore, false),
+        }
+        match sni::peek(&buf) {
+            Peek::NeedMore if buf.len() < sni::MAX_HELLO => continue,
+            Peek::NeedMore => return (buf, Peek::NotClientHello, false),
+            done => return (buf, done, false),
+        }
+    }
+}
+
+/// Byte-exact tunnel: replay what was already read, then copy both ways until either side ends.
+async fn tunnel<C>(mut client: C, mut server: TcpStream, seen: Bytes)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    if !seen.is_empty() {
+        if let Err(e) = server.write_all(&seen).await {
+            tracing::debug!(error = %e, "tunnel replay failed");
+            return;
+        }
+    }
+    let result =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, TUNNEL_BUF, TUNNEL_BUF)
+            .await;
+    tracing::debug!(?result, "tunnel closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patterns() -> Vec<String> {
+        vec!["*.cursor.sh".to_string()]
+    }
+
+    #[test]
+    fn intercepts_only_matching_hellos() {
+        let hello = |sni: Option<&str>| Peek::ClientHello {
+            sni: sni.map(str::to_string),
+        };
+        let p = patterns();
+        assert_eq!(
+            decide(&hello(Some("api2.cursor.sh")), "api2.cursor.sh", &p),
+            Decision::Intercept("api2.cursor.sh".into())
+        );
+        assert_eq!(
+            decide(&hello(None), "api2.cursor.sh", &p),
+            Decision::Intercept("api2.cursor.sh".into())
+        );
+        assert_eq!(
+            decide(&hello(Some("example.com")), "api2.cursor.sh", &p),
+            Decision::Tunnel
+        );
+        assert_eq!(
+            decide(&Peek::NotClientHello, "api2.cursor.sh", &p),
+            Decision::Tunnel
+        );
+        assert_eq!(
+            decide(&Peek::NeedMore, "api2.cursor.sh", &p),
+            Decision::Tunnel
+        );
+    }
+}

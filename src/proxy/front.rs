@@ -1,0 +1,97 @@
+//! The proxy listener: HTTP/1.1 proxy protocol — `CONNECT host:port` and absolute-form requests.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::uri::Scheme;
+use http::{Method, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tracing::instrument;
+
+use super::server::State;
+use super::{auth, connect, serve};
+use crate::config::host_matches;
+use crate::router::{boxed, full, Body, Door, RequestContext};
+
+/// Serve proxy-protocol requests on one client connection.
+#[instrument(skip_all, name = "proxy_conn", fields(%peer))]
+pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+    let st = state.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let state = st.clone();
+        async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+    });
+    let conn = serve::http_builder(Some(b"http/1.1"))
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .into_owned();
+    state.shutdown.serve(conn).await;
+}
+
+async fn handle(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    if let Some(check) = &state.auth {
+        if !check.allows(req.headers()) {
+            return auth::required();
+        }
+    }
+    if req.method() == Method::CONNECT {
+        return connect::handle(state, peer, req).await;
+    }
+    match absolute_target(&req) {
+        Some(ctx_parts) => forward_absolute(state, peer, req, ctx_parts).await,
+        None => plain_error(
+            StatusCode::BAD_REQUEST,
+            "cursor-byok: this is a proxy; send CONNECT or an absolute-form request",
+        ),
+    }
+}
+
+/// `(scheme, host, port)` of an absolute-form request.
+fn absolute_target(req: &Request<Incoming>) -> Option<(Scheme, String, u16)> {
+    let uri = req.uri();
+    let scheme = uri.scheme()?.clone();
+    let authority = uri.authority()?;
+    let default = if scheme == Scheme::HTTPS { 443 } else { 80 };
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    Some((scheme, host, authority.port_u16().unwrap_or(default)))
+}
+
+/// Plain HTTP through the proxy: Cursor hosts go through the router, others straight through.
+async fn forward_absolute(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    (scheme, host, port): (Scheme, String, u16),
+) -> Response<Body> {
+    let ctx = RequestContext {
+        scheme,
+        host,
+        port,
+        client_version: Version::HTTP_11,
+        door: Door::PlainProxy,
+        peer,
+    };
+    if host_matches(&state.intercept, &ctx.host) {
+        state.router.handle(ctx, req).await
+    } else {
+        state.router.upstream().forward(&ctx, req.map(boxed)).await
+    }
+}
+
+pub(crate) fn plain_error(status: StatusCode, message: &str) -> Response<Body> {
+    let mut resp = Response::new(full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}

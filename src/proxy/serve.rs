@@ -1,0 +1,98 @@
+//! Serving HTTP (h1 or h2, per ALPN) on a decrypted or direct connection, through the router.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use super::server::State;
+use crate::router::RequestContext;
+
+/// A client that has not finished its TLS handshake by then is dropped.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
+
+/// Terminate TLS with `config`, then serve HTTP on it.
+pub(crate) async fn serve_tls<IO>(
+    state: Arc<State>,
+    io: IO,
+    config: Arc<ServerConfig>,
+    base: RequestContext,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tls =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(io)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "client TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("client TLS handshake timed out");
+                return;
+            }
+        };
+    serve_tls_stream(state, tls, base).await;
+}
+
+/// Serve HTTP on an established TLS stream, speaking what ALPN picked.
+pub(crate) async fn serve_tls_stream<IO>(
+    state: Arc<State>,
+    tls: TlsStream<IO>,
+    base: RequestContext,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    serve_http(state, TokioIo::new(tls), alpn.as_deref(), base).await;
+}
+
+/// Serve HTTP/1.1 or HTTP/2 on `io`; each request goes to the router with `base` as context.
+pub(crate) async fn serve_http<I>(
+    state: Arc<State>,
+    io: I,
+    alpn: Option<&[u8]>,
+    base: RequestContext,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let router = state.router.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let router = router.clone();
+        let mut ctx = base.clone();
+        ctx.client_version = req.version();
+        async move { Ok::<_, Infallible>(router.handle(ctx, req).await) }
+    });
+    let conn = http_builder(alpn)
+        .serve_connection_with_upgrades(io, service)
+        .into_owned();
+    state.shutdown.serve(conn).await;
+}
+
+/// hyper's server settings: HTTP/1.1 and HTTP/2, or only the one ALPN chose.
+pub(crate) fn http_builder(alpn: Option<&[u8]>) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONN_WINDOW)
+        .keep_alive_interval(Duration::from_secs(30));
+    match alpn {
+        Some(b"h2") => builder.http2_only(),
+        Some(b"http/1.1") => builder.http1_only(),
+        _ => builder,
+    }
+}

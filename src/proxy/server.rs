@@ -1,0 +1,257 @@
+//! Binding the doors, accepting connections, and shutting down.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::Scheme;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::auth::ProxyAuthCheck;
+use super::shutdown::Shutdown;
+use super::{direct, front, ProxyError};
+use crate::config::Config;
+use crate::router::Router;
+use crate::tls::{CertStore, CertificateAuthority};
+use crate::upstream::Upstream;
+
+/// Grace period for live streams when shutting down on a signal.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// What every connection task shares.
+pub(crate) struct State {
+    pub(crate) intercept: Vec<String>,
+    pub(crate) certs: CertStore,
+    pub(crate) router: Router,
+    pub(crate) auth: Option<ProxyAuthCheck>,
+    pub(crate) origin: Origin,
+    pub(crate) shutdown: Shutdown,
+}
+
+/// The Cursor origin behind the direct doors.
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub(crate) scheme: Scheme,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+impl Origin {
+    fn parse(url: &str) -> Result<Self, ProxyError> {
+        let bad = |reason: &str| ProxyError::Config {
+            reason: format!("direct.origin `{url}`: {reason}"),
+        };
+        let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let scheme = uri.scheme().cloned().ok_or_else(|| bad("no scheme"))?;
+        if scheme != Scheme::HTTPS && scheme != Scheme::HTTP {
+            return Err(bad("scheme must be http or https"));
+        }
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
+        let default = if scheme == Scheme::HTTPS { 443 } else { 80 };
+        Ok(Origin {
+            host: authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_ascii_lowercase(),
+            port: authority.port_u16().unwrap_or(default),
+            scheme,
+        })
+    }
+}
+
+/// Configures and binds a [`Server`].
+pub struct ServerBuilder {
+    config: Config,
+    ca: Arc<CertificateAuthority>,
+    grace: Duration,
+}
+
+impl ServerBuilder {
+    /// Grace period used by [`Server::run_until_signal`] (default 10 s).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Bind every enabled door and start accepting.
+    pub async fn bind(self) -> Result<Server, ProxyError> {
+        let config = self.config;
+        let origin = Origin::parse(&config.direct.origin)?;
+        let proxy = bind(config.listen).await?;
+        let tls = match config.direct.tls_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let http = match config.direct.http_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let proxy_addr = local_addr(&proxy)?;
+        let tls_addr = tls.as_ref().map(local_addr).transpose()?;
+        let http_addr = http.as_ref().map(local_addr).transpose()?;
+        let own: Vec<SocketAddr> = [Some(proxy_addr), tls_addr, http_addr]
+            .into_iter()
+            .flatten()
+            .collect();
+
+        let shutdown = Shutdown::default();
+        let upstream = Upstream::new(&config.upstream, own, shutdown.hard_token())?;
+        let state = Arc::new(State {
+            intercept: config.intercept.clone(),
+            certs: CertStore::new(self.ca)?,
+            router: Router::new(upstream),
+            auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
+            origin,
+            shutdown: shutdown.clone(),
+        });
+        let mut accept_loops = vec![tokio::spawn(accept_loop(proxy, state.clone(), Kind::Proxy))];
+        if let Some(listener) = tls {
+            accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                state.clone(),
+                Kind::DirectTls,
+            )));
+        }
+        if let Some(listener) = http {
+            accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                state.clone(),
+                Kind::DirectHttp,
+            )));
+        }
+        tracing::info!(%proxy_addr, ?tls_addr, ?http_addr, "listening");
+        Ok(Server {
+            proxy_addr,
+            tls_addr,
+            http_addr,
+            grace: self.grace,
+            shutdown,
+            accept_loops,
+        })
+    }
+}
+
+/// A running front door. Dropping it closes everything at once; [`Server::shutdown`] closes
+/// gracefully.
+pub struct Server {
+    proxy_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    grace: Duration,
+    shutdown: Shutdown,
+    accept_loops: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn builder(config: Config, ca: impl Into<Arc<CertificateAuthority>>) -> ServerBuilder {
+        ServerBuilder {
+            config,
+            ca: ca.into(),
+            grace: DEFAULT_GRACE,
+        }
+    }
+
+    /// The proxy listener (CONNECT and absolute-form HTTP).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    /// The direct TLS door, when enabled.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
+    }
+
+    /// The direct plain-HTTP door, when enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Stop accepting, let live streams finish for up to `grace`, then close the rest.
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.shutdown.run(grace).await;
+        for accept in self.accept_loops.drain(..) {
+            let _ = accept.await;
+        }
+    }
+
+    /// Serve until Ctrl-C or SIGTERM, then shut down gracefully.
+    pub async fn run_until_signal(self) -> Result<(), ProxyError> {
+        wait_for_signal().await.map_err(ProxyError::Signal)?;
+        tracing::info!(grace = ?self.grace, "signal received; shutting down");
+        let grace = self.grace;
+        self.shutdown(grace).await;
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Without a graceful shutdown, nothing outlives the handle.
+        self.shutdown.close_now();
+    }
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ProxyError::Bind { addr, source })
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ProxyError> {
+    listener.local_addr().map_err(|source| ProxyError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Proxy,
+    DirectTls,
+    DirectHttp,
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind) {
+    loop {
+        let accepted = tokio::select! {
+            _ = state.shutdown.stopping() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, ?kind, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Small h2 frames and Connect messages must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
+        let st = state.clone();
+        state.shutdown.spawn(async move {
+            match kind {
+                Kind::Proxy => front::serve(st, stream, peer).await,
+                Kind::DirectTls => direct::serve_tls(st, stream, peer).await,
+                Kind::DirectHttp => direct::serve_http(st, stream, peer).await,
+            }
+        });
+    }
+}

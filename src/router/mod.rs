@@ -1,0 +1,117 @@
+//! The one routing hook: every request for a Cursor host — decrypted at the CONNECT door, or
+//! arriving at a direct door — goes through [`Router::handle`].
+//!
+//! [`route`] decides by path (and context) where a request goes. Today everything passes
+//! upstream; later issues add `Route` variants (agent runs, model lists, probes) there and a
+//! matching arm in `Router::handle`.
+
+mod body;
+
+use std::net::SocketAddr;
+
+use http::request::Parts;
+use http::uri::Scheme;
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use tracing::Instrument;
+
+use crate::upstream::Upstream;
+
+pub use body::{boxed, empty, full, Body, BodyError};
+
+/// Which listener a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// TLS terminated after `CONNECT` on the proxy listener.
+    Connect,
+    /// An absolute-form plain-HTTP request on the proxy listener.
+    PlainProxy,
+    /// The direct TLS listener (clients that take a backend URL).
+    DirectTls,
+    /// The direct plain-HTTP listener.
+    DirectHttp,
+}
+
+/// Where a request is headed and how it arrived.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// Scheme of the origin (`https` for intercepted hosts and the default direct origin).
+    pub scheme: Scheme,
+    /// Origin host, lower-case, without brackets for IPv6.
+    pub host: String,
+    /// Origin port.
+    pub port: u16,
+    /// HTTP version on the client side of this request.
+    pub client_version: Version,
+    pub door: Door,
+    pub peer: SocketAddr,
+}
+
+impl RequestContext {
+    /// `host` or `host:port` when the port is not the scheme's default: the `Host` /
+    /// `:authority` value the origin expects.
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let default = if self.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        if self.port == default {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+/// What happens to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Stream it to the real origin and the answer back.
+    Upstream,
+}
+
+/// The routing decision, from the request head only (the body is still unread).
+pub fn route(_ctx: &RequestContext, _parts: &Parts) -> Route {
+    Route::Upstream
+}
+
+/// The handler stack behind every door. Cheap to clone.
+#[derive(Clone)]
+pub struct Router {
+    upstream: Upstream,
+}
+
+impl Router {
+    pub fn new(upstream: Upstream) -> Self {
+        Router { upstream }
+    }
+
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Answer one request. Never fails: errors become responses that say what went wrong.
+    pub async fn handle(&self, ctx: RequestContext, req: Request<Incoming>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let span = tracing::debug_span!(
+            "request",
+            method = %parts.method,
+            host = %ctx.host,
+            path = %parts.uri.path(),
+            version = ?ctx.client_version,
+            door = ?ctx.door,
+        );
+        match route(&ctx, &parts) {
+            Route::Upstream => {
+                let req = Request::from_parts(parts, boxed(body));
+                self.upstream.forward(&ctx, req).instrument(span).await
+            }
+        }
+    }
+}

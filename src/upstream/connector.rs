@@ -1,0 +1,217 @@
+//! The pooled client's connector: our dialer, then rustls with the OS trust store.
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, RootCertStore};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use super::dial::Dialer;
+use super::error::UpstreamError;
+
+/// The OS roots (corporate roots included) plus the optional extra PEM file.
+pub(crate) fn root_store(extra_roots: Option<&Path>) -> Result<RootCertStore, UpstreamError> {
+    let mut roots = RootCertStore::empty();
+    // Individual unreadable or unparsable system certificates are skipped, not fatal.
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::debug!(error = %e, "skipping part of the OS trust store");
+    }
+    let (added, ignored) = roots.add_parsable_certificates(native.certs);
+    tracing::debug!(added, ignored, "OS trust store loaded");
+    if let Some(path) = extra_roots {
+        let setup = |reason: String| UpstreamError::Setup {
+            reason: format!("upstream.extra_roots {}: {reason}", path.display()),
+        };
+        let pem = std::fs::read(path).map_err(|e| setup(e.to_string()))?;
+        let mut found = 0;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| setup(e.to_string()))?;
+            roots.add(cert).map_err(|e| setup(e.to_string()))?;
+            found += 1;
+        }
+        if found == 0 {
+            return Err(setup("no PEM certificate in the file".into()));
+        }
+    }
+    if roots.is_empty() {
+        tracing::warn!("no trusted roots: every upstream TLS handshake will fail");
+    }
+    Ok(roots)
+}
+
+/// A client config offering exactly `alpn`, hostname verification on.
+pub(crate) fn client_config(
+    roots: RootCertStore,
+    alpn: &[u8],
+) -> Result<ClientConfig, UpstreamError> {
+    let mut config = ClientConfig::builder_with_provider(crate::tls::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| UpstreamError::Setup {
+            reason: e.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(config)
+}
+
+/// Dials `uri`'s host and, for `https`, runs TLS with SNI = that host.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    dialer: Arc<Dialer>,
+    tls: TlsConnector,
+}
+
+impl Connector {
+    pub(crate) fn new(dialer: Arc<Dialer>, tls: ClientConfig) -> Self {
+        Connector {
+            dialer,
+            tls: TlsConnector::from(Arc::new(tls)),
+        }
+    }
+
+    async fn connect(self, uri: Uri) -> Result<TokioIo<Stream>, UpstreamError> {
+        let host = uri.host().unwrap_or_default().to_string();
+        let https = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tcp = self.dialer.dial(&host, port).await?;
+        if !https {
+            return Ok(TokioIo::new(Stream::Plain(tcp)));
+        }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let name = ServerName::try_from(bare.to_string()).map_err(|e| UpstreamError::Tls {
+            host: host.clone(),
+            reason: e.to_string(),
+        })?;
+        let handshake = self.tls.connect(name, tcp);
+        let tls = match tokio::time::timeout(self.dialer.timeout(), handshake).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                return Err(UpstreamError::Tls {
+                    host,
+                    reason: tls_reason(&e),
+                })
+            }
+            Err(_) => {
+                return Err(UpstreamError::Timeout {
+                    host,
+                    secs: self.dialer.timeout().as_secs(),
+                })
+            }
+        };
+        Ok(TokioIo::new(Stream::Tls(Box::new(tls))))
+    }
+}
+
+/// rustls puts the useful part (e.g. "invalid peer certificate: UnknownIssuer") in the inner error.
+fn tls_reason(err: &io::Error) -> String {
+    match err.get_ref() {
+        Some(inner) => inner.to_string(),
+        None => super::error::io_reason(err),
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = UpstreamError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        Box::pin(self.clone().connect(uri))
+    }
+}
+
+/// A dialled connection, plain or TLS.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        match self {
+            Stream::Plain(_) => Connected::new(),
+            Stream::Tls(tls) => {
+                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    Connected::new().negotiated_h2()
+                } else {
+                    Connected::new()
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

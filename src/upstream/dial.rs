@@ -1,0 +1,307 @@
+//! Our own TCP dials: resolve overrides, the outbound proxy, and the loop guard.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use base64::Engine;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::error::{io_reason, UpstreamError};
+use crate::config::UpstreamConfig;
+
+/// Upper bound on the outbound proxy's answer to our `CONNECT`.
+const PROXY_RESPONSE_MAX: usize = 8 * 1024;
+
+/// Dials origins for the pooled client and for raw tunnels.
+#[derive(Debug, Clone)]
+pub struct Dialer {
+    resolve: BTreeMap<String, SocketAddr>,
+    proxy: Option<OutboundProxy>,
+    own: Vec<SocketAddr>,
+    timeout: Duration,
+}
+
+#[derive(Clone)]
+struct OutboundProxy {
+    host: String,
+    port: u16,
+    /// `Proxy-Authorization` value from the URL's user info.
+    auth: Option<String>,
+}
+
+impl std::fmt::Debug for OutboundProxy {
+    // The credentials stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl Dialer {
+    /// `own` are the addresses cursor-byok listens on: never dialled, so our own traffic cannot
+    /// loop back into us.
+    pub fn new(config: &UpstreamConfig, own: Vec<SocketAddr>) -> Result<Self, UpstreamError> {
+        let resolve = config
+            .resolve
+            .iter()
+            .map(|(host, addr)| (host.trim_end_matches('.').to_ascii_lowercase(), *addr))
+            .collect();
+        let proxy = config
+            .proxy
+            .as_deref()
+            .map(OutboundProxy::parse)
+            .transpose()?;
+        Ok(Dialer {
+            resolve,
+            proxy,
+            own,
+            timeout: config.connect_timeout(),
+        })
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A TCP stream to `host:port` (TCP_NODELAY set), within the connect timeout. A `resolve`
+    /// override wins over the outbound proxy; otherwise the proxy (if any) opens the tunnel.
+    pub async fn dial(&self, host: &str, port: u16) -> Result<TcpStream, UpstreamError> {
+        match tokio::time::timeout(self.timeout, self.dial_inner(host, port)).await {
+            Ok(result) => result,
+            Err(_) => Err(UpstreamError::Timeout {
+                host: host.to_string(),
+                secs: self.timeout.as_secs(),
+            }),
+        }
+    }
+
+    async fn dial_inner(&self, host: &str, port: u16) -> Result<TcpStream, UpstreamError> {
+        let key = host.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(addr) = self.resolve.get(&key) {
+            return self.connect_addrs(host, &[*addr]).await;
+        }
+        match &self.proxy {
+            Some(proxy) => self.via_proxy(proxy, host, port).await,
+            None => self.connect_host(host, port).await,
+        }
+    }
+
+    async fn connect_host(&self, host: &str, port: u16) -> Result<TcpStream, UpstreamError> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((bare, port))
+                .await
+                .map_err(|e| UpstreamError::Resolve {
+                    host: host.to_string(),
+                    reason: io_reason(&e),
+                })?
+                .collect(),
+        };
+        self.connect_addrs(host, &addrs).await
+    }
+
+    /// Try each address in turn; the last error names the failure, except that a loop, once
+    /// seen, is what gets reported (it is the one the user must fix).
+    async fn connect_addrs(
+        &self,
+        host: &str,
+        addrs: &[SocketAddr],
+    ) -> Result<TcpStream, UpstreamError> {
+        let mut last = UpstreamError::Resolve {
+            host: host.to_string(),
+            reason: "no addresses".into(),
+        };
+        let mut looped = None;
+        for addr in addrs {
+            if self.is_own(*addr) {
+                looped = Some(UpstreamError::Loop { addr: *addr });
+                continue;
+            }
+            match TcpStream::connect(addr).await {
+                Ok(stream) => {
+                    // Small Connect frames and h2 control frames must not wait for Nagle.
+                    let _ = stream.set_nodelay(true);
+                    return Ok(stream);
+                }
+                Err(e) => {
+                    last = UpstreamError::Connect {
+                        host: host.to_string(),
+                        reason: io_reason(&e),
+                    }
+                }
+            }
+        }
+        Err(looped.unwrap_or(last))
+    }
+
+    fn is_own(&self, target: SocketAddr) -> bool {
+        self.own.iter().any(|own| {
+            own.port() == target.port()
+                && (own.ip() == target.ip()
+                    || (own.ip().is_unspecified()
+                        && (target.ip().is_loopback() || target.ip().is_unspecified())))
+        })
+    }
+
+    async fn via_proxy(
+        &self,
+        proxy: &OutboundProxy,
+        host: &str,
+        port: u16,
+    ) -> Result<TcpStream, UpstreamError> {
+        let mut stream = self.connect_host(&proxy.host, proxy.port).await?;
+        let fail = |reason: String| UpstreamError::Proxy {
+            proxy: format!("{}:{}", proxy.host, proxy.port),
+            host: host.to_string(),
+            reason,
+        };
+        let target = authority(host, port);
+        let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+        if let Some(auth) = &proxy.auth {
+            head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .map_err(|e| fail(io_reason(&e)))?;
+        let answer = read_head(&mut stream).await.map_err(fail)?;
+        let status_line = answer.lines().next().unwrap_or_default();
+        let ok = status_line
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|code| code.starts_with('2'));
+        if !ok {
+            return Err(fail(format!("answered `{status_line}`")));
+        }
+        Ok(stream)
+    }
+}
+
+/// Read an HTTP response head byte by byte, so nothing after it is consumed.
+async fn read_head(stream: &mut TcpStream) -> Result<String, String> {
+    let mut head = Vec::with_capacity(256);
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() >= PROXY_RESPONSE_MAX {
+            return Err("response head too large".into());
+        }
+        let byte = stream.read_u8().await.map_err(|e| io_reason(&e))?;
+        head.push(byte);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// `host:port`, bracketing IPv6 literals.
+pub(crate) fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+impl OutboundProxy {
+    fn parse(url: &str) -> Result<Self, UpstreamError> {
+        let setup = |reason: String| UpstreamError::Setup { reason };
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| setup(format!("upstream.proxy is not a URL: {e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(setup(
+                "upstream.proxy: only http:// outbound proxies are supported".into(),
+            ));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| setup("upstream.proxy has no host".into()))?;
+        let auth = authority.as_str().rsplit_once('@').map(|(userinfo, _)| {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(userinfo);
+            format!("Basic {encoded}")
+        });
+        Ok(OutboundProxy {
+            host: authority.host().to_string(),
+            port: authority.port_u16().unwrap_or(80),
+            auth,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dialer(own: Vec<SocketAddr>) -> Dialer {
+        Dialer::new(&UpstreamConfig::default(), own).unwrap()
+    }
+
+    #[tokio::test]
+    async fn refuses_to_dial_itself() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let own = listener.local_addr().unwrap();
+        let err = dialer(vec![own])
+            .dial("127.0.0.1", own.port())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::Loop { .. }), "{err}");
+        let wildcard: SocketAddr = format!("0.0.0.0:{}", own.port()).parse().unwrap();
+        let err = dialer(vec![wildcard])
+            .dial("127.0.0.1", own.port())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::Loop { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn refused_names_the_reason() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let err = dialer(vec![])
+            .dial("127.0.0.1", addr.port())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("connection refused"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn tunnels_through_outbound_proxy() {
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_addr = proxy.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = proxy.accept().await.unwrap();
+            let mut buf = vec![0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\nhello")
+                .await
+                .unwrap();
+            head
+        });
+        let config = UpstreamConfig {
+            proxy: Some(format!("http://user:pw@{proxy_addr}")),
+            ..Default::default()
+        };
+        let mut stream = Dialer::new(&config, vec![])
+            .unwrap()
+            .dial("api2.cursor.sh", 443)
+            .await
+            .unwrap();
+        let mut rest = [0u8; 5];
+        stream.read_exact(&mut rest).await.unwrap();
+        assert_eq!(
+            &rest, b"hello",
+            "bytes after the proxy's head are not swallowed"
+        );
+        let head = server.await.unwrap();
+        assert!(
+            head.starts_with("CONNECT api2.cursor.sh:443 HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains("Proxy-Authorization: Basic dXNlcjpwdw==\r\n"),
+            "{head}"
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! Passthrough: a pooled client to the real origin.
+//!
+//! Two pools: HTTP/2 requests go upstream over HTTP/2 (a bidi stream stays bidi), HTTP/1.1
+//! requests over HTTP/1.1 (WebSocket upgrades included). Bodies stream both ways without
+//! buffering; hop-by-hop headers stop here; everything else (authorization, x-cursor-*,
+//! connect-*, trailers) passes. Our dials honour `upstream.resolve`, `upstream.proxy` and never
+//! reach our own listeners.
+
+mod connector;
+mod dial;
+mod error;
+mod headers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::Scheme;
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::UpstreamConfig;
+use crate::router::{boxed, full, Body, RequestContext};
+use connector::Connector;
+
+pub use dial::Dialer;
+pub use error::{Side, UpstreamError};
+
+/// Idle pooled connections are closed after this long.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+/// HTTP/2 flow-control windows: large enough that one stream can fill a fast link.
+const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
+/// Copy buffer for spliced WebSocket and tunnel bytes.
+pub(crate) const SPLICE_BUF: usize = 64 * 1024;
+
+/// The passthrough client. Cheap to clone.
+#[derive(Clone)]
+pub struct Upstream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dialer: Arc<Dialer>,
+    h1: Client<Connector, Body>,
+    h2: Client<Connector, Body>,
+    /// Cancelled when the server closes for good: spliced upgrades end with it.
+    closing: CancellationToken,
+}
+
+impl Upstream {
+    /// `own_addrs` are our listeners' addresses (never dialled); `closing` ends spliced
+    /// WebSocket connections when the server shuts down.
+    pub fn new(
+        config: &UpstreamConfig,
+        own_addrs: Vec<SocketAddr>,
+        closing: CancellationToken,
+    ) -> Result<Self, UpstreamError> {
+        let dialer = Arc::new(Dialer::new(config, own_addrs)?);
+        let roots = connector::root_store(config.extra_roots.as_deref())?;
+        let h1_tls = connector::client_config(roots.clone(), b"http/1.1")?;
+        let h2_tls = connector::client_config(roots, b"h2")?;
+        let h1 = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(Connector::new(dialer.clone(), h1_tls));
+        let h2 = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .timer(TokioTimer::new())
+            .http2_only(true)
+            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(H2_CONN_WINDOW)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .build(Connector::new(dialer.clone(), h2_tls));
+        Ok(Upstream {
+            inner: Arc::new(Inner {
+                dialer,
+                h1,
+                h2,
+                closing,
+            }),
+        })
+    }
+
+    /// Our dialer, for raw tunnels.
+    pub fn dialer(&self) -> &Dialer {
+        &self.inner.dialer
+    }
+
+    /// Send `req` to the origin `ctx` names and return its response head with the body still
+    /// streaming. For handlers that want to look at (or rewrite) an upstream answer.
+    pub async fn send(
+        &self,
+        ctx: &RequestContext,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let websocket = wants_websocket(ctx, req.headers());
+        self.send_prepared(ctx, req, websocket).await
+    }
+
+    /// Passthrough: the origin's answer streamed back, or a 502/504 saying why not.
+    pub async fn forward(&self, ctx: &RequestContext, mut req: Request<Body>) -> Response<Body> {
+        let connect_style = is_connect_request(req.headers());
+        let websocket = wants_websocket(ctx, req.headers());
+        let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+        match self.send_prepared(ctx, req, websocket).await {
+            Ok(mut resp) => {
+                let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
+                    self.splice_upgrade(client_upgrade, hyper::upgrade::on(&mut resp));
+                }
+                headers::strip_hop_by_hop(resp.headers_mut(), switching && websocket);
+                resp.map(boxed)
+            }
+            Err(err) => {
+                tracing::warn!(side = ?err.side(), error = %err, "upstream request failed");
+                error_response(&err, connect_style)
+            }
+        }
+    }
+
+    async fn send_prepared(
+        &self,
+        ctx: &RequestContext,
+        mut req: Request<Body>,
+        websocket: bool,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        // HTTP/2 in, HTTP/2 out (TLS origins only: we never speak h2c upstream).
+        let h2 = ctx.client_version == Version::HTTP_2 && ctx.scheme == Scheme::HTTPS;
+        prepare(ctx, &mut req, h2, websocket)?;
+        let client = if h2 { &self.inner.h2 } else { &self.inner.h1 };
+        client
+            .request(req)
+            .await
+            .map_err(|e| UpstreamError::from_client(&ctx.host, &e))
+    }
+
+    /// After a 101, join the client's and the origin's upgraded connections.
+    fn splice_upgrade(&self, client: hyper::upgrade::OnUpgrade, server: hyper::upgrade::OnUpgrade) {
+        let closing = self.inner.closing.clone();
+        tokio::spawn(async move {
+            let (client, server) = match tokio::try_join!(client, server) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade did not complete");
+                    return;
+                }
+            };
+            let mut client = TokioIo::new(client);
+            let mut server = TokioIo::new(server);
+            let copy = tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut server,
+                SPLICE_BUF,
+                SPLICE_BUF,
+            );
+            tokio::select! {
+                result = copy => tracing::debug!(?result, "upgraded connection ended"),
+                _ = closing.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn wants_websocket(ctx: &RequestContext, headers: &HeaderMap) -> bool {
+    ctx.client_version != Version::HTTP_2 && headers::is_websocket_upgrade(headers)
+}
+
+/// Point `req` at the origin: absolute URI, version of the chosen pool, `Host` for HTTP/1.1
+/// (HTTP/2 carries it as `:authority`), no hop-by-hop headers.
+fn prepare(
+    ctx: &RequestContext,
+    req: &mut Request<Body>,
+    h2: bool,
+    websocket: bool,
+) -> Result<(), UpstreamError> {
+    let authority = ctx.authority();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let uri = Uri::builder()
+        .scheme(ctx.scheme.clone())
+        .authority(authority.as_str())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| UpstreamError::Request {
+            host: ctx.host.clone(),
+            reason: format!("cannot build the upstream URI: {e}"),
+        })?;
+    *req.uri_mut() = uri;
+    *req.version_mut() = if h2 {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    let headers = req.headers_mut();
+    headers::strip_hop_by_hop(headers, websocket);
+    if h2 {
+        headers.remove(header::HOST);
+    } else if let Ok(value) = HeaderValue::from_str(&authority) {
+        headers.insert(header::HOST, value);
+    }
+    Ok(())
+}
+
+/// Does the client speak Connect (and so read `{"code","message"}` error bodies)?
+fn is_connect_request(headers: &HeaderMap) -> bool {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    content_type.starts_with("application/connect+")
+        || content_type.starts_with("application/proto")
+        || headers.contains_key("connect-protocol-version")
+}
+
+/// 502 (504 for a timeout) with the reason: plain text, or Connect's JSON error for Connect
+/// clients.
+pub fn error_response(err: &UpstreamError, connect_style: bool) -> Response<Body> {
+    let status = match err {
+        UpstreamError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    let message = err.client_message();
+    let (content_type, body) = if connect_style {
+        let json = serde_json::json!({ "code": "unavailable", "message": message });
+        ("application/json", json.to_string())
+    } else {
+        ("text/plain; charset=utf-8", format!("{message}\n"))
+    };
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
