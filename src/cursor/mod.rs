@@ -1,0 +1,618 @@
+//! Cursor's own services, adjusted: the model lists get the configured models appended,
+//! `GetServerConfig` steers the desktop's Agent to a transport that reaches us, and WebSocket
+//! agent probes are refused so clients fall back. Everything else passes upstream untouched
+//! (that decision is the router's; [`classify`] names what is handled here).
+//!
+//! Flow for the unary RPCs: the request goes upstream unchanged (streamed); a binary-protobuf
+//! success answer is read (bounded), decoded with the full schema, adjusted and re-encoded
+//! uncompressed. Our failures never break the user's Cursor: an answer we cannot decode passes
+//! through as it came. When upstream cannot answer, the model lists are answered with the
+//! configured models alone; `GetServerConfig` is answered locally only when upstream is
+//! unreachable (an upstream error passes through: we do not invent a server config). JSON
+//! clients (`application/json`) are never rewritten: we only rewrite binary protobuf.
+
+mod models;
+mod server_config;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use prost::Message;
+
+use crate::config::Config;
+use crate::connect::{decode_unary, CodecError, Limits};
+use crate::proto::agent::v1 as ag;
+use crate::proto::aiserver::v1 as ai;
+use crate::router::{boxed, empty, full, Body, RequestContext};
+use crate::upstream::{error_response, Upstream, UpstreamError};
+
+pub use models::{
+    available_model, local_available_models, local_default_model_for_cli, local_usable_models,
+    merge_available_models, merge_usable_models, model_details, parse_variant_string, EFFORT_PARAM,
+    THINKING_PARAM,
+};
+pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
+
+pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";
+pub const GET_USABLE_MODELS: [&str; 2] = [
+    "/agent.v1.AgentService/GetUsableModels",
+    "/aiserver.v1.AiService/GetUsableModels",
+];
+pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
+    "/agent.v1.AgentService/GetDefaultModelForCli",
+    "/aiserver.v1.AiService/GetDefaultModelForCli",
+];
+pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
+/// WebSocket agent transport probes; a 404 makes clients fall back to HTTP.
+pub const WS_PROBES: [&str; 2] = ["/agent/v1/run", "/ws-reachability-probe"];
+
+/// Largest upstream answer we read to rewrite (the real model list is ~50 KB).
+const MAX_ANSWER_WIRE: usize = 16 << 20;
+const MAX_ANSWER_DECODED: usize = 64 << 20;
+/// Upstream's answer must arrive within this once its head is in.
+const ANSWER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Cursor RPC handled here rather than passed through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorRpc {
+    /// `/aiserver.v1.AiService/AvailableModels`: the desktop picker.
+    AvailableModels,
+    /// `GetUsableModels` on `agent.v1.AgentService` or `aiserver.v1.AiService`.
+    GetUsableModels,
+    /// `GetDefaultModelForCli` on either service: passed through when upstream answers; the
+    /// first configured model when it cannot.
+    GetDefaultModelForCli,
+    /// `/aiserver.v1.ServerConfigService/GetServerConfig`.
+    GetServerConfig,
+    /// `/agent/v1/run` and `/ws-reachability-probe`, any method: 404, never forwarded.
+    WsProbe,
+}
+
+impl CursorRpc {
+    fn is_model_list(self) -> bool {
+        matches!(
+            self,
+            CursorRpc::AvailableModels
+                | CursorRpc::GetUsableModels
+                | CursorRpc::GetDefaultModelForCli
+        )
+    }
+}
+
+/// Which of Cursor's RPCs `path` (the URI path, no query) is, if it is one handled here.
+/// Exact matches only: anything else passes upstream.
+pub fn classify(path: &str) -> Option<CursorRpc> {
+    match path {
+        AVAILABLE_MODELS => Some(CursorRpc::AvailableModels),
+        GET_SERVER_CONFIG => Some(CursorRpc::GetServerConfig),
+        p if GET_USABLE_MODELS.contains(&p) => Some(CursorRpc::GetUsableModels),
+        p if GET_DEFAULT_MODEL_FOR_CLI.contains(&p) => Some(CursorRpc::GetDefaultModelForCli),
+        p if WS_PROBES.contains(&p) => Some(CursorRpc::WsProbe),
+        _ => None,
+    }
+}
+
+/// Internal failures while adjusting an upstream answer. None reaches the client: the handler
+/// logs them and answers with upstream's bytes or a local answer instead.
+#[derive(Debug, thiserror::Error)]
+pub enum CursorError {
+    #[error("reading upstream's answer failed: {0}")]
+    Read(String),
+    #[error("upstream's answer exceeds {max} bytes")]
+    TooLarge { max: usize },
+    #[error("upstream's answer did not arrive within {secs}s")]
+    Timeout { secs: u64 },
+    #[error("upstream's answer body: {0}")]
+    Codec(#[from] CodecError),
+    #[error("upstream's answer is not a valid {message}: {source}")]
+    Decode {
+        message: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+}
+
+/// Handlers for the RPCs [`classify`] names. Cheap to clone.
+#[derive(Clone)]
+pub struct CursorServices {
+    config: Arc<Config>,
+}
+
+impl CursorServices {
+    pub fn new(config: Arc<Config>) -> Self {
+        CursorServices { config }
+    }
+
+    /// Answer one classified request. Never fails: upstream trouble and our own become the
+    /// best answer available (see the module docs).
+    pub async fn handle(
+        &self,
+        rpc: CursorRpc,
+        ctx: &RequestContext,
+        req: Request<Body>,
+        upstream: &Upstream,
+    ) -> Response<Body> {
+        if rpc == CursorRpc::WsProbe {
+            return status_only(StatusCode::NOT_FOUND);
+        }
+        self.adjust(rpc, ctx, req, upstream).await
+    }
+
+    async fn adjust(
+        &self,
+        rpc: CursorRpc,
+        ctx: &RequestContext,
+        mut req: Request<Body>,
+        upstream: &Upstream,
+    ) -> Response<Body> {
+        let proto_client = is_proto_request(&req);
+        if proto_client {
+            narrow_accept_encoding(req.headers_mut());
+        }
+        let resp = match upstream.send(ctx, req).await {
+            Ok(resp) => resp,
+            Err(err) => {
+                tracing::warn!(?rpc, error = %err, "upstream unreachable");
+                if proto_client {
+                    if let Some(local) = self.local_answer(rpc) {
+                        tracing::info!(?rpc, "answered locally (upstream unreachable)");
+                        return local;
+                    }
+                }
+                return error_response(&err, true);
+            }
+        };
+        let (parts, body) = resp.into_parts();
+        if !parts.status.is_success() {
+            // A refused model list still gets ours (the user may not be signed in to Cursor);
+            // a refused server config is upstream's to report.
+            if proto_client && rpc.is_model_list() {
+                if let Some(local) = self.local_answer(rpc) {
+                    tracing::info!(?rpc, status = %parts.status, "upstream refused; answered locally");
+                    return local;
+                }
+            }
+            return passthrough(parts, boxed(body));
+        }
+        if !is_proto(&parts.headers) || rpc == CursorRpc::GetDefaultModelForCli {
+            // JSON answers are not rewritten; upstream's default model stands when it has one.
+            return passthrough(parts, boxed(body));
+        }
+        let wire = match read_bounded(body).await {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::warn!(?rpc, error = %err, "upstream's answer unusable");
+                if let Some(local) = self.local_answer(rpc) {
+                    return local;
+                }
+                let err = UpstreamError::Request {
+                    host: ctx.host.clone(),
+                    reason: err.to_string(),
+                };
+                return error_response(&err, true);
+            }
+        };
+        let encoding = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        match self.rewrite(rpc, wire.clone(), encoding.as_deref()) {
+            Ok(message) => proto_response(parts.headers, message),
+            Err(err) => {
+                // Never break Cursor because our merge failed: its own answer, as it came.
+                tracing::warn!(?rpc, error = %err, "cannot adjust upstream's answer; passing it through");
+                passthrough(parts, full(wire))
+            }
+        }
+    }
+
+    /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed.
+    fn rewrite(
+        &self,
+        rpc: CursorRpc,
+        wire: Bytes,
+        content_encoding: Option<&str>,
+    ) -> Result<Vec<u8>, CursorError> {
+        let limits = Limits {
+            max_frame_bytes: MAX_ANSWER_WIRE,
+            max_decompressed_bytes: MAX_ANSWER_DECODED,
+        };
+        let message = decode_unary(wire, content_encoding, limits)?;
+        let config = &self.config;
+        let out = match rpc {
+            CursorRpc::AvailableModels => {
+                let resp =
+                    decode::<ai::AvailableModelsResponse>(message, "AvailableModelsResponse")?;
+                let before = resp.models.len();
+                let merged = merge_available_models(resp, config);
+                tracing::debug!(
+                    upstream = before,
+                    total = merged.models.len(),
+                    "model list merged"
+                );
+                merged.encode_to_vec()
+            }
+            CursorRpc::GetUsableModels => {
+                let resp =
+                    decode::<ag::GetUsableModelsResponse>(message, "GetUsableModelsResponse")?;
+                merge_usable_models(resp, config).encode_to_vec()
+            }
+            CursorRpc::GetServerConfig => {
+                let resp =
+                    decode::<ai::GetServerConfigResponse>(message, "GetServerConfigResponse")?;
+                rewrite_server_config(resp, config).encode_to_vec()
+            }
+            // Not rewritten (handled before the body is read); re-encoding is the identity.
+            CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => message.to_vec(),
+        };
+        Ok(out)
+    }
+
+    /// Our own answer for `rpc` when upstream has none; `None` when we have nothing to say
+    /// (no usable model for the CLI default).
+    fn local_answer(&self, rpc: CursorRpc) -> Option<Response<Body>> {
+        let config = &self.config;
+        let message = match rpc {
+            CursorRpc::AvailableModels => local_available_models(config).encode_to_vec(),
+            CursorRpc::GetUsableModels => local_usable_models(config).encode_to_vec(),
+            CursorRpc::GetDefaultModelForCli => {
+                local_default_model_for_cli(config)?.encode_to_vec()
+            }
+            CursorRpc::GetServerConfig => local_server_config(config).encode_to_vec(),
+            CursorRpc::WsProbe => return None,
+        };
+        Some(proto_response(HeaderMap::new(), message))
+    }
+}
+
+fn decode<M: Message + Default>(message: Bytes, name: &'static str) -> Result<M, CursorError> {
+    M::decode(message).map_err(|source| CursorError::Decode {
+        message: name,
+        source,
+    })
+}
+
+/// Reads a whole answer body, bounded in size and time.
+async fn read_bounded<B>(body: B) -> Result<Bytes, CursorError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let collect = Limited::new(body, MAX_ANSWER_WIRE).collect();
+    match tokio::time::timeout(ANSWER_READ_TIMEOUT, collect).await {
+        Err(_) => Err(CursorError::Timeout {
+            secs: ANSWER_READ_TIMEOUT.as_secs(),
+        }),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(CursorError::TooLarge {
+            max: MAX_ANSWER_WIRE,
+        }),
+        Ok(Err(e)) => Err(CursorError::Read(e.to_string())),
+    }
+}
+
+/// Binary Connect unary: `content-type: application/proto`, or a Connect GET asking for
+/// `encoding=proto`.
+fn is_proto_request<B>(req: &Request<B>) -> bool {
+    if req.method() == Method::GET {
+        return req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "encoding=proto"));
+    }
+    is_proto(req.headers())
+}
+
+fn is_proto(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/proto"))
+}
+
+/// We decode gzip and identity only: ask upstream for nothing else (a `br` answer could not be
+/// merged). Clients that do not offer gzip are left as they are.
+fn narrow_accept_encoding(headers: &mut HeaderMap) {
+    let offers_gzip = headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("gzip"));
+    if offers_gzip {
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+}
+
+/// Connection-specific headers never travel past us (RFC 9110 §7.6.1).
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+fn passthrough(mut parts: http::response::Parts, body: Body) -> Response<Body> {
+    strip_hop_by_hop(&mut parts.headers);
+    // A re-collected body gets its length recomputed; a streamed one keeps upstream's framing.
+    if http_body::Body::size_hint(&body).exact().is_some() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    Response::from_parts(parts, body)
+}
+
+/// A 200 `application/proto` answer, uncompressed, keeping `headers` (upstream's) otherwise.
+fn proto_response(mut headers: HeaderMap, message: Vec<u8>) -> Response<Body> {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::CONTENT_ENCODING);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/proto"),
+    );
+    let mut resp = Response::new(full(message));
+    *resp.headers_mut() = headers;
+    resp
+}
+
+fn status_only(status: StatusCode) -> Response<Body> {
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = status;
+    resp
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::io::Read;
+    use std::path::Path;
+
+    use base64::Engine;
+
+    use crate::config::Config;
+
+    /// The real `AvailableModelsResponse` capture (raw protobuf), or `None` (with a note) when
+    /// the shared directory is absent.
+    pub fn capture_models_raw() -> Option<Vec<u8>> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/protocol/captures/yelixir-native-cli-20260825-models.gzip.b64");
+        let Ok(b64) = std::fs::read_to_string(&path) else {
+            eprintln!("skipping: {} not found", path.display());
+            return None;
+        };
+        let gz = base64::engine::general_purpose::STANDARD
+            .decode(b64.split_whitespace().collect::<String>())
+            .expect("capture is base64");
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .expect("capture is gzip");
+        Some(raw)
+    }
+
+    /// Two usable models (an effort model, a thinking-budget model) and one without a key.
+    pub fn test_config() -> Config {
+        let text = r#"
+[providers.openai]
+kind = "openai-chat"
+api_key = "sk-test"
+[providers.anthropic]
+kind = "anthropic"
+api_key = "sk-ant-test"
+[providers.nokey]
+kind = "openai-chat"
+api_key_env = "CURSOR_BYOK_TEST_SURELY_UNSET_VAR"
+
+[[models]]
+id = "gpt"
+display_name = "My GPT"
+provider = "openai"
+model = "gpt-5"
+context_window = 400000
+reasoning_effort = "minimal"
+supports_images = false
+
+[[models]]
+id = "claude"
+provider = "anthropic"
+model = "claude-x"
+thinking_budget = 4000
+
+[[models]]
+id = "plain"
+provider = "nokey"
+model = "m"
+"#;
+        Config::from_toml(text, "test").expect("test config is valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_exact_paths() {
+        assert_eq!(classify(AVAILABLE_MODELS), Some(CursorRpc::AvailableModels));
+        assert_eq!(
+            classify("/agent.v1.AgentService/GetUsableModels"),
+            Some(CursorRpc::GetUsableModels)
+        );
+        assert_eq!(
+            classify("/aiserver.v1.AiService/GetUsableModels"),
+            Some(CursorRpc::GetUsableModels)
+        );
+        assert_eq!(
+            classify("/agent.v1.AgentService/GetDefaultModelForCli"),
+            Some(CursorRpc::GetDefaultModelForCli)
+        );
+        assert_eq!(
+            classify("/aiserver.v1.AiService/GetDefaultModelForCli"),
+            Some(CursorRpc::GetDefaultModelForCli)
+        );
+        assert_eq!(
+            classify("/aiserver.v1.ServerConfigService/GetServerConfig"),
+            Some(CursorRpc::GetServerConfig)
+        );
+        assert_eq!(classify("/agent/v1/run"), Some(CursorRpc::WsProbe));
+        assert_eq!(classify("/ws-reachability-probe"), Some(CursorRpc::WsProbe));
+        for other in [
+            "/aiserver.v1.AiService/AvailableModels/",
+            "/aiserver.v1.AiService/AvailableModelsX",
+            "/aiserver.v1.aiservice/availablemodels",
+            "/agent.v1.AgentService/Run",
+            "/agent.v1.AgentService/RunSSE",
+            "/aiserver.v1.ServerConfigService/GetNewRepoFlowConfig",
+            "/aiserver.v1.AiService/GetModelLabels",
+            "/agent/v1/run/x",
+            "/",
+            "",
+        ] {
+            assert_eq!(classify(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn proto_detection() {
+        let req = |method: Method, uri: &str, ct: Option<&str>| {
+            let mut b = Request::builder().method(method).uri(uri);
+            if let Some(ct) = ct {
+                b = b.header(header::CONTENT_TYPE, ct);
+            }
+            b.body(()).expect("request")
+        };
+        assert!(is_proto_request(&req(
+            Method::POST,
+            "/x",
+            Some("application/proto")
+        )));
+        assert!(is_proto_request(&req(
+            Method::POST,
+            "/x",
+            Some("Application/Proto; charset=x")
+        )));
+        assert!(!is_proto_request(&req(
+            Method::POST,
+            "/x",
+            Some("application/json")
+        )));
+        assert!(!is_proto_request(&req(
+            Method::POST,
+            "/x",
+            Some("application/protobuf")
+        )));
+        assert!(!is_proto_request(&req(Method::POST, "/x", None)));
+        assert!(is_proto_request(&req(
+            Method::GET,
+            "/x?connect=v1&encoding=proto&message=",
+            None
+        )));
+        assert!(!is_proto_request(&req(
+            Method::GET,
+            "/x?encoding=json",
+            None
+        )));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("x-cursor-thing", HeaderValue::from_static("kept"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-cursor-thing"));
+    }
+
+    #[test]
+    fn gzip_answers_are_rewritten_and_bad_ones_refused() {
+        let services = CursorServices::new(Arc::new(test_support::test_config()));
+        let upstream = ai::AvailableModelsResponse {
+            models: vec![ai::available_models_response::AvailableModel {
+                name: "composer-2.5".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let gz = crate::connect::encode_unary(
+            Bytes::from(upstream.encode_to_vec()),
+            crate::connect::Encoding::Gzip,
+        )
+        .expect("gzip");
+        let out = services
+            .rewrite(CursorRpc::AvailableModels, gz, Some("gzip"))
+            .expect("rewrites");
+        let back = ai::AvailableModelsResponse::decode(&out[..]).expect("decodes");
+        assert_eq!(back.models.len(), 3);
+        assert_eq!(back.models[0], upstream.models[0]);
+
+        let bad = services.rewrite(
+            CursorRpc::AvailableModels,
+            Bytes::from_static(b"\x12\xff"),
+            None,
+        );
+        assert!(matches!(bad, Err(CursorError::Decode { .. })), "{bad:?}");
+        let bad = services.rewrite(
+            CursorRpc::GetServerConfig,
+            Bytes::from_static(b"x"),
+            Some("br"),
+        );
+        assert!(matches!(bad, Err(CursorError::Codec(_))), "{bad:?}");
+    }
+
+    #[tokio::test]
+    async fn local_answers_are_proto() {
+        let services = CursorServices::new(Arc::new(test_support::test_config()));
+        let resp = services
+            .local_answer(CursorRpc::AvailableModels)
+            .expect("answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/proto");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let models = ai::AvailableModelsResponse::decode(body).expect("decodes");
+        assert_eq!(models.models.len(), 2);
+        assert!(services.local_answer(CursorRpc::WsProbe).is_none());
+    }
+
+    #[tokio::test]
+    async fn bounded_read_refuses_oversized_bodies() {
+        let big = http_body_util::Full::new(Bytes::from(vec![0u8; MAX_ANSWER_WIRE + 1]));
+        let r = read_bounded(big).await;
+        assert!(matches!(r, Err(CursorError::TooLarge { .. })), "{r:?}");
+        let small = http_body_util::Full::new(Bytes::from_static(b"ok"));
+        assert_eq!(
+            read_bounded(small).await.expect("reads"),
+            Bytes::from_static(b"ok")
+        );
+    }
+}

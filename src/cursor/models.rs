@@ -1,0 +1,491 @@
+//! The configured models, as Cursor's model-list answers express them, and the merges into
+//! upstream's answers.
+//!
+//! Merges only ever append (protobuf repeated fields merge by concatenation): upstream's entries
+//! stay exactly as they came. Only models whose provider has a key are listed
+//! ([`Config::usable_models`]): a model that cannot run would only fail later, in the middle of a
+//! conversation.
+
+use crate::config::{Config, ModelConfig};
+use crate::proto::agent::v1 as ag;
+use crate::proto::aiserver::v1 as ai;
+
+use ag::requested_model::ModelParameterValue;
+use ai::available_models_response::{AvailableModel, ModelVariantConfig};
+use ai::model_parameter_definition::{
+    boolean_parameter_definition::BooleanParameterValue,
+    enum_parameter_definition::EnumParameterValue, BooleanParameterDefinition,
+    EnumParameterDefinition, ModelParameterType,
+};
+use ai::ModelParameterDefinition;
+
+/// Picker parameter carrying the reasoning effort (the id Cursor's own Gemini entries use; the
+/// agent also accepts `effort` and `reasoning`).
+pub const EFFORT_PARAM: &str = "reasoning_effort";
+/// Picker parameter switching extended thinking on and off (`"true"` / `"false"`).
+pub const THINKING_PARAM: &str = "thinking";
+
+/// Effort levels offered in the picker besides the configured one, in display order.
+const OFFERED_EFFORTS: &[&str] = &["low", "medium", "high"];
+/// Every level the configuration accepts, in order (the picker lists them in this order).
+const EFFORT_ORDER: &[&str] = &["minimal", "low", "medium", "high", "xhigh"];
+
+/// `upstream` with one entry per usable configured model appended (and our ids appended to
+/// `model_names` when upstream fills it). An id already present is not added twice (a second
+/// proxy in the chain may have merged it already).
+pub fn merge_available_models(
+    mut upstream: ai::AvailableModelsResponse,
+    config: &Config,
+) -> ai::AvailableModelsResponse {
+    let ours: Vec<AvailableModel> = config
+        .usable_models()
+        .filter(|m| {
+            let id = m.cursor_id();
+            !upstream.models.iter().any(|u| u.name == id)
+        })
+        .map(available_model)
+        .collect();
+    // Older clients read the flat name list; an empty list means "use `models`", so only a
+    // list upstream actually filled gets our names.
+    if !upstream.model_names.is_empty() {
+        for m in &ours {
+            if !upstream.model_names.contains(&m.name) {
+                upstream.model_names.push(m.name.clone());
+            }
+        }
+    }
+    upstream.models.extend(ours);
+    upstream
+}
+
+/// The answer when upstream is unreachable or refused: our models alone.
+pub fn local_available_models(config: &Config) -> ai::AvailableModelsResponse {
+    let models: Vec<AvailableModel> = config.usable_models().map(available_model).collect();
+    ai::AvailableModelsResponse {
+        model_names: models.iter().map(|m| m.name.clone()).collect(),
+        models,
+        ..Default::default()
+    }
+}
+
+/// `upstream` with a [`ag::ModelDetails`] per usable configured model appended.
+pub fn merge_usable_models(
+    mut upstream: ag::GetUsableModelsResponse,
+    config: &Config,
+) -> ag::GetUsableModelsResponse {
+    let ours: Vec<ag::ModelDetails> = config
+        .usable_models()
+        .filter(|m| {
+            let id = m.cursor_id();
+            !upstream.models.iter().any(|u| u.model_id == id)
+        })
+        .map(model_details)
+        .collect();
+    upstream.models.extend(ours);
+    upstream
+}
+
+pub fn local_usable_models(config: &Config) -> ag::GetUsableModelsResponse {
+    ag::GetUsableModelsResponse {
+        models: config.usable_models().map(model_details).collect(),
+    }
+}
+
+/// The CLI's default when upstream cannot say: the first usable configured model. `None` when
+/// there is none (then upstream's failure is the honest answer).
+pub fn local_default_model_for_cli(config: &Config) -> Option<ag::GetDefaultModelForCliResponse> {
+    let model = config.usable_models().next()?;
+    Some(ag::GetDefaultModelForCliResponse {
+        model: Some(model_details(model)),
+    })
+}
+
+/// One configured model as an `AvailableModelsResponse.AvailableModel`, filled the way Cursor's
+/// own entries are (see the real capture): name = server name = our id, agent support, and
+/// variants with `parameter_values`, `variant_string_representation` and `legacy_slug`; plus
+/// the display and capability fields the desktop picker reads.
+pub fn available_model(m: &ModelConfig) -> AvailableModel {
+    let id = m.cursor_id();
+    let display = m.display_name().to_string();
+    let params = parameters(m);
+    AvailableModel {
+        name: id.clone(),
+        default_on: true,
+        supports_agent: Some(true),
+        supports_thinking: Some(m.thinks()),
+        supports_images: Some(m.supports_images),
+        // One context size, no "max" variant; Cmd-K runs on another RPC we do not serve.
+        supports_max_mode: Some(false),
+        supports_non_max_mode: Some(true),
+        supports_cmd_k: Some(false),
+        context_token_limit: Some(i32::try_from(m.context_window).unwrap_or(i32::MAX)),
+        client_display_name: Some(display.clone()),
+        server_model_name: Some(id.clone()),
+        inputbox_short_model_name: Some(display),
+        tagline: Some(format!("{} via cursor-byok", m.model)),
+        parameter_definitions: params.iter().map(|p| p.definition()).collect(),
+        variants: variants(&id, &params),
+        ..Default::default()
+    }
+}
+
+/// One configured model as `agent.v1.ModelDetails` (GetUsableModels, GetDefaultModelForCli).
+pub fn model_details(m: &ModelConfig) -> ag::ModelDetails {
+    let id = m.cursor_id();
+    let display = m.display_name().to_string();
+    ag::ModelDetails {
+        model_id: id.clone(),
+        thinking_details: m.thinks().then(ag::ThinkingDetails::default),
+        display_model_id: id,
+        display_name: display.clone(),
+        display_name_short: display,
+        ..Default::default()
+    }
+}
+
+/// A picker parameter of one model: its values (with display names) and the configured default.
+struct Param {
+    id: &'static str,
+    name: &'static str,
+    boolean: bool,
+    values: Vec<(&'static str, &'static str)>,
+    default: &'static str,
+}
+
+impl Param {
+    fn definition(&self) -> ModelParameterDefinition {
+        let parameter_type = if self.boolean {
+            ModelParameterType {
+                boolean_parameter: Some(BooleanParameterDefinition {
+                    values: self
+                        .values
+                        .iter()
+                        .map(|(value, display)| BooleanParameterValue {
+                            value: (*value).to_string(),
+                            display_name: Some((*display).to_string()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+                enum_parameter: None,
+            }
+        } else {
+            ModelParameterType {
+                boolean_parameter: None,
+                enum_parameter: Some(EnumParameterDefinition {
+                    values: self
+                        .values
+                        .iter()
+                        .map(|(value, display)| EnumParameterValue {
+                            value: (*value).to_string(),
+                            display_name: Some((*display).to_string()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            }
+        };
+        ModelParameterDefinition {
+            id: self.id.to_string(),
+            name: self.name.to_string(),
+            parameter_type: Some(parameter_type),
+            ..Default::default()
+        }
+    }
+}
+
+fn effort_display(level: &str) -> &'static str {
+    match level {
+        "minimal" => "Minimal",
+        "low" => "Low",
+        "medium" => "Medium",
+        "high" => "High",
+        "xhigh" => "Extra High",
+        _ => "Default",
+    }
+}
+
+/// The parameters a model offers: reasoning effort when configured (low/medium/high plus the
+/// configured level), and thinking on/off when a thinking budget is configured.
+fn parameters(m: &ModelConfig) -> Vec<Param> {
+    let mut out = Vec::new();
+    if let Some(configured) = m.reasoning_effort.as_deref() {
+        // Config validation admits only EFFORT_ORDER levels; an unknown one (older config)
+        // simply gets no picker parameter and runs at its configured level.
+        if let Some(default) = EFFORT_ORDER.iter().copied().find(|l| *l == configured) {
+            let values = EFFORT_ORDER
+                .iter()
+                .copied()
+                .filter(|l| *l == default || OFFERED_EFFORTS.contains(l))
+                .map(|l| (l, effort_display(l)))
+                .collect();
+            out.push(Param {
+                id: EFFORT_PARAM,
+                name: "Reasoning effort",
+                boolean: false,
+                values,
+                default,
+            });
+        }
+    }
+    if m.thinking_budget.is_some() {
+        out.push(Param {
+            id: THINKING_PARAM,
+            name: "Thinking",
+            boolean: true,
+            values: vec![("true", "On"), ("false", "Off")],
+            default: "true",
+        });
+    }
+    out
+}
+
+/// Every combination of parameter values, as Cursor lists variants: `id[k=v,…]` strings, the
+/// configured combination flagged as the default. The legacy slug is `id` for the default and
+/// `id:<effort>` for other efforts (the `:variant` form the agent resolves).
+fn variants(id: &str, params: &[Param]) -> Vec<ModelVariantConfig> {
+    let mut combos: Vec<Vec<(&Param, &'static str)>> = vec![Vec::new()];
+    for p in params {
+        combos = combos
+            .into_iter()
+            .flat_map(|combo| {
+                p.values.iter().map(move |(value, _)| {
+                    let mut next = combo.clone();
+                    next.push((p, *value));
+                    next
+                })
+            })
+            .collect();
+    }
+    combos
+        .into_iter()
+        .map(|combo| {
+            let is_default = combo.iter().all(|(p, v)| *v == p.default);
+            let repr = combo
+                .iter()
+                .map(|(p, v)| format!("{}={v}", p.id))
+                .collect::<Vec<_>>()
+                .join(",");
+            let effort = combo
+                .iter()
+                .find(|(p, v)| p.id == EFFORT_PARAM && *v != p.default)
+                .map(|(_, v)| *v);
+            let legacy_slug = match effort {
+                Some(level) => format!("{id}:{level}"),
+                None => id.to_string(),
+            };
+            ModelVariantConfig {
+                parameter_values: combo
+                    .iter()
+                    .map(|(p, v)| ModelParameterValue {
+                        id: p.id.to_string(),
+                        value: (*v).to_string(),
+                    })
+                    .collect(),
+                // Cursor's own variants leave this empty; the picker labels them from the
+                // parameter definitions.
+                display_name: String::new(),
+                is_max_mode: false,
+                is_default_max_config: is_default.then_some(true),
+                is_default_non_max_config: is_default.then_some(true),
+                variant_string_representation: Some(format!("{id}[{repr}]")),
+                legacy_slug: Some(legacy_slug),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// Splits a variant string as Cursor writes them, `model[k=v,k2=v2]`, into the model id and its
+/// parameters. A plain id (no brackets) has no parameters; malformed brackets give `None`.
+pub fn parse_variant_string(s: &str) -> Option<(&str, Vec<(&str, &str)>)> {
+    let Some(open) = s.find('[') else {
+        return Some((s, Vec::new()));
+    };
+    let inner = s.get(open + 1..)?.strip_suffix(']')?;
+    let base = s.get(..open)?;
+    if inner.contains('[') || inner.contains(']') {
+        return None;
+    }
+    let mut params = Vec::new();
+    for pair in inner.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=')?;
+        params.push((k, v));
+    }
+    Some((base, params))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::test_support::{capture_models_raw, test_config};
+    use prost::Message;
+
+    #[test]
+    fn merge_appends_to_the_real_capture_and_keeps_upstream_intact() {
+        let Some(raw) = capture_models_raw() else {
+            return;
+        };
+        let original = ai::AvailableModelsResponse::decode(&raw[..]).expect("capture decodes");
+        let n = original.models.len();
+        let config = test_config();
+
+        let merged = merge_available_models(original.clone(), &config);
+        let bytes = merged.encode_to_vec();
+        // The capture holds only field 2, so appending to it appends bytes: upstream's part of
+        // the answer is byte-for-byte the original.
+        assert!(bytes.starts_with(&raw), "upstream's bytes changed");
+
+        let back = ai::AvailableModelsResponse::decode(&bytes[..]).expect("merged decodes");
+        assert_eq!(back.models.len(), n + 2, "two usable models appended");
+        assert_eq!(&back.models[..n], &original.models[..]);
+        assert!(
+            back.model_names.is_empty(),
+            "an empty name list stays empty"
+        );
+
+        let gpt = &back.models[n];
+        assert_eq!(gpt.name, "byok-gpt");
+        assert_eq!(gpt.client_display_name.as_deref(), Some("My GPT"));
+        assert_eq!(gpt.server_model_name.as_deref(), Some("byok-gpt"));
+        assert_eq!(gpt.supports_agent, Some(true));
+        assert_eq!(gpt.supports_thinking, Some(true));
+        assert_eq!(gpt.supports_images, Some(false));
+        assert_eq!(gpt.context_token_limit, Some(400_000));
+        assert!(gpt.default_on);
+        assert_eq!(gpt.parameter_definitions.len(), 1);
+        assert_eq!(gpt.parameter_definitions[0].id, EFFORT_PARAM);
+        let reprs: Vec<_> = gpt
+            .variants
+            .iter()
+            .map(|v| v.variant_string_representation.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            reprs,
+            [
+                "byok-gpt[reasoning_effort=minimal]",
+                "byok-gpt[reasoning_effort=low]",
+                "byok-gpt[reasoning_effort=medium]",
+                "byok-gpt[reasoning_effort=high]",
+            ]
+        );
+        let defaults: Vec<_> = gpt
+            .variants
+            .iter()
+            .filter(|v| v.is_default_non_max_config == Some(true))
+            .collect();
+        assert_eq!(defaults.len(), 1);
+        assert_eq!(defaults[0].parameter_values[0].value, "minimal");
+        assert_eq!(defaults[0].legacy_slug.as_deref(), Some("byok-gpt"));
+        assert_eq!(
+            gpt.variants[3].legacy_slug.as_deref(),
+            Some("byok-gpt:high")
+        );
+
+        let claude = &back.models[n + 1];
+        assert_eq!(claude.name, "byok-claude");
+        assert_eq!(
+            claude.client_display_name.as_deref(),
+            Some("claude"),
+            "id when unnamed"
+        );
+        assert_eq!(claude.supports_thinking, Some(true));
+        assert_eq!(claude.supports_images, Some(true));
+        assert_eq!(claude.variants.len(), 2, "thinking on / off");
+        assert!(claude.parameter_definitions[0]
+            .parameter_type
+            .as_ref()
+            .is_some_and(|t| t.boolean_parameter.is_some()));
+
+        // Merging twice adds nothing more.
+        let again = merge_available_models(back, &config);
+        assert_eq!(again.models.len(), n + 2);
+    }
+
+    #[test]
+    fn plain_model_has_one_default_variant_like_cursors_default() {
+        let config = test_config();
+        let plain = config
+            .models
+            .iter()
+            .find(|m| m.id == "plain")
+            .expect("configured");
+        let entry = available_model(plain);
+        assert_eq!(entry.supports_thinking, Some(false));
+        assert!(entry.parameter_definitions.is_empty());
+        assert_eq!(entry.variants.len(), 1);
+        let v = &entry.variants[0];
+        assert!(v.parameter_values.is_empty());
+        assert_eq!(
+            v.variant_string_representation.as_deref(),
+            Some("byok-plain[]")
+        );
+        assert_eq!(v.is_default_max_config, Some(true));
+        assert_eq!(v.is_default_non_max_config, Some(true));
+    }
+
+    #[test]
+    fn names_list_is_extended_only_when_upstream_fills_it() {
+        let config = test_config();
+        let upstream = ai::AvailableModelsResponse {
+            model_names: vec!["gpt-5".into()],
+            ..Default::default()
+        };
+        let merged = merge_available_models(upstream, &config);
+        assert_eq!(merged.model_names, ["gpt-5", "byok-gpt", "byok-claude"]);
+    }
+
+    #[test]
+    fn local_answers_hold_only_usable_models() {
+        let config = test_config();
+        let local = local_available_models(&config);
+        let names: Vec<_> = local.models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["byok-gpt", "byok-claude"], "`plain` has no key");
+        assert_eq!(local.model_names, names);
+
+        let usable = local_usable_models(&config);
+        assert_eq!(usable.models.len(), 2);
+        let default = local_default_model_for_cli(&config).and_then(|r| r.model);
+        assert_eq!(default.map(|m| m.model_id).as_deref(), Some("byok-gpt"));
+    }
+
+    #[test]
+    fn usable_models_merge_appends_details() {
+        let config = test_config();
+        let upstream = ag::GetUsableModelsResponse {
+            models: vec![ag::ModelDetails {
+                model_id: "composer-2.5".into(),
+                ..Default::default()
+            }],
+        };
+        let merged = merge_usable_models(upstream.clone(), &config);
+        assert_eq!(merged.models.len(), 3);
+        assert_eq!(merged.models[0], upstream.models[0]);
+        let gpt = &merged.models[1];
+        assert_eq!(gpt.model_id, "byok-gpt");
+        assert_eq!(gpt.display_model_id, "byok-gpt");
+        assert_eq!(gpt.display_name, "My GPT");
+        assert_eq!(gpt.display_name_short, "My GPT");
+        assert!(gpt.thinking_details.is_some());
+        assert!(merged.models.iter().all(|m| m.credentials.is_none()));
+        assert_eq!(merge_usable_models(merged.clone(), &config), merged);
+    }
+
+    #[test]
+    fn variant_strings_parse() {
+        assert_eq!(
+            parse_variant_string("byok-gpt[reasoning_effort=high,thinking=false]"),
+            Some((
+                "byok-gpt",
+                vec![("reasoning_effort", "high"), ("thinking", "false")]
+            ))
+        );
+        assert_eq!(
+            parse_variant_string("byok-gpt[]"),
+            Some(("byok-gpt", vec![]))
+        );
+        assert_eq!(parse_variant_string("byok-gpt"), Some(("byok-gpt", vec![])));
+        assert_eq!(parse_variant_string("byok-gpt[x"), None);
+        assert_eq!(parse_variant_string("byok-gpt[x]"), None);
+    }
+}
