@@ -3,9 +3,15 @@
 //! The flow is one-way: front door (`proxy`, `tls`) → routing → passthrough (`upstream`) or the
 //! agent (`agent`, which calls `provider`); see README.md for the picture.
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod connect;
+pub mod cursor;
 pub mod proto;
+pub mod provider;
+pub mod proxy;
+pub mod router;
 pub mod secret;
 pub mod tls;
+pub mod upstream;

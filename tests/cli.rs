@@ -20,12 +20,24 @@ fn fingerprint(stdout: &str) -> String {
 #[test]
 fn ca_is_created_once_with_a_private_key_file() {
     let dir = tempfile::tempdir().unwrap();
-    let first = bin().args(["ca", "--data-dir"]).arg(dir.path()).output().unwrap();
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let first = bin()
+        .args(["ca", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     let first = String::from_utf8(first.stdout).unwrap();
     assert!(first.contains("Created a new CA"), "{first}");
 
-    let second = bin().args(["ca", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let second = bin()
+        .args(["ca", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(second.status.success());
     let second = String::from_utf8(second.stdout).unwrap();
     assert!(second.contains("Using the existing CA"), "{second}");
@@ -36,7 +48,10 @@ fn ca_is_created_once_with_a_private_key_file() {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("ca.key.pem")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join("ca.key.pem"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
     assert!(dir.path().join("ca.der").is_file());
@@ -46,7 +61,11 @@ fn ca_is_created_once_with_a_private_key_file() {
 fn example_config_checks() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.toml");
     let out = bin().args(["check-config", example]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("byok-gpt-5.1"));
 }
 
@@ -65,10 +84,17 @@ fn bad_config_names_file_key_and_reason_without_the_key() {
     assert!(err.contains("bad.toml"), "{err}");
     assert!(err.contains("models[0].context_window"), "{err}");
     assert!(err.contains("invalid type"), "{err}");
-    assert!(!err.contains("SUPERSECRET") && !String::from_utf8_lossy(&out.stdout).contains("SUPERSECRET"));
+    assert!(
+        !err.contains("SUPERSECRET")
+            && !String::from_utf8_lossy(&out.stdout).contains("SUPERSECRET")
+    );
 
     // A secret in the wrong type is not echoed either.
-    std::fs::write(&path, "[providers.openai]\nkind = \"openai-chat\"\napi_key = [\"sk-test-SUPERSECRET\"]\n").unwrap();
+    std::fs::write(
+        &path,
+        "[providers.openai]\nkind = \"openai-chat\"\napi_key = [\"sk-test-SUPERSECRET\"]\n",
+    )
+    .unwrap();
     let out = bin().args(["check-config"]).arg(&path).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -17,7 +17,10 @@ fn shared_protocol() -> Option<PathBuf> {
     if dir.is_dir() {
         Some(dir)
     } else {
-        eprintln!("skipping: {} not found (it exists beside the checkout in CI)", dir.display());
+        eprintln!(
+            "skipping: {} not found (it exists beside the checkout in CI)",
+            dir.display()
+        );
         None
     }
 }
@@ -70,7 +73,9 @@ type FieldRow = (String, String, String, String);
 
 fn describe_field(field: &prost_reflect::FieldDescriptor) -> FieldRow {
     let (ty, label) = if field.is_map() {
-        let Kind::Message(entry) = field.kind() else { unreachable!("map fields are messages") };
+        let Kind::Message(entry) = field.kind() else {
+            unreachable!("map fields are messages")
+        };
         let key = type_name(&entry.map_entry_key_field().kind());
         let value = type_name(&entry.map_entry_value_field().kind());
         (value.clone(), format!("map<{key},{value}>"))
@@ -96,7 +101,10 @@ fn descriptors_match_the_high_confidence_tables() {
     let pool = pool();
 
     let mut want: BTreeMap<String, BTreeMap<String, FieldRow>> = BTreeMap::new();
-    for row in tsv(dir.join("schema.tsv")).into_iter().filter(|r| r["confidence"] == "high") {
+    for row in tsv(dir.join("schema.tsv"))
+        .into_iter()
+        .filter(|r| r["confidence"] == "high")
+    {
         let fields = want.entry(row["message"].clone()).or_default();
         if row["label"] != "(empty message)" {
             fields.insert(
@@ -118,12 +126,18 @@ fn descriptors_match_the_high_confidence_tables() {
         }
         got.insert(
             msg.full_name().to_string(),
-            msg.fields().map(|f| (f.name().to_string(), describe_field(&f))).collect(),
+            msg.fields()
+                .map(|f| (f.name().to_string(), describe_field(&f)))
+                .collect(),
         );
     }
 
     let mut diffs = Vec::new();
-    for name in want.keys().collect::<BTreeSet<_>>().union(&got.keys().collect()) {
+    for name in want
+        .keys()
+        .collect::<BTreeSet<_>>()
+        .union(&got.keys().collect())
+    {
         match (want.get(*name), got.get(*name)) {
             (Some(_), None) => diffs.push(format!("message {name}: in the tables, not generated")),
             (None, Some(_)) => diffs.push(format!("message {name}: generated, not in the tables")),
@@ -141,9 +155,18 @@ fn descriptors_match_the_high_confidence_tables() {
             (None, None) => unreachable!(),
         }
     }
-    assert!(diffs.is_empty(), "{} differences:\n{}", diffs.len(), diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{} differences:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
     assert_eq!(want.len(), got.len());
-    eprintln!("{} messages and {} fields match", got.len(), got.values().map(|f| f.len()).sum::<usize>());
+    eprintln!(
+        "{} messages and {} fields match",
+        got.len(),
+        got.values().map(|f| f.len()).sum::<usize>()
+    );
 }
 
 #[test]
@@ -151,7 +174,10 @@ fn enums_match_the_high_confidence_tables() {
     let Some(dir) = shared_protocol() else { return };
     let pool = pool();
     let mut want: BTreeMap<String, BTreeSet<(String, i32)>> = BTreeMap::new();
-    for row in tsv(dir.join("enums.tsv")).into_iter().filter(|r| r["confidence"] == "high") {
+    for row in tsv(dir.join("enums.tsv"))
+        .into_iter()
+        .filter(|r| r["confidence"] == "high")
+    {
         want.entry(row["enum"].clone())
             .or_default()
             .insert((row["value_name"].clone(), row["number"].parse().unwrap()));
@@ -160,7 +186,10 @@ fn enums_match_the_high_confidence_tables() {
         .all_enums()
         .filter(|e| !e.package_name().starts_with("google."))
         .map(|e| {
-            let values = e.values().map(|v| (v.name().to_string(), v.number())).collect();
+            let values = e
+                .values()
+                .map(|v| (v.name().to_string(), v.number()))
+                .collect();
             (e.full_name().to_string(), values)
         })
         .collect();
@@ -170,27 +199,42 @@ fn enums_match_the_high_confidence_tables() {
         .filter(|n| want.get(*n) != got.get(*n))
         .map(|n| format!("{n}: tables {:?}, generated {:?}", want.get(n), got.get(n)))
         .collect();
-    assert!(diffs.is_empty(), "{} differences:\n{}", diffs.len(), diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{} differences:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
 }
 
 #[test]
 fn available_models_capture_round_trips_byte_identically() {
     let Some(dir) = shared_protocol() else { return };
-    let b64 = std::fs::read_to_string(dir.join("captures/yelixir-native-cli-20260825-models.gzip.b64")).unwrap();
+    let b64 =
+        std::fs::read_to_string(dir.join("captures/yelixir-native-cli-20260825-models.gzip.b64"))
+            .unwrap();
     let gz = base64::engine::general_purpose::STANDARD
         .decode(b64.split_whitespace().collect::<String>())
         .unwrap();
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .unwrap();
     assert_eq!(raw.len(), 51_161);
 
     let models = aiserver::AvailableModelsResponse::decode(&raw[..]).unwrap();
     assert!(models.models.len() > 5, "{} models", models.models.len());
     assert!(models.models.iter().any(|m| m.name == "composer-2.5"));
-    assert_eq!(models.encode_to_vec(), raw, "re-encoding differs from the capture");
+    assert_eq!(
+        models.encode_to_vec(),
+        raw,
+        "re-encoding differs from the capture"
+    );
 
     // No field went unrecognised: a dynamic decode with the same schema reports none unknown.
-    let desc = pool().get_message_by_name("aiserver.v1.AvailableModelsResponse").unwrap();
+    let desc = pool()
+        .get_message_by_name("aiserver.v1.AvailableModelsResponse")
+        .unwrap();
     let dynamic = prost_reflect::DynamicMessage::decode(desc, &raw[..]).unwrap();
     assert_eq!(count_unknown(&dynamic), 0);
 }
@@ -210,21 +254,37 @@ fn count_unknown(msg: &prost_reflect::DynamicMessage) -> usize {
 
 /// Walks protobuf-es JSON (`{"case": …, "value": …}` for oneofs) against a message descriptor,
 /// collecting every key that names nothing on the generated message.
-fn unknown_json_names(desc: &MessageDescriptor, json: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+fn unknown_json_names(
+    desc: &MessageDescriptor,
+    json: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
     let Some(obj) = json.as_object() else { return };
     if desc.full_name().starts_with("google.protobuf.") {
         return; // Struct / Value hold free-form JSON.
     }
     for (key, value) in obj {
         let here = format!("{path}.{key}");
-        if let Some(field) = desc.fields().find(|f| f.json_name() == key || f.name() == key) {
+        if let Some(field) = desc
+            .fields()
+            .find(|f| f.json_name() == key || f.name() == key)
+        {
             check_field_value(&field, value, &here, out);
-        } else if let Some(oneof) = desc.oneofs().find(|o| camel(o.name()) == *key || o.name() == key) {
+        } else if let Some(oneof) = desc
+            .oneofs()
+            .find(|o| camel(o.name()) == *key || o.name() == key)
+        {
             let case = value.get("case").and_then(|c| c.as_str());
             match case.and_then(|c| oneof.fields().find(|f| f.json_name() == c || f.name() == c)) {
                 Some(field) => {
                     if let Some(v) = value.get("value") {
-                        check_field_value(&field, v, &format!("{here}.{}", case.unwrap_or("")), out);
+                        check_field_value(
+                            &field,
+                            v,
+                            &format!("{here}.{}", case.unwrap_or("")),
+                            out,
+                        );
                     }
                 }
                 None if case.is_none() => {} // an unset oneof
@@ -236,10 +296,19 @@ fn unknown_json_names(desc: &MessageDescriptor, json: &serde_json::Value, path: 
     }
 }
 
-fn check_field_value(field: &prost_reflect::FieldDescriptor, value: &serde_json::Value, path: &str, out: &mut Vec<String>) {
-    let Kind::Message(msg) = field.kind() else { return };
+fn check_field_value(
+    field: &prost_reflect::FieldDescriptor,
+    value: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    let Kind::Message(msg) = field.kind() else {
+        return;
+    };
     if field.is_map() {
-        if let (Some(obj), Kind::Message(inner)) = (value.as_object(), msg.map_entry_value_field().kind()) {
+        if let (Some(obj), Kind::Message(inner)) =
+            (value.as_object(), msg.map_entry_value_field().kind())
+        {
             for (k, v) in obj {
                 unknown_json_names(&inner, v, &format!("{path}[{k}]"), out);
             }
@@ -272,9 +341,14 @@ fn camel(name: &str) -> String {
 #[test]
 fn run_request_capture_field_names_exist() {
     let Some(dir) = shared_protocol() else { return };
-    let desc = pool().get_message_by_name("agent.v1.AgentClientMessage").unwrap();
+    let desc = pool()
+        .get_message_by_name("agent.v1.AgentClientMessage")
+        .unwrap();
     let mut frames = 0;
-    for file in ["yelixir-native-cli-20260825-chat.ndjson", "yelixir-native-tool-parallel-run-request.ndjson"] {
+    for file in [
+        "yelixir-native-cli-20260825-chat.ndjson",
+        "yelixir-native-tool-parallel-run-request.ndjson",
+    ] {
         let text = std::fs::read_to_string(dir.join("captures").join(file)).unwrap();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let record: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -282,7 +356,10 @@ fn run_request_capture_field_names_exist() {
             assert!(fields.is_object(), "{file}: no decoded_fields");
             let mut unknown = Vec::new();
             unknown_json_names(&desc, fields, "AgentClientMessage", &mut unknown);
-            assert!(unknown.is_empty(), "{file}: names not on the generated messages: {unknown:#?}");
+            assert!(
+                unknown.is_empty(),
+                "{file}: names not on the generated messages: {unknown:#?}"
+            );
             frames += 1;
         }
     }
@@ -294,18 +371,20 @@ fn run_request_capture_field_names_exist() {
 #[test]
 fn core_agent_messages_round_trip() {
     let msg = agent::AgentClientMessage {
-        message: Some(agent::agent_client_message::Message::RunRequest(agent::AgentRunRequest {
-            conversation_id: Some("c1".into()),
-            requested_model: Some(agent::RequestedModel {
-                model_id: "byok-test".into(),
-                parameters: vec![agent::requested_model::ModelParameterValue {
-                    id: "effort".into(),
-                    value: "high".into(),
-                }],
+        message: Some(agent::agent_client_message::Message::RunRequest(
+            agent::AgentRunRequest {
+                conversation_id: Some("c1".into()),
+                requested_model: Some(agent::RequestedModel {
+                    model_id: "byok-test".into(),
+                    parameters: vec![agent::requested_model::ModelParameterValue {
+                        id: "effort".into(),
+                        value: "high".into(),
+                    }],
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        })),
+            },
+        )),
     };
     let bytes = msg.encode_to_vec();
     assert_eq!(agent::AgentClientMessage::decode(&bytes[..]).unwrap(), msg);
@@ -336,5 +415,8 @@ fn cross_package_references_resolve() {
 #[test]
 fn blob_id_is_sha256() {
     let id = cursor_byok::proto::blob_id(b"abc");
-    assert_eq!(hex::encode(id), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    assert_eq!(
+        hex::encode(id),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
 }

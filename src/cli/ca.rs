@@ -9,7 +9,9 @@ pub fn show(data_dir: &Path) -> anyhow::Result<()> {
     let pem = ca.cert_path();
     let der = ca.der_path();
     match origin {
-        CaOrigin::Created => println!("Created a new CA for this install (its key never leaves this machine)."),
+        CaOrigin::Created => {
+            println!("Created a new CA for this install (its key never leaves this machine).")
+        }
         CaOrigin::Loaded => println!("Using the existing CA."),
     }
     println!("certificate (PEM): {}", pem.display());
@@ -19,7 +21,10 @@ pub fn show(data_dir: &Path) -> anyhow::Result<()> {
     println!();
     println!("Trust it (once), then restart Cursor:");
     println!("  macOS:   security add-trusted-cert -r trustRoot -k ~/Library/Keychains/login.keychain-db \"{}\"", pem.display());
-    println!("  Windows: certutil -user -addstore Root \"{}\"", der.display());
+    println!(
+        "  Windows: certutil -user -addstore Root \"{}\"",
+        der.display()
+    );
     println!("  Linux:   sudo cp \"{}\" /usr/local/share/ca-certificates/cursor-byok.crt && sudo update-ca-certificates", pem.display());
     println!("           certutil -d sql:$HOME/.pki/nssdb -A -t C,, -n cursor-byok -i \"{}\"   (Chromium/Electron NSS store)", pem.display());
     Ok(())

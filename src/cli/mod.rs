@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 
 #[derive(Debug, Parser)]
-#[command(name = "cursor-byok", version, about = "Run Cursor's Agent on your own model provider and API key")]
+#[command(
+    name = "cursor-byok",
+    version,
+    about = "Run Cursor's Agent on your own model provider and API key"
+)]
 pub struct Args {
     /// Config file (TOML). Without it, an embedded default is used: loopback listener, models
     /// from OPENAI_API_KEY / ANTHROPIC_API_KEY.

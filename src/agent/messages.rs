@@ -1,0 +1,111 @@
+//! Builders for the server messages a run sends, so the run reads as a sequence of events.
+
+use crate::proto::agent::v1 as pb;
+use pb::agent_server_message::Message as Server;
+use pb::interaction_update::Message as Update;
+
+pub fn update(message: Update) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::InteractionUpdate(pb::InteractionUpdate {
+            message: Some(message),
+            message_started_at_ms: None,
+        })),
+        ttft_breakdown: None,
+    }
+}
+
+pub fn text_delta(text: String) -> pb::AgentServerMessage {
+    update(Update::TextDelta(pb::TextDeltaUpdate {
+        text,
+        is_server_notice: false,
+    }))
+}
+
+/// A line from the proxy itself (e.g. "tool round limit reached"), rendered as a notice.
+pub fn notice(text: String) -> pb::AgentServerMessage {
+    update(Update::TextDelta(pb::TextDeltaUpdate {
+        text,
+        is_server_notice: true,
+    }))
+}
+
+pub fn thinking_delta(text: String) -> pb::AgentServerMessage {
+    update(Update::ThinkingDelta(pb::ThinkingDeltaUpdate {
+        text,
+        thinking_style: None,
+    }))
+}
+
+pub fn thinking_completed(duration_ms: u64) -> pb::AgentServerMessage {
+    update(Update::ThinkingCompleted(pb::ThinkingCompletedUpdate {
+        thinking_duration_ms: i32::try_from(duration_ms).unwrap_or(i32::MAX),
+    }))
+}
+
+pub fn token_delta(tokens: u32) -> pb::AgentServerMessage {
+    update(Update::TokenDelta(pb::TokenDeltaUpdate {
+        tokens: i32::try_from(tokens).unwrap_or(i32::MAX),
+    }))
+}
+
+pub fn step_started(step_id: u64) -> pb::AgentServerMessage {
+    update(Update::StepStarted(pb::StepStartedUpdate { step_id }))
+}
+
+pub fn step_completed(step_id: u64, duration_ms: u64) -> pb::AgentServerMessage {
+    update(Update::StepCompleted(pb::StepCompletedUpdate {
+        step_id,
+        step_duration_ms: i64::try_from(duration_ms).unwrap_or(i64::MAX),
+    }))
+}
+
+pub fn heartbeat() -> pb::AgentServerMessage {
+    update(Update::Heartbeat(pb::HeartbeatUpdate {}))
+}
+
+pub fn turn_ended(usage: &crate::provider::Usage) -> pb::AgentServerMessage {
+    let n = |v: u64| Some(i64::try_from(v).unwrap_or(i64::MAX));
+    update(Update::TurnEnded(pb::TurnEndedUpdate {
+        input_tokens: n(usage.input),
+        output_tokens: n(usage.output),
+        cache_read_tokens: n(usage.cache_read),
+        cache_write_tokens: n(usage.cache_write),
+        reasoning_tokens: n(usage.reasoning),
+    }))
+}
+
+pub fn exec(
+    id: u32,
+    exec_id: String,
+    args: pb::exec_server_message::Message,
+) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::ExecServerMessage(pb::ExecServerMessage {
+            id,
+            message: Some(args),
+            exec_id,
+            ..Default::default()
+        })),
+        ttft_breakdown: None,
+    }
+}
+
+pub fn exec_abort(id: u32) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::ExecServerControlMessage(
+            pb::ExecServerControlMessage {
+                message: Some(pb::exec_server_control_message::Message::Abort(
+                    pb::ExecServerAbort { id },
+                )),
+            },
+        )),
+        ttft_breakdown: None,
+    }
+}
+
+/// A rough token count for a text delta (about four characters a token), for Cursor's live
+/// counter; the exact figures come with `turn_ended`.
+pub fn estimate_tokens(text: &str) -> u32 {
+    let chars = u32::try_from(text.chars().count()).unwrap_or(u32::MAX);
+    chars.div_ceil(4).max(1)
+}

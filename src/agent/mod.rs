@@ -1,0 +1,224 @@
+//! The local agent: runs Cursor Agent turns on the user's own providers.
+//!
+//! Transports (HTTP/2 `Run`, HTTP/1.1 `RunSSE` + `BidiAppend`) decode client frames and call
+//! [`Agent::start_run`]; they get a [`RunHandle`] whose `input` takes further client messages
+//! and whose `output` yields server messages and then exactly one end of stream. Nothing in
+//! here touches HTTP.
+
+pub mod messages;
+pub mod model;
+mod prompt;
+mod run;
+pub mod state;
+pub mod tools;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ProviderConfig};
+use crate::connect::EndStream;
+use crate::proto::agent::v1 as pb;
+use crate::provider::{ProviderClient, ProviderError, ProviderSettings, RetryPolicy};
+
+pub use model::ResolvedModel;
+pub use run::{RunError, RunSettings, RunSummary};
+
+/// Capacity of a run's channels: enough to absorb a burst of deltas, small enough that a slow
+/// client slows the provider read instead of growing memory.
+const CHANNEL_CAPACITY: usize = 64;
+
+/// What a run emits: server messages, then one `End`.
+#[derive(Debug)]
+pub enum RunOutput {
+    /// Boxed: server messages are large, and most of a run's output is small deltas.
+    Message(Box<pb::AgentServerMessage>),
+    End(EndStream),
+}
+
+/// A started run, seen from its transport.
+pub struct RunHandle {
+    /// Client messages after the first (exec results, heartbeats, cancel…). Dropping it means
+    /// the client will send nothing more.
+    pub input: mpsc::Sender<pb::AgentClientMessage>,
+    /// Server messages, then exactly one `RunOutput::End`.
+    pub output: mpsc::Receiver<RunOutput>,
+    /// Cancel the run (the client went away for good): ends with `canceled`.
+    pub cancel: CancellationToken,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RunHandle {
+    /// A handle that can end the run because the client sent something unusable.
+    pub fn failer(&self) -> RunFailer {
+        RunFailer {
+            cancel: self.cancel.clone(),
+            failure: self.failure.clone(),
+        }
+    }
+}
+
+/// Ends a run for a bad client frame: the stream ends with `invalid_argument` and the reason.
+#[derive(Clone)]
+pub struct RunFailer {
+    cancel: CancellationToken,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RunFailer {
+    pub fn fail(&self, reason: String) {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.cancel.cancel();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("provider `{name}`: {source}")]
+    Provider {
+        name: String,
+        #[source]
+        source: ProviderError,
+    },
+}
+
+/// Shared by every run: configuration and one pooled client per provider.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Arc<Config>,
+    providers: HashMap<String, ProviderClient>,
+}
+
+impl Agent {
+    /// Build provider clients for every configured provider that has a key.
+    pub fn new(config: Arc<Config>) -> Result<Agent, AgentError> {
+        let mut providers = HashMap::new();
+        for (name, p) in &config.providers {
+            let Some(settings) = provider_settings(name, p, &config) else {
+                continue;
+            };
+            let client = ProviderClient::new(settings).map_err(|source| AgentError::Provider {
+                name: name.clone(),
+                source,
+            })?;
+            providers.insert(name.clone(), client);
+        }
+        Ok(Agent {
+            inner: Arc::new(Inner { config, providers }),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Is `model_id` (as Cursor sends it, maybe with a `:variant`) one of ours?
+    pub fn is_our_model(&self, model_id: &str) -> bool {
+        model::is_ours(&self.inner.config, model_id)
+    }
+
+    /// Start a run for its first message. The caller has already decided the run is ours;
+    /// a model that turns out not to be configured ends the stream with a clear error.
+    pub fn start_run(&self, first: pb::AgentRunRequest, request_id: String) -> RunHandle {
+        let (in_tx, in_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (out_tx, out_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let cancel = CancellationToken::new();
+        let failure = Arc::new(std::sync::Mutex::new(None));
+        let handle = RunHandle {
+            input: in_tx,
+            output: out_rx,
+            cancel: cancel.clone(),
+            failure: failure.clone(),
+        };
+        match self.prepare(&first, request_id) {
+            Ok(run) => run.spawn(first, in_rx, out_tx, cancel, failure),
+            Err(e) => {
+                tracing::warn!("{e}");
+                // The channel is fresh and has room: this cannot fail for lack of capacity.
+                let _ = out_tx.try_send(RunOutput::End(EndStream::from_error(e.to_connect())));
+            }
+        }
+        handle
+    }
+
+    fn prepare(
+        &self,
+        first: &pb::AgentRunRequest,
+        request_id: String,
+    ) -> Result<run::Run, RunError> {
+        let config = &self.inner.config;
+        let id = model::requested_model_id(first).unwrap_or_default();
+        let params = first
+            .requested_model
+            .as_ref()
+            .map(|m| m.parameters.as_slice())
+            .unwrap_or_default();
+        let model = model::resolve(config, id, params).ok_or_else(|| {
+            RunError::Internal(format!("model `{id}` is not configured in cursor-byok"))
+        })?;
+        let provider = self
+            .inner
+            .providers
+            .get(&model.config.provider)
+            .cloned()
+            .ok_or_else(|| {
+                RunError::Internal(format!(
+                    "provider `{}` for model `{}` has no API key (set its api_key_env variable)",
+                    model.config.provider,
+                    model.config.display_name()
+                ))
+            })?;
+        Ok(run::Run {
+            request_id,
+            model,
+            provider,
+            settings: RunSettings {
+                heartbeat: Duration::from_secs(config.agent.heartbeat_secs.max(1)),
+                client_timeout: Duration::from_secs(config.agent.kv_timeout_secs.max(1)),
+            },
+        })
+    }
+}
+
+/// Provider settings from the config; `None` when the provider has no key.
+fn provider_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
+    let key = p.resolve_api_key()?;
+    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
+    s.name = Some(display_provider(name, p));
+    s.auth = p.auth;
+    s.extra_headers = p
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    s.idle_timeout = Duration::from_secs(config.agent.provider_idle_timeout_secs.max(1));
+    s.connect_timeout = config.upstream.connect_timeout();
+    s.retry = RetryPolicy {
+        max_retries: config.agent.provider_max_retries,
+        ..RetryPolicy::default()
+    };
+    Some(s)
+}
+
+/// "OpenAI", "Anthropic", or the config's own name for other endpoints.
+fn display_provider(name: &str, p: &ProviderConfig) -> String {
+    use crate::provider::ProviderKind;
+    match (p.kind, p.base_url.is_none()) {
+        (ProviderKind::Anthropic, true) => "Anthropic".into(),
+        (ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses, true) => "OpenAI".into(),
+        _ => {
+            let mut c = name.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect())
+                .unwrap_or_default()
+        }
+    }
+}

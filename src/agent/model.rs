@@ -1,0 +1,133 @@
+//! Which configured model a run asks for, and the parameters the picker attached.
+
+use crate::config::{Config, ModelConfig, MODEL_ID_PREFIX};
+use crate::proto::agent::v1 as pb;
+
+/// A configured model with the per-run parameters Cursor sent.
+#[derive(Debug, Clone)]
+pub struct ResolvedModel {
+    pub config: ModelConfig,
+    /// Effort from a `:variant` suffix or an `effort` / `reasoning` parameter.
+    pub reasoning_effort: Option<String>,
+    /// `thinking=false` in the picker turns extended thinking off.
+    pub thinking: bool,
+}
+
+/// The model id a run names: `requested_model.model_id`, else `model_details.model_id`.
+pub fn requested_model_id(req: &pb::AgentRunRequest) -> Option<&str> {
+    req.requested_model
+        .as_ref()
+        .map(|m| m.model_id.as_str())
+        .filter(|id| !id.is_empty())
+        .or_else(|| {
+            req.model_details
+                .as_ref()
+                .map(|m| m.model_id.as_str())
+                .filter(|id| !id.is_empty())
+        })
+}
+
+/// Same for a prewarm request.
+pub fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
+    req.requested_model
+        .as_ref()
+        .map(|m| m.model_id.as_str())
+        .filter(|id| !id.is_empty())
+        .or_else(|| {
+            req.model_details
+                .as_ref()
+                .map(|m| m.model_id.as_str())
+                .filter(|id| !id.is_empty())
+        })
+}
+
+/// Split `byok-x:high` into (`byok-x`, Some(`high`)).
+pub fn split_variant(model_id: &str) -> (&str, Option<&str>) {
+    match model_id.split_once(':') {
+        Some((base, variant)) if !variant.is_empty() => (base, Some(variant)),
+        Some((base, _)) => (base, None),
+        None => (model_id, None),
+    }
+}
+
+/// Is this id one of ours? (Cheap check before a config lookup.)
+pub fn is_ours(config: &Config, model_id: &str) -> bool {
+    let (base, _) = split_variant(model_id);
+    base.starts_with(MODEL_ID_PREFIX) && config.model_by_cursor_id(base).is_some()
+}
+
+/// Resolve a run's model against the configuration; `None` when it is not ours.
+pub fn resolve(
+    config: &Config,
+    model_id: &str,
+    params: &[pb::requested_model::ModelParameterValue],
+) -> Option<ResolvedModel> {
+    let (base, variant) = split_variant(model_id);
+    let model = config.model_by_cursor_id(base)?.clone();
+    let mut effort = model.reasoning_effort.clone();
+    let mut thinking = model.thinking_budget.is_some();
+    if let Some(v) = variant {
+        effort = Some(v.to_string());
+    }
+    for p in params {
+        match p.id.as_str() {
+            "effort" | "reasoning" | "reasoning_effort" if !p.value.is_empty() => {
+                effort = Some(p.value.clone());
+            }
+            "thinking" => thinking = p.value == "true",
+            _ => {}
+        }
+    }
+    Some(ResolvedModel {
+        config: model,
+        reasoning_effort: effort,
+        thinking,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::from_toml(
+            "[providers.p]\nkind = \"openai-chat\"\napi_key = \"k\"\n[[models]]\nid = \"m\"\nprovider = \"p\"\nmodel = \"gpt\"\nreasoning_effort = \"low\"\n",
+            "t",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn variants_and_parameters() {
+        let c = config();
+        assert!(is_ours(&c, "byok-m"));
+        assert!(is_ours(&c, "byok-m:high"));
+        assert!(!is_ours(&c, "m"));
+        assert!(!is_ours(&c, "gpt-5"));
+        assert_eq!(
+            resolve(&c, "byok-m", &[])
+                .unwrap()
+                .reasoning_effort
+                .as_deref(),
+            Some("low")
+        );
+        assert_eq!(
+            resolve(&c, "byok-m:high", &[])
+                .unwrap()
+                .reasoning_effort
+                .as_deref(),
+            Some("high")
+        );
+        let p = pb::requested_model::ModelParameterValue {
+            id: "effort".into(),
+            value: "medium".into(),
+        };
+        assert_eq!(
+            resolve(&c, "byok-m", &[p])
+                .unwrap()
+                .reasoning_effort
+                .as_deref(),
+            Some("medium")
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! The exec bridge: asks the Cursor client to run something (`exec_server_message`), and
+//! collects what it answers until `stream_close`, a `throw`, or silence.
+
+use std::collections::HashMap;
+
+use crate::proto::agent::v1 as pb;
+use pb::exec_client_control_message::Message as Control;
+
+/// What the client answered for one exec.
+#[derive(Debug, Default)]
+pub struct ExecOutcome {
+    /// Every result message, in arrival order (shell streams send several).
+    pub results: Vec<pb::exec_client_message::Message>,
+    /// The client's `throw` error, if it failed.
+    pub thrown: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    outcome: ExecOutcome,
+    closed: bool,
+}
+
+/// Id allocation and bookkeeping of execs in flight. Pure: the run feeds it client messages.
+#[derive(Debug)]
+pub struct ExecBridge {
+    next_id: u32,
+    pending: HashMap<u32, Pending>,
+}
+
+impl Default for ExecBridge {
+    fn default() -> Self {
+        // Ids start at 1: 0 is protobuf's default and would match an empty `stream_close {}`.
+        ExecBridge {
+            next_id: 1,
+            pending: HashMap::new(),
+        }
+    }
+}
+
+impl ExecBridge {
+    /// Allocate the next id (monotonic per run) and its exec id, and start tracking it.
+    pub fn open(&mut self) -> (u32, String) {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.pending.insert(id, Pending::default());
+        (id, format!("byok-exec-{id}-{:08x}", rand::random::<u32>()))
+    }
+
+    /// Record a result. Returns false when it belongs to no exec of ours.
+    pub fn on_result(&mut self, msg: pb::ExecClientMessage) -> bool {
+        match (self.pending.get_mut(&msg.id), msg.message) {
+            (Some(p), Some(m)) => {
+                p.outcome.results.push(m);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Record a control message (close, throw, heartbeat). Returns the exec id it concerned.
+    pub fn on_control(&mut self, msg: pb::ExecClientControlMessage) -> Option<u32> {
+        match msg.message? {
+            Control::StreamClose(c) => {
+                self.pending.get_mut(&c.id)?.closed = true;
+                Some(c.id)
+            }
+            Control::Throw(t) => {
+                let p = self.pending.get_mut(&t.id)?;
+                p.outcome.thrown = Some(if t.error.is_empty() {
+                    "the client failed to run it".to_string()
+                } else {
+                    t.error
+                });
+                p.closed = true;
+                Some(t.id)
+            }
+            Control::Heartbeat(h) => self.pending.contains_key(&h.id).then_some(h.id),
+        }
+    }
+
+    /// Finished: closed or thrown, or (when `first_result_suffices`) answered at all.
+    pub fn is_done(&self, id: u32, first_result_suffices: bool) -> bool {
+        self.pending
+            .get(&id)
+            .is_none_or(|p| p.closed || (first_result_suffices && !p.outcome.results.is_empty()))
+    }
+
+    /// Stop tracking and hand back what was collected.
+    pub fn take(&mut self, id: u32) -> ExecOutcome {
+        self.pending
+            .remove(&id)
+            .map(|p| p.outcome)
+            .unwrap_or_default()
+    }
+
+    /// Execs still running (to abort on cancel).
+    pub fn open_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.pending.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(id: u32) -> pb::ExecClientControlMessage {
+        pb::ExecClientControlMessage {
+            message: Some(Control::StreamClose(pb::ExecClientStreamClose { id })),
+        }
+    }
+
+    #[test]
+    fn collects_until_close() {
+        let mut b = ExecBridge::default();
+        let (a, _) = b.open();
+        let (c, _) = b.open();
+        assert_eq!((a, c), (1, 2));
+        assert!(!b.is_done(a, false));
+        let result = pb::ExecClientMessage {
+            id: a,
+            message: Some(pb::exec_client_message::Message::ShellStream(
+                Default::default(),
+            )),
+            ..Default::default()
+        };
+        assert!(b.on_result(result.clone()));
+        assert!(b.on_result(result));
+        assert!(b.is_done(a, true) && !b.is_done(a, false));
+        assert_eq!(b.on_control(close(a)), Some(a));
+        assert!(b.is_done(a, false));
+        assert_eq!(b.take(a).results.len(), 2);
+        assert_eq!(b.open_ids(), vec![c]);
+        assert_eq!(b.on_control(close(99)), None);
+    }
+
+    #[test]
+    fn throw_ends_with_the_error() {
+        let mut b = ExecBridge::default();
+        let (a, _) = b.open();
+        b.on_control(pb::ExecClientControlMessage {
+            message: Some(Control::Throw(pb::ExecClientThrow {
+                id: a,
+                error: "EACCES".into(),
+                ..Default::default()
+            })),
+        });
+        assert!(b.is_done(a, false));
+        assert_eq!(b.take(a).thrown.as_deref(), Some("EACCES"));
+    }
+}

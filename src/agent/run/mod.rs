@@ -1,0 +1,539 @@
+//! The run state machine: one per agent run, transport-agnostic.
+//!
+//! It consumes `AgentClientMessage`s (through [`RunHandle::input`](super::RunHandle)) and
+//! produces `AgentServerMessage`s followed by exactly one end of stream. Two helper tasks ride
+//! along: an inbox pump (answers client heartbeats at once, turns a cancel action into
+//! cancellation, forwards everything else) and a heartbeat that speaks when the run has been
+//! silent, because clients abort a stream after 30 s without server output.
+
+mod error;
+mod exec;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use super::messages as msg;
+use super::model::ResolvedModel;
+use super::{prompt, RunOutput};
+use crate::connect::EndStream;
+use crate::proto::agent::v1 as pb;
+use crate::provider::{
+    FinishReason, Message, ProviderClient, ProviderEvent, ProviderRequest, RequestOptions,
+    TurnBuilder, Usage,
+};
+
+pub use error::RunError;
+use exec::ExecBridge;
+pub use exec::ExecOutcome;
+
+/// Settings a run needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub heartbeat: Duration,
+    /// How long the client may stay silent while we wait on it (exec result, blob ack).
+    pub client_timeout: Duration,
+}
+
+/// Client messages the run itself consumes (the inbox pump handles the rest).
+#[derive(Debug)]
+enum ClientEvent {
+    Exec(Box<pb::ExecClientMessage>),
+    ExecControl(pb::ExecClientControlMessage),
+    Kv(pb::KvClientMessage),
+    Interaction(pb::InteractionResponse),
+}
+
+/// The sending side of a run, shared with the heartbeat and the inbox pump.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<RunOutput>,
+    start: Instant,
+    /// Milliseconds since `start` of the last message sent.
+    last_sent_ms: Arc<AtomicU64>,
+}
+
+impl Outbox {
+    async fn send(&self, m: pb::AgentServerMessage) -> Result<(), RunError> {
+        self.tx
+            .send(RunOutput::Message(Box::new(m)))
+            .await
+            .map_err(|_| RunError::ClientGone)?;
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_sent_ms.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn silent_for(&self) -> Duration {
+        let now = self.start.elapsed();
+        now.saturating_sub(Duration::from_millis(
+            self.last_sent_ms.load(Ordering::Relaxed),
+        ))
+    }
+}
+
+/// What a finished run reports for the summary line and the status page.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    pub usage: Usage,
+    pub steps: u64,
+}
+
+pub(super) struct Run {
+    pub request_id: String,
+    pub model: ResolvedModel,
+    pub provider: ProviderClient,
+    pub settings: RunSettings,
+}
+
+impl Run {
+    /// Drive the run to its end. Always sends exactly one `RunOutput::End` (unless the
+    /// receiver is gone), whatever happens inside — including a panic.
+    pub(super) fn spawn(
+        self,
+        first: pb::AgentRunRequest,
+        inbox: mpsc::Receiver<pb::AgentClientMessage>,
+        out: mpsc::Sender<RunOutput>,
+        cancel: CancellationToken,
+        failure: Arc<std::sync::Mutex<Option<String>>>,
+    ) {
+        let span = tracing::info_span!(
+            "run",
+            request_id = %self.request_id,
+            model = %self.model.config.cursor_id(),
+            provider = %self.provider.name(),
+        );
+        let outbox = Outbox {
+            tx: out,
+            start: Instant::now(),
+            last_sent_ms: Arc::new(AtomicU64::new(0)),
+        };
+        let done = CancellationToken::new();
+        let (events_tx, events_rx) = mpsc::channel(64);
+        tokio::spawn(
+            pump_inbox(
+                inbox,
+                events_tx,
+                outbox.clone(),
+                cancel.clone(),
+                done.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        tokio::spawn(
+            heartbeat(outbox.clone(), self.settings.heartbeat, done.clone())
+                .instrument(span.clone()),
+        );
+
+        let model_name = self.model.config.cursor_id();
+        let provider_name = self.provider.name().to_string();
+        let started = Instant::now();
+        let state = RunState {
+            run: self,
+            out: outbox.clone(),
+            events: events_rx,
+            events_open: true,
+            cancel: cancel.clone(),
+            exec: ExecBridge::default(),
+            step: 0,
+            usage: Usage::default(),
+        };
+        let work = tokio::spawn(state.execute(first).instrument(span.clone()));
+        tokio::spawn(
+            async move {
+                let result = match work.await {
+                    Ok(r) => r,
+                    Err(e) if e.is_panic() => {
+                        warn!("agent run task panicked");
+                        Err(RunError::Internal(
+                            "the agent run failed unexpectedly (a bug in cursor-byok; see its log)".into(),
+                        ))
+                    }
+                    Err(_) => Err(RunError::Canceled),
+                };
+                // A cancel caused by a bad client frame ends with that reason, not "canceled".
+                let failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let result = match (result, failure) {
+                    (Err(RunError::Canceled), Some(reason)) => Err(RunError::BadClientMessage(reason)),
+                    (r, _) => r,
+                };
+                done.cancel();
+                let secs = started.elapsed().as_secs_f64();
+                let end = match &result {
+                    Ok(summary) => {
+                        info!(
+                            outcome = "ok",
+                            input_tokens = summary.usage.input,
+                            output_tokens = summary.usage.output,
+                            cache_read_tokens = summary.usage.cache_read,
+                            steps = summary.steps,
+                            "run finished: {model_name} via {provider_name}, {} in / {} out tokens, {secs:.1}s",
+                            summary.usage.input,
+                            summary.usage.output,
+                        );
+                        EndStream::ok()
+                    }
+                    Err(e) => {
+                        info!(
+                            outcome = "error",
+                            side = e.side(),
+                            code = e.code().as_str(),
+                            "run ended: {model_name} via {provider_name} after {secs:.1}s: {e}"
+                        );
+                        EndStream::from_error(e.to_connect())
+                    }
+                };
+                let _ = outbox.tx.send(RunOutput::End(end)).await;
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// Answers client heartbeats, turns a cancel action into cancellation, forwards the rest.
+async fn pump_inbox(
+    mut inbox: mpsc::Receiver<pb::AgentClientMessage>,
+    events: mpsc::Sender<ClientEvent>,
+    out: Outbox,
+    cancel: CancellationToken,
+    done: CancellationToken,
+) {
+    use pb::agent_client_message::Message as In;
+    loop {
+        let m = tokio::select! {
+            _ = done.cancelled() => return,
+            m = inbox.recv() => m,
+        };
+        let Some(m) = m else {
+            debug!("client finished sending");
+            return;
+        };
+        let event = match m.message {
+            Some(In::ClientHeartbeat(_)) => {
+                let _ = out.send(msg::heartbeat()).await;
+                continue;
+            }
+            Some(In::ConversationAction(a)) => {
+                if matches!(
+                    a.action,
+                    Some(pb::conversation_action::Action::CancelAction(_))
+                ) {
+                    debug!("cancel requested by the client");
+                    cancel.cancel();
+                }
+                continue;
+            }
+            Some(In::ExecClientMessage(e)) => ClientEvent::Exec(Box::new(e)),
+            Some(In::ExecClientControlMessage(c)) => ClientEvent::ExecControl(c),
+            Some(In::KvClientMessage(k)) => ClientEvent::Kv(k),
+            Some(In::InteractionResponse(r)) => ClientEvent::Interaction(r),
+            Some(In::RunRequest(_)) | Some(In::PrewarmRequest(_)) | None => {
+                debug!("ignoring a repeated run/prewarm request or an empty message");
+                continue;
+            }
+        };
+        if events.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends `interaction_update.heartbeat` whenever the run has been silent for `every`.
+async fn heartbeat(out: Outbox, every: Duration, done: CancellationToken) {
+    loop {
+        let wait = every.saturating_sub(out.silent_for());
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if out.silent_for() >= every && out.send(msg::heartbeat()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The mutable state of one run while it executes.
+struct RunState {
+    run: Run,
+    out: Outbox,
+    events: mpsc::Receiver<ClientEvent>,
+    events_open: bool,
+    cancel: CancellationToken,
+    exec: ExecBridge,
+    step: u64,
+    usage: Usage,
+}
+
+/// The user's turn as the run request gives it.
+struct TurnInput {
+    user: Option<pb::UserMessage>,
+    request_context: Option<pb::RequestContext>,
+}
+
+fn turn_input(req: &pb::AgentRunRequest) -> TurnInput {
+    use pb::conversation_action::Action;
+    match req.action.as_ref().and_then(|a| a.action.as_ref()) {
+        Some(Action::UserMessageAction(a)) => TurnInput {
+            user: a.user_message.clone(),
+            request_context: a.request_context.clone(),
+        },
+        Some(Action::ResumeAction(a)) => TurnInput {
+            user: None,
+            request_context: a.request_context.clone(),
+        },
+        Some(Action::StartPlanAction(a)) => TurnInput {
+            user: a.user_message.clone(),
+            request_context: a.request_context.clone(),
+        },
+        _ => TurnInput {
+            user: None,
+            request_context: None,
+        },
+    }
+}
+
+impl RunState {
+    async fn execute(mut self, req: pb::AgentRunRequest) -> Result<RunSummary, RunError> {
+        let result = self.turn(req).await;
+        if result.is_err() {
+            self.abort_open_execs().await;
+        }
+        result?;
+        Ok(RunSummary {
+            usage: self.usage,
+            steps: self.step,
+        })
+    }
+
+    async fn turn(&mut self, req: pb::AgentRunRequest) -> Result<(), RunError> {
+        let input = turn_input(&req);
+        let request_context = match input.request_context {
+            Some(ctx) => Some(ctx),
+            None => self.fetch_request_context().await?,
+        };
+        let mode = input.user.as_ref().map(|u| u.mode).unwrap_or_default();
+        let system = prompt::system_prompt(
+            request_context.as_ref(),
+            req.custom_system_prompt.as_deref(),
+            mode,
+        );
+        let mut messages: Vec<Message> = Vec::new();
+        match &input.user {
+            Some(user) => messages.push(prompt::user_message(
+                user,
+                self.run.model.config.supports_images,
+            )),
+            None => messages.push(Message::user_text("Continue.")),
+        }
+
+        let request = ProviderRequest {
+            model: self.run.model.config.model.clone(),
+            system,
+            messages,
+            tools: Vec::new(),
+            options: self.options(),
+        };
+        let (_turn, usage) = self.model_step(request).await?;
+        add_usage(&mut self.usage, &usage);
+        self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    fn options(&self) -> RequestOptions {
+        let m = &self.run.model;
+        RequestOptions {
+            max_output_tokens: Some(m.config.max_output_tokens),
+            temperature: m.config.temperature,
+            reasoning_effort: m.reasoning_effort.clone(),
+            thinking_budget: if m.thinking {
+                m.config.thinking_budget
+            } else {
+                None
+            },
+        }
+    }
+
+    /// One model call as one step: streams text and thinking to the client as they arrive.
+    async fn model_step(
+        &mut self,
+        request: ProviderRequest,
+    ) -> Result<(crate::provider::Turn, Usage), RunError> {
+        self.step += 1;
+        let step = self.step;
+        let started = Instant::now();
+        self.out.send(msg::step_started(step)).await?;
+        let mut stream = self.run.provider.stream(request, self.cancel.child_token());
+        let mut builder = TurnBuilder::new();
+        let mut thinking_since: Option<Instant> = None;
+        let mut usage = Usage::default();
+        loop {
+            let event = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+                ev = stream.recv() => ev,
+                ev = self.events.recv(), if self.events_open => {
+                    self.on_client_event(ev);
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                return Err(RunError::Internal(
+                    "the provider stream ended without a finish".into(),
+                ));
+            };
+            builder.push(&event);
+            match event {
+                ProviderEvent::TextDelta(text) => {
+                    self.end_thinking(&mut thinking_since).await?;
+                    let tokens = msg::estimate_tokens(&text);
+                    self.out.send(msg::text_delta(text)).await?;
+                    self.out.send(msg::token_delta(tokens)).await?;
+                }
+                ProviderEvent::ReasoningDelta(text) => {
+                    thinking_since.get_or_insert_with(Instant::now);
+                    self.out.send(msg::thinking_delta(text)).await?;
+                }
+                ProviderEvent::ReasoningDone { .. } => {
+                    self.end_thinking(&mut thinking_since).await?
+                }
+                ProviderEvent::ToolCallStarted { .. }
+                | ProviderEvent::ToolCallArgsDelta { .. }
+                | ProviderEvent::ToolCallFinished { .. } => {
+                    self.end_thinking(&mut thinking_since).await?;
+                }
+                ProviderEvent::Usage(u) => usage = u,
+                ProviderEvent::Finished { reason } => {
+                    self.end_thinking(&mut thinking_since).await?;
+                    if reason == FinishReason::Length {
+                        self.out
+                            .send(msg::notice(
+                                "\n\n(The model stopped at its output token limit.)".into(),
+                            ))
+                            .await?;
+                    }
+                    break;
+                }
+                ProviderEvent::Error(e) => {
+                    if e.kind == crate::provider::ProviderErrorKind::Canceled {
+                        return Err(RunError::Canceled);
+                    }
+                    return Err(RunError::Provider {
+                        model: self.run.model.config.display_name().to_string(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.out.send(msg::step_completed(step, elapsed)).await?;
+        Ok((builder.finish(), usage))
+    }
+
+    async fn end_thinking(&mut self, since: &mut Option<Instant>) -> Result<(), RunError> {
+        if let Some(t) = since.take() {
+            let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.out.send(msg::thinking_completed(ms)).await?;
+        }
+        Ok(())
+    }
+
+    fn on_client_event(&mut self, ev: Option<ClientEvent>) {
+        match ev {
+            None => self.events_open = false,
+            Some(ClientEvent::Exec(m)) => {
+                let id = m.id;
+                if !self.exec.on_result(*m) {
+                    debug!(id, "exec result for no exec of ours");
+                }
+            }
+            Some(ClientEvent::ExecControl(c)) => {
+                self.exec.on_control(c);
+            }
+            Some(ClientEvent::Kv(k)) => debug!(id = k.id, "unexpected kv message"),
+            Some(ClientEvent::Interaction(r)) => {
+                debug!(id = r.id, "unexpected interaction response")
+            }
+        }
+    }
+
+    /// Ask the client to run `args` and wait until it has answered (or closed the exec).
+    async fn exec(
+        &mut self,
+        args: pb::exec_server_message::Message,
+        what: &str,
+        first_result_suffices: bool,
+    ) -> Result<ExecOutcome, RunError> {
+        let (id, exec_id) = self.exec.open();
+        self.out.send(msg::exec(id, exec_id, args)).await?;
+        let timeout = self.run.settings.client_timeout;
+        let mut deadline = tokio::time::Instant::now() + timeout;
+        while !self.exec.is_done(id, first_result_suffices) {
+            if !self.events_open {
+                return Err(RunError::ClientGone);
+            }
+            let ev = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(RunError::ClientTimeout { what: what.to_string(), secs: timeout.as_secs() });
+                }
+                ev = self.events.recv() => ev,
+            };
+            // Any word from the client about this exec (a result, a heartbeat) restarts the clock.
+            let concerns_it = match &ev {
+                Some(ClientEvent::Exec(m)) => m.id == id,
+                Some(ClientEvent::ExecControl(_)) => true,
+                _ => false,
+            };
+            self.on_client_event(ev);
+            if concerns_it {
+                deadline = tokio::time::Instant::now() + timeout;
+            }
+        }
+        Ok(self.exec.take(id))
+    }
+
+    /// The SDK and CLI send no request context: ask the client for it.
+    async fn fetch_request_context(&mut self) -> Result<Option<pb::RequestContext>, RunError> {
+        use pb::exec_client_message::Message as R;
+        let args =
+            pb::exec_server_message::Message::RequestContextArgs(pb::RequestContextArgs::default());
+        let outcome = self.exec(args, "the request context", true).await?;
+        if let Some(err) = outcome.thrown {
+            warn!("client could not build the request context: {err}");
+            return Ok(None);
+        }
+        for r in outcome.results {
+            if let R::RequestContextResult(res) = r {
+                return Ok(match res.result {
+                    Some(pb::request_context_result::Result::Success(s)) => s.request_context,
+                    Some(pb::request_context_result::Result::Error(e)) => {
+                        warn!("client request context error: {}", e.error);
+                        None
+                    }
+                    _ => None,
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    /// On failure or cancel, tell the client to stop whatever it is still running for us.
+    async fn abort_open_execs(&mut self) {
+        for id in self.exec.open_ids() {
+            let _ = self.out.send(msg::exec_abort(id)).await;
+            self.exec.take(id);
+        }
+    }
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.input += u.input;
+    total.output += u.output;
+    total.cache_read += u.cache_read;
+    total.cache_write += u.cache_write;
+    total.reasoning += u.reasoning;
+}

@@ -1,0 +1,180 @@
+//! Building the `ConversationStateStructure` a turn ends with.
+//!
+//! In Cursor's checkpoint almost every `bytes` field is a blob id, not inline data: `turns[]`
+//! are `ConversationTurnStructure` blobs, `todos[]` are `TodoItem` blobs and `summary` is a
+//! `ConversationSummary` blob (that is how Cursor's client reads them back). So a checkpoint comes
+//! with the blobs it references that the client may not have yet; they must be stored and acked
+//! before the checkpoint is published.
+
+use prost::Message as _;
+
+use super::blob::{Blob, BlobId};
+use super::replay::{self, SummaryReplay};
+use crate::proto::agent::v1 as pb;
+
+/// A new checkpoint and the blobs it references that must be set (and acked) first, beyond the
+/// turn's own blobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub state: pb::ConversationStateStructure,
+    pub blobs: Vec<Blob>,
+}
+
+/// The checkpoint after a turn: the previous state with every field Cursor put there kept
+/// (file states, plans, summaries…), `new_turn_id` appended to `turns`, the todo list replaced,
+/// the token meter set and the mode updated when given.
+///
+/// `token_details` is replaced as a whole: a breakdown or usage snapshot left by Cursor's server
+/// would describe another prompt and contradict the new totals.
+pub fn build_checkpoint(
+    prev: &pb::ConversationStateStructure,
+    new_turn_id: &BlobId,
+    todos: &[pb::TodoItem],
+    used_tokens: u32,
+    max_tokens: u32,
+    mode: Option<i32>,
+) -> Checkpoint {
+    let mut state = prev.clone();
+    let mut blobs = Vec::new();
+    state.turns.push(bytes::Bytes::copy_from_slice(new_turn_id));
+    state.todos = todos
+        .iter()
+        .map(|t| {
+            let blob = Blob::from_message(t);
+            let id = blob.id_bytes();
+            // The client already holds what the previous checkpoint referenced.
+            if !prev.todos.contains(&id) && !blobs.iter().any(|b: &Blob| b.id == blob.id) {
+                blobs.push(blob);
+            }
+            id
+        })
+        .collect();
+    state.token_details = Some(pb::ConversationTokenDetails {
+        used_tokens,
+        max_tokens,
+        ..Default::default()
+    });
+    if let Some(mode) = mode {
+        state.mode = Some(mode);
+    }
+    Checkpoint { state, blobs }
+}
+
+impl Checkpoint {
+    /// Record that `text` summarises every turn up to and including `through_turn`: a
+    /// `ConversationSummary` blob (Cursor's own format, so its client shows it) referenced by
+    /// `summary`, carrying our replay field so the next rebuild knows which turns it replaces.
+    /// `turns` keeps every turn: Cursor's UI lists the whole conversation from it.
+    pub fn set_summary(&mut self, text: &str, through_turn: &BlobId) {
+        let blob = summary_blob(text, through_turn);
+        self.state.summary = Some(blob.id_bytes());
+        if !self.blobs.iter().any(|b| b.id == blob.id) {
+            self.blobs.push(blob);
+        }
+    }
+}
+
+/// A `ConversationSummary` blob with our [`SummaryReplay`] appended.
+pub fn summary_blob(text: &str, through_turn: &BlobId) -> Blob {
+    let mut buf = pb::ConversationSummary {
+        summary: text.to_string(),
+    }
+    .encode_to_vec();
+    replay::append_json(
+        &mut buf,
+        &SummaryReplay {
+            through_turn: hex::encode(through_turn),
+        },
+    );
+    Blob::new(buf)
+}
+
+/// Decode a `TodoItem` blob; `None` when it is not one.
+pub fn decode_todo(data: &[u8]) -> Option<pb::TodoItem> {
+    pb::TodoItem::decode(data).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn todo(id: &str, status: pb::TodoStatus) -> pb::TodoItem {
+        pb::TodoItem {
+            id: id.into(),
+            content: format!("do {id}"),
+            status: status as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keeps_previous_fields_and_appends_the_turn() {
+        let prev = pb::ConversationStateStructure {
+            turns: vec![Bytes::from_static(&[1; 32])],
+            summary: Some(Bytes::from_static(&[9; 32])),
+            file_states: [("a.rs".to_string(), Bytes::from_static(&[7; 32]))].into(),
+            read_paths: vec!["/p/a.rs".into()],
+            mode: Some(pb::AgentMode::Agent as i32),
+            todos: vec![Blob::from_message(&todo("1", pb::TodoStatus::Pending)).id_bytes()],
+            token_details: Some(pb::ConversationTokenDetails {
+                used_tokens: 1,
+                max_tokens: 2,
+                prompt_context_usage_snapshot_blob_id: Some(Bytes::from_static(&[3; 32])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let todos = [
+            todo("1", pb::TodoStatus::Pending),
+            todo("2", pb::TodoStatus::InProgress),
+        ];
+        let cp = build_checkpoint(
+            &prev,
+            &[2; 32],
+            &todos,
+            1500,
+            200_000,
+            Some(pb::AgentMode::Plan as i32),
+        );
+        let s = &cp.state;
+        assert_eq!(s.turns.len(), 2);
+        assert_eq!(s.turns[1].as_ref(), &[2; 32]);
+        assert_eq!(s.summary, prev.summary);
+        assert_eq!(s.file_states, prev.file_states);
+        assert_eq!(s.read_paths, prev.read_paths);
+        assert_eq!(s.mode, Some(pb::AgentMode::Plan as i32));
+        assert_eq!(
+            s.token_details,
+            Some(pb::ConversationTokenDetails {
+                used_tokens: 1500,
+                max_tokens: 200_000,
+                ..Default::default()
+            })
+        );
+        // Todos are blob ids; only the new one needs storing.
+        assert_eq!(s.todos.len(), 2);
+        assert_eq!(cp.blobs.len(), 1);
+        assert_eq!(s.todos[1], cp.blobs[0].id_bytes());
+        assert_eq!(decode_todo(&cp.blobs[0].data), Some(todos[1].clone()));
+        // The checkpoint survives the wire.
+        let back = pb::ConversationStateStructure::decode(s.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(&back, s);
+
+        let cp = build_checkpoint(&prev, &[2; 32], &[], 0, 0, None);
+        assert_eq!(cp.state.mode, prev.mode);
+        assert!(cp.state.todos.is_empty());
+    }
+
+    #[test]
+    fn summary_is_a_cursor_summary_blob_with_our_range() {
+        let mut cp = build_checkpoint(&Default::default(), &[2; 32], &[], 0, 0, None);
+        cp.set_summary("we did things", &[1; 32]);
+        let blob = cp.blobs.last().unwrap();
+        assert_eq!(cp.state.summary, Some(blob.id_bytes()));
+        let s = pb::ConversationSummary::decode(blob.data.clone()).unwrap();
+        assert_eq!(s.summary, "we did things");
+        let r: SummaryReplay = replay::extract_json(&blob.data).unwrap();
+        assert_eq!(r.through_turn, hex::encode([1; 32]));
+    }
+}

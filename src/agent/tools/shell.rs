@@ -1,0 +1,681 @@
+//! `run_terminal_cmd`, run through `shell_stream_args` (the client refuses `shell_args` without
+//! a parsing result, and streaming shows output live). The client answers start → stdout /
+//! stderr … → exit; the pieces are folded into one `ShellResult`.
+//!
+//! Timeouts: `ShellArgs.timeout` is in milliseconds (as `ShellTimeout.timeout_ms` and the
+//! shell's `block_until_ms` in Cursor's own tool suggest); the model gives seconds.
+
+use serde_json::{json, Value};
+
+use super::args::Args;
+use super::catalog::{SHELL_DEFAULT_TIMEOUT_SECS, SHELL_MAX_TIMEOUT_SECS};
+use super::text::cap_middle;
+use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
+use crate::proto::agent::v1 as pb;
+use pb::shell_command_parsing_result::{ExecutableCommand, ExecutableCommandArg, Redirect};
+use pb::shell_result::Result as R;
+use pb::shell_stream::Event;
+use pb::tool_call::Tool;
+
+/// Output kept for the model (head and tail) and for the UI.
+const MAX_MODEL_OUTPUT: usize = 30_000;
+const MAX_UI_OUTPUT: usize = 100_000;
+/// A `timeout` above this many "seconds" was meant as milliseconds (Claude's Bash tool uses ms).
+const SECONDS_CEILING: i64 = 3600;
+
+pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPlan, ToolError> {
+    let command = command(a)?;
+    if a.bool_opt(&["is_background", "background", "run_in_background"])?
+        .unwrap_or(false)
+    {
+        return Err(a.error(
+            "background commands are not supported; run the command in the foreground (is_background: false), it is stopped at its timeout",
+        ));
+    }
+    let working_directory = a
+        .str_opt(&[
+            "working_directory",
+            "cwd",
+            "workdir",
+            "working_dir",
+            "directory",
+            "dir",
+        ])?
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| ctx.resolve_path(&d))
+        .unwrap_or_default();
+    let description = a
+        .str_opt(&["explanation", "description"])?
+        .filter(|d| !d.trim().is_empty());
+    let parsed = parse(&command);
+    let args = pb::ShellArgs {
+        working_directory,
+        timeout: timeout_ms(a)?,
+        tool_call_id: call_id.to_string(),
+        simple_commands: parsed.simple_commands,
+        has_input_redirect: parsed.input_redirect,
+        has_output_redirect: parsed.output_redirect,
+        parsing_result: Some(parsed.result),
+        timeout_behavior: pb::TimeoutBehavior::Cancel as i32,
+        // Nothing can answer a prompt: a command reading stdin must see EOF, not hang.
+        close_stdin: true,
+        description: description.clone(),
+        command,
+        ..Default::default()
+    };
+    Ok(ToolPlan::Exec {
+        exec: ExecArgs::ShellStreamArgs(args.clone()),
+        tool_call: wrap(
+            call_id,
+            Tool::ShellToolCall(pb::ShellToolCall {
+                args: Some(args),
+                result: None,
+                description,
+            }),
+        ),
+        access: Access::Exclusive,
+    })
+}
+
+/// The command line: a string, or an argv (`["bash", "-lc", "…"]` unwraps to the script).
+fn command(a: &Args) -> Result<String, ToolError> {
+    let keys = ["command", "cmd", "script", "commands"];
+    let cmd = match a.get(&keys) {
+        Some(Value::Array(items)) => {
+            let argv: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
+            let argv = argv.ok_or_else(|| a.error("`command` must be a string"))?;
+            match argv.as_slice() {
+                [sh, flag, script]
+                    if matches!(*sh, "bash" | "sh" | "zsh") && matches!(*flag, "-c" | "-lc") =>
+                {
+                    (*script).to_string()
+                }
+                _ => argv.iter().map(|s| quote(s)).collect::<Vec<_>>().join(" "),
+            }
+        }
+        _ => a.str_req(&keys, "string: the command line to run")?,
+    };
+    if cmd.trim().is_empty() {
+        return Err(a.error("`command` must not be empty"));
+    }
+    Ok(cmd)
+}
+
+fn quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+fn timeout_ms(a: &Args) -> Result<i32, ToolError> {
+    let max_ms = SHELL_MAX_TIMEOUT_SECS * 1000;
+    let ms = if let Some(ms) = a.int_in(&["timeout_ms", "block_until_ms"], 1, i64::MAX)? {
+        ms
+    } else {
+        match a.int_in(&["timeout", "timeout_secs", "timeout_seconds"], 1, i64::MAX)? {
+            Some(t) if t > SECONDS_CEILING => t,
+            Some(t) => t * 1000,
+            None => SHELL_DEFAULT_TIMEOUT_SECS * 1000,
+        }
+    };
+    Ok(i32::try_from(ms.min(max_ms)).unwrap_or(i32::MAX))
+}
+
+struct Parsed {
+    simple_commands: Vec<String>,
+    input_redirect: bool,
+    output_redirect: bool,
+    result: pb::ShellCommandParsingResult,
+}
+
+#[derive(Default)]
+struct Segment {
+    text: String,
+    words: Vec<String>,
+}
+
+/// A small POSIX-ish tokenizer: simple commands split on `;`, `&&`, `||`, `|`, `&` and
+/// newlines, words with quotes and escapes resolved, redirections recorded. Good enough for
+/// the client's allowlist checks; anything it cannot follow sets `parsing_failed`.
+fn parse(command: &str) -> Parsed {
+    let chars: Vec<char> = command.chars().collect();
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut seg = Segment::default();
+    let mut word = String::new();
+    let mut started = false;
+    let mut quote: Option<char> = None;
+    let mut pending: Option<(String, Vec<u32>)> = None;
+    let mut redirects: Vec<Redirect> = Vec::new();
+    let (mut substitution, mut failed) = (false, false);
+    let mut finish_word = |word: &mut String,
+                           started: &mut bool,
+                           seg: &mut Segment,
+                           pending: &mut Option<(String, Vec<u32>)>| {
+        if !*started {
+            return;
+        }
+        match pending.take() {
+            Some((operator, destination_fds)) => redirects.push(Redirect {
+                operator,
+                destination_fds,
+                target_node_type: "word".into(),
+                target_text: Some(std::mem::take(word)),
+            }),
+            None => seg.words.push(std::mem::take(word)),
+        }
+        *started = false;
+    };
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if let Some(q) = quote {
+            seg.text.push(c);
+            if c == q {
+                quote = None;
+            } else if q == '"' && c == '\\' && next.is_some() {
+                word.extend(next);
+                seg.text.extend(next);
+                i += 1;
+            } else {
+                substitution |= q == '"' && (c == '`' || (c == '$' && next == Some('(')));
+                word.push(c);
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            '\\' => {
+                seg.text.push(c);
+                if let Some(n) = next {
+                    word.push(n);
+                    seg.text.push(n);
+                    i += 1;
+                }
+                started = true;
+            }
+            '\'' | '"' => {
+                quote = Some(c);
+                started = true;
+                seg.text.push(c);
+            }
+            ' ' | '\t' => {
+                finish_word(&mut word, &mut started, &mut seg, &mut pending);
+                seg.text.push(c);
+            }
+            '&' if next == Some('>') => {
+                finish_word(&mut word, &mut started, &mut seg, &mut pending);
+                let op = if chars.get(i + 2) == Some(&'>') {
+                    "&>>"
+                } else {
+                    "&>"
+                };
+                seg.text.push_str(op);
+                i += op.len() - 1;
+                pending = Some((op.to_string(), vec![1, 2]));
+            }
+            ';' | '\n' | '|' | '&' => {
+                finish_word(&mut word, &mut started, &mut seg, &mut pending);
+                if pending.take().is_some() {
+                    failed = true;
+                }
+                // `&&`, `||`, `;;`, `|&` are one operator.
+                if next == Some(c) || (c == '|' && next == Some('&')) {
+                    i += 1;
+                }
+                segs.push(std::mem::take(&mut seg));
+            }
+            '>' | '<' => {
+                // A word of digits right before the operator is its file descriptor (`2>`).
+                let fds = if started && !word.is_empty() && word.chars().all(|d| d.is_ascii_digit())
+                {
+                    let fd = word.parse::<u32>().ok();
+                    word.clear();
+                    started = false;
+                    fd.into_iter().collect()
+                } else {
+                    finish_word(&mut word, &mut started, &mut seg, &mut pending);
+                    vec![if c == '<' { 0 } else { 1 }]
+                };
+                let mut op = c.to_string();
+                while let Some(n) = chars
+                    .get(i + 1)
+                    .copied()
+                    .filter(|n| "<>&|".contains(*n) && op.len() < 3)
+                {
+                    op.push(n);
+                    i += 1;
+                }
+                seg.text.push_str(&op);
+                pending = Some((op, fds));
+            }
+            '$' if next == Some('(') => {
+                substitution = true;
+                word.push(c);
+                started = true;
+                seg.text.push(c);
+            }
+            '`' => {
+                substitution = true;
+                word.push(c);
+                started = true;
+                seg.text.push(c);
+            }
+            '(' | ')' | '{' | '}' if !started => {
+                // Subshells and groups are beyond this tokenizer.
+                failed = true;
+                seg.text.push(c);
+            }
+            _ => {
+                word.push(c);
+                started = true;
+                seg.text.push(c);
+            }
+        }
+        i += 1;
+    }
+    finish_word(&mut word, &mut started, &mut seg, &mut pending);
+    failed |= quote.is_some() || pending.is_some();
+    segs.push(seg);
+
+    let mut simple_commands = Vec::new();
+    let mut executable_commands = Vec::new();
+    for s in segs {
+        let text = s.text.trim().to_string();
+        if text.is_empty() {
+            continue;
+        }
+        // Leading `NAME=value` words are environment assignments, not the command.
+        let mut words = s.words.into_iter().skip_while(|w| is_assignment(w));
+        if let Some(name) = words.next() {
+            executable_commands.push(ExecutableCommand {
+                name,
+                args: words
+                    .map(|value| ExecutableCommandArg {
+                        r#type: "word".into(),
+                        value,
+                    })
+                    .collect(),
+                full_text: text.clone(),
+            });
+        }
+        simple_commands.push(text);
+    }
+    let has_redirects = !redirects.is_empty();
+    Parsed {
+        simple_commands,
+        input_redirect: redirects.iter().any(|r| r.operator.starts_with('<')),
+        output_redirect: redirects.iter().any(|r| r.operator.contains('>')),
+        result: pb::ShellCommandParsingResult {
+            parsing_failed: failed,
+            executable_commands,
+            has_redirects,
+            has_command_substitution: substitution,
+            all_redirects_are_dev_null: has_redirects.then(|| {
+                redirects.iter().all(|r| {
+                    matches!(
+                        r.target_text.as_deref(),
+                        Some("/dev/null") | Some("1") | Some("2")
+                    )
+                })
+            }),
+            redirects,
+        },
+    }
+}
+
+fn is_assignment(w: &str) -> bool {
+    match w.split_once('=') {
+        Some((name, _)) => {
+            !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }
+        None => false,
+    }
+}
+
+/// A `tool_call_delta` for one shell stream event (stdout/stderr), for the terminal view.
+pub fn shell_delta(event: &pb::ShellStream) -> Option<pb::ToolCallDelta> {
+    use pb::shell_tool_call_delta::Delta;
+    let delta = match &event.event {
+        Some(Event::Stdout(o)) => Delta::Stdout(pb::ShellToolCallStdoutDelta {
+            content: o.data.clone(),
+        }),
+        Some(Event::Stderr(e)) => Delta::Stderr(pb::ShellToolCallStderrDelta {
+            content: e.data.clone(),
+        }),
+        _ => return None,
+    };
+    Some(pb::ToolCallDelta {
+        delta: Some(pb::tool_call_delta::Delta::ShellToolCallDelta(
+            pb::ShellToolCallDelta { delta: Some(delta) },
+        )),
+    })
+}
+
+/// Whether this result ends its exec: any result but a shell stream's output events. The
+/// run may stop waiting there instead of waiting for `stream_close`.
+pub fn result_is_final(result: &ExecResult) -> bool {
+    match result {
+        ExecResult::ShellStream(s) => matches!(
+            s.event,
+            Some(
+                Event::Exit(_)
+                    | Event::Rejected(_)
+                    | Event::PermissionDenied(_)
+                    | Event::Backgrounded(_)
+                    | Event::SandboxUnsupported(_)
+            )
+        ),
+        _ => true,
+    }
+}
+
+pub(crate) fn finish(
+    mut t: pb::ShellToolCall,
+    results: &[ExecResult],
+    thrown: Option<&str>,
+) -> pb::ShellToolCall {
+    let args = t.args.clone().unwrap_or_default();
+    let (mut stdout, mut stderr, mut interleaved) = (String::new(), String::new(), String::new());
+    let mut exit: Option<pb::ShellStreamExit> = None;
+    let mut terminal: Option<R> = None;
+    let mut background: Option<pb::ShellStreamBackgrounded> = None;
+    let mut whole: Option<pb::ShellResult> = None;
+    for m in results {
+        match m {
+            ExecResult::ShellStream(s) => match &s.event {
+                Some(Event::Stdout(o)) => {
+                    stdout.push_str(&o.data);
+                    interleaved.push_str(&o.data);
+                }
+                Some(Event::Stderr(e)) => {
+                    stderr.push_str(&e.data);
+                    interleaved.push_str(&e.data);
+                }
+                Some(Event::Exit(x)) => exit = Some(x.clone()),
+                Some(Event::Rejected(r)) => terminal = Some(R::Rejected(r.clone())),
+                Some(Event::PermissionDenied(p)) => terminal = Some(R::PermissionDenied(p.clone())),
+                Some(Event::SandboxUnsupported(u)) => {
+                    terminal = Some(spawn_error(
+                        &args,
+                        format!("the requested sandbox is not supported: {}", u.reason),
+                    ))
+                }
+                Some(Event::Backgrounded(b)) => background = Some(b.clone()),
+                Some(Event::Start(_)) | Some(Event::HookContext(_)) | None => {}
+            },
+            // A client may answer with one whole result instead of a stream.
+            ExecResult::ShellResult(r) if r.result.is_some() => whole = Some(r.clone()),
+            _ => {}
+        }
+    }
+    let ui = |s: &str| cap_middle(s, MAX_UI_OUTPUT);
+    let had_whole = whole.is_some();
+    let mut result = whole.unwrap_or_default();
+    let r = if had_whole {
+        match result.result.take() {
+            Some(R::Success(mut s)) => {
+                s.stdout = ui(&s.stdout);
+                s.stderr = ui(&s.stderr);
+                R::Success(s)
+            }
+            Some(R::Failure(mut f)) => {
+                f.stdout = ui(&f.stdout);
+                f.stderr = ui(&f.stderr);
+                R::Failure(f)
+            }
+            Some(other) => other,
+            None => spawn_error(&args, "the client returned an empty result".into()),
+        }
+    } else if let Some(r) = terminal {
+        r
+    } else if let Some(x) = exit {
+        let cwd = if x.cwd.is_empty() {
+            args.working_directory.clone()
+        } else {
+            x.cwd.clone()
+        };
+        // Exit codes arrive as u32; Windows' negative codes wrap, so reinterpret the bits.
+        let code = x.code as i32;
+        if code == 0 && !x.aborted {
+            R::Success(pb::ShellSuccess {
+                command: args.command.clone(),
+                working_directory: cwd,
+                exit_code: 0,
+                stdout: ui(&stdout),
+                stderr: ui(&stderr),
+                interleaved_output: Some(ui(&interleaved)),
+                output_location: x.output_location.clone(),
+                local_execution_time_ms: x.local_execution_time_ms,
+                ..Default::default()
+            })
+        } else {
+            R::Failure(pb::ShellFailure {
+                command: args.command.clone(),
+                working_directory: cwd,
+                exit_code: code,
+                stdout: ui(&stdout),
+                stderr: ui(&stderr),
+                interleaved_output: Some(ui(&interleaved)),
+                output_location: x.output_location.clone(),
+                aborted: x.aborted,
+                abort_reason: x.abort_reason,
+                local_execution_time_ms: x.local_execution_time_ms,
+                ..Default::default()
+            })
+        }
+    } else if let Some(b) = background {
+        result.is_background = Some(true);
+        result.pid = b.pid;
+        R::Success(pb::ShellSuccess {
+            command: args.command.clone(),
+            working_directory: args.working_directory.clone(),
+            stdout: ui(&stdout),
+            stderr: ui(&stderr),
+            interleaved_output: Some(ui(&interleaved)),
+            shell_id: Some(b.shell_id),
+            pid: b.pid,
+            background_reason: b.reason,
+            ..Default::default()
+        })
+    } else {
+        let why = thrown.unwrap_or("the command ended without an exit status");
+        let mut error = why.to_string();
+        if !interleaved.is_empty() {
+            error.push_str(&format!(
+                "\nOutput before the failure:\n{}",
+                cap_middle(&interleaved, MAX_MODEL_OUTPUT)
+            ));
+        }
+        spawn_error(&args, error)
+    };
+    result.result = Some(r);
+    t.result = Some(result);
+    t
+}
+
+fn spawn_error(args: &pb::ShellArgs, error: String) -> R {
+    R::SpawnError(pb::ShellSpawnError {
+        command: args.command.clone(),
+        working_directory: args.working_directory.clone(),
+        error,
+    })
+}
+
+/// Output for the model: interleaved when known, capped keeping head and tail.
+fn body(interleaved: Option<&str>, stdout: &str, stderr: &str) -> String {
+    let raw = match interleaved.filter(|s| !s.is_empty()) {
+        Some(s) => s.to_string(),
+        None if stdout.is_empty() => stderr.to_string(),
+        None if stderr.is_empty() => stdout.to_string(),
+        None => format!("{}\n{stderr}", stdout.trim_end_matches('\n')),
+    };
+    if raw.is_empty() {
+        return "(no output)\n".into();
+    }
+    let mut out = cap_middle(&raw, MAX_MODEL_OUTPUT);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+fn saved(loc: Option<&pb::OutputLocation>) -> String {
+    match loc.filter(|l| !l.file_path.is_empty()) {
+        Some(l) => format!(
+            "[Full output saved to {} ({} lines).]\n",
+            l.file_path, l.line_count
+        ),
+        None => String::new(),
+    }
+}
+
+pub(crate) fn render(t: &pb::ShellToolCall) -> (String, bool) {
+    let timeout_secs = t.args.as_ref().map_or(0, |a| a.timeout / 1000);
+    let Some(result) = t.result.as_ref() else {
+        return ("The command did not complete.".into(), true);
+    };
+    match result.result.as_ref() {
+        Some(R::Success(s)) => {
+            let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
+            if let Some(id) = s.shell_id.filter(|_| result.is_background == Some(true)) {
+                let pid = s.pid.map(|p| format!(", pid {p}")).unwrap_or_default();
+                return (
+                    format!("{out}[The command was moved to the background (shell {id}{pid}).]"),
+                    false,
+                );
+            }
+            (
+                format!(
+                    "{out}{}[exit code: {}]",
+                    saved(s.output_location.as_ref()),
+                    s.exit_code
+                ),
+                false,
+            )
+        }
+        Some(R::Failure(f)) => {
+            let out = body(f.interleaved_output.as_deref(), &f.stdout, &f.stderr);
+            let loc = saved(f.output_location.as_ref());
+            if f.aborted {
+                let why = match f
+                    .abort_reason
+                    .and_then(|r| pb::ShellAbortReason::try_from(r).ok())
+                {
+                    Some(pb::ShellAbortReason::Timeout) => {
+                        format!("The command timed out after {timeout_secs}s and was stopped.")
+                    }
+                    Some(pb::ShellAbortReason::UserAbort) => {
+                        "The command was stopped by the user.".into()
+                    }
+                    _ => "The command was aborted.".into(),
+                };
+                return (format!("{out}{loc}[{why}]"), true);
+            }
+            // A non-zero exit is an ordinary result: the model reads the output and decides.
+            (format!("{out}{loc}[exit code: {}]", f.exit_code), false)
+        }
+        Some(R::Timeout(x)) => (
+            format!("The command timed out after {}s.", x.timeout_ms / 1000),
+            true,
+        ),
+        Some(R::Rejected(r)) => {
+            let reason = if r.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.reason)
+            };
+            (
+                format!("The command was rejected{reason}. Do not retry it unchanged."),
+                true,
+            )
+        }
+        Some(R::SpawnError(e)) => (format!("The command could not be run: {}", e.error), true),
+        Some(R::PermissionDenied(p)) => (
+            format!("Permission denied running the command: {}", p.error),
+            true,
+        ),
+        None => ("The command did not complete.".into(), true),
+    }
+}
+
+pub(crate) fn history_args(t: &pb::ShellToolCall) -> Value {
+    let a = t.args.clone().unwrap_or_default();
+    let mut v = json!({ "command": a.command });
+    if !a.working_directory.is_empty() {
+        v["working_directory"] = json!(a.working_directory);
+    }
+    if a.timeout > 0 && i64::from(a.timeout) != SHELL_DEFAULT_TIMEOUT_SECS * 1000 {
+        v["timeout"] = json!(a.timeout / 1000);
+    }
+    v
+}
+
+pub(crate) fn with_error(mut t: pb::ShellToolCall, message: &str) -> pb::ShellToolCall {
+    let args = t.args.clone().unwrap_or_default();
+    t.result = Some(pb::ShellResult {
+        result: Some(spawn_error(&args, message.to_string())),
+        ..Default::default()
+    });
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(c: &ExecutableCommand) -> Vec<&str> {
+        c.args.iter().map(|a| a.value.as_str()).collect()
+    }
+
+    #[test]
+    fn parses_simple_commands_and_operators() {
+        let p = parse("cd src && FOO=1 cargo test -p 'my crate' | tee out.txt; echo \"a b\"");
+        assert_eq!(
+            p.simple_commands,
+            vec![
+                "cd src",
+                "FOO=1 cargo test -p 'my crate'",
+                "tee out.txt",
+                "echo \"a b\""
+            ]
+        );
+        let cmds = &p.result.executable_commands;
+        assert_eq!(cmds.len(), 4);
+        assert_eq!(
+            (cmds[1].name.as_str(), words(&cmds[1])),
+            ("cargo", vec!["test", "-p", "my crate"])
+        );
+        assert_eq!(words(&cmds[3]), vec!["a b"]);
+        assert!(!p.result.parsing_failed && !p.result.has_redirects);
+    }
+
+    #[test]
+    fn records_redirects_and_substitutions() {
+        let p = parse("make 2>&1 > /dev/null");
+        assert!(p.result.has_redirects && p.output_redirect && !p.input_redirect);
+        let r = &p.result.redirects;
+        assert_eq!(
+            (
+                r[0].operator.as_str(),
+                r[0].destination_fds.clone(),
+                r[0].target_text.as_deref()
+            ),
+            (">&", vec![2], Some("1"))
+        );
+        assert_eq!(r[1].target_text.as_deref(), Some("/dev/null"));
+        assert_eq!(p.result.all_redirects_are_dev_null, Some(true));
+        assert_eq!(words(&p.result.executable_commands[0]), Vec::<&str>::new());
+        assert!(parse("echo $(date)").result.has_command_substitution);
+        assert!(parse("wc -l < f").input_redirect);
+        assert!(parse("echo 'open").result.parsing_failed);
+        assert!(parse("(cd x && ls)").result.parsing_failed);
+    }
+}

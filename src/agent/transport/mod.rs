@@ -1,0 +1,209 @@
+//! Transport adapters: HTTP/2 bidi `Run`, and HTTP/1.1 `RunSSE` + `BidiAppend`. They decode
+//! Connect frames into `AgentClientMessage`s, decide whether a run is ours (by the model in its
+//! first message), and either feed our run state machine or relay the request upstream with
+//! every byte we peeked at replayed.
+
+mod bidi;
+mod body;
+mod routing;
+mod run;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::agent::{model, Agent};
+use crate::connect::{Code, ConnectError, Encoding, FrameDecoder, Limits};
+use crate::proto::agent::v1 as pb;
+use crate::router::{full, Body, RequestContext};
+use crate::upstream::Upstream;
+
+pub use routing::{Decision, RoutingTable};
+
+pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
+pub const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
+pub const BIDI_APPEND_PATH: &str = "/aiserver.v1.BidiService/BidiAppend";
+
+/// The agent's HTTP face. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentTransports {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    agent: Agent,
+    upstream: Upstream,
+    routes: RoutingTable,
+    bidi: bidi::Registry,
+    limits: Limits,
+}
+
+impl AgentTransports {
+    pub fn new(agent: Agent, upstream: Upstream) -> Self {
+        let limits = Limits {
+            max_frame_bytes: agent.config().limits.max_frame_bytes,
+            max_decompressed_bytes: agent.config().limits.max_decompressed_bytes,
+        };
+        AgentTransports {
+            inner: Arc::new(Inner {
+                agent,
+                upstream,
+                routes: RoutingTable::default(),
+                bidi: bidi::Registry::default(),
+                limits,
+            }),
+        }
+    }
+
+    pub fn agent(&self) -> &Agent {
+        &self.inner.agent
+    }
+
+    /// Is this path one of the agent transports?
+    pub fn handles(path: &str) -> bool {
+        matches!(path, RUN_PATH | RUN_SSE_PATH | BIDI_APPEND_PATH)
+    }
+
+    pub async fn handle(&self, ctx: RequestContext, req: Request<Incoming>) -> Response<Body> {
+        match req.uri().path() {
+            RUN_PATH => run::handle(self, ctx, req).await,
+            RUN_SSE_PATH => bidi::run_sse(self, ctx, req).await,
+            _ => bidi::append(self, ctx, req).await,
+        }
+    }
+
+    /// Ours or Cursor's, for a run's first client message; pins the answer.
+    fn decide(&self, request_id: &str, first: &pb::AgentClientMessage) -> Decision {
+        use pb::agent_client_message::Message as In;
+        let routes = &self.inner.routes;
+        let (model_id, conversation, resume) = match &first.message {
+            Some(In::RunRequest(r)) => (
+                model::requested_model_id(r).map(str::to_string),
+                r.conversation_id.clone().unwrap_or_default(),
+                matches!(
+                    r.action.as_ref().and_then(|a| a.action.as_ref()),
+                    Some(pb::conversation_action::Action::ResumeAction(_))
+                ),
+            ),
+            Some(In::PrewarmRequest(p)) => (
+                model::prewarm_model_id(p).map(str::to_string),
+                p.conversation_id.clone().unwrap_or_default(),
+                false,
+            ),
+            _ => (None, String::new(), false),
+        };
+        let decision = match model_id {
+            Some(id) if self.inner.agent.is_our_model(&id) => Decision::Ours { model_id: id },
+            // A resume (or a frame without a model) follows the conversation's pin.
+            Some(_) if !resume => Decision::Relay,
+            _ => routes
+                .conversation(&conversation)
+                .unwrap_or(Decision::Relay),
+        };
+        routes.pin_request(request_id, decision.clone());
+        routes.pin_conversation(&conversation, decision.clone());
+        tracing::debug!(request_id, ?decision, "agent run routed");
+        decision
+    }
+
+    fn upstream(&self) -> &Upstream {
+        &self.inner.upstream
+    }
+}
+
+/// `x-request-id`, the key that pairs RunSSE with its appends.
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+}
+
+/// Reads a streaming request body until its first Connect frame, keeping every byte read so
+/// the request can be replayed upstream unchanged.
+struct Peek {
+    decoder: FrameDecoder,
+    consumed: BytesMut,
+}
+
+impl Peek {
+    fn new(encoding: Encoding, limits: Limits) -> Self {
+        Peek {
+            decoder: FrameDecoder::new(crate::connect::StreamKind::Request, encoding, limits),
+            consumed: BytesMut::new(),
+        }
+    }
+
+    /// The next message frame; `Ok(None)` when the body ended first.
+    async fn next(
+        &mut self,
+        body: &mut Incoming,
+        keep: bool,
+    ) -> Result<Option<Bytes>, ConnectError> {
+        use crate::connect::Frame;
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(Frame::Message(m))) => return Ok(Some(m)),
+                Ok(Some(Frame::End(_))) => {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "end-of-stream frame in a request",
+                    ))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ConnectError::new(e.code(), e.to_string())),
+            }
+            match body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(ConnectError::new(
+                        Code::Canceled,
+                        format!("client request body failed: {e}"),
+                    ))
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if keep {
+                            self.consumed.extend_from_slice(&data);
+                        }
+                        self.decoder.feed(data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads a whole unary body, bounded.
+async fn read_bounded(body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
+    let limited = http_body_util::Limited::new(body, max);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!("request body unreadable or larger than {max} bytes: {e}"),
+        )),
+    }
+}
+
+/// A Connect error as an HTTP response (for unary calls and for failures before streaming).
+fn error_response(err: &ConnectError) -> Response<Body> {
+    let mut resp = Response::new(full(err.to_unary_json()));
+    *resp.status_mut() = http::StatusCode::from_u16(err.http_status())
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// How long a RunSSE waits for the append that decides whose run it is.
+const DECIDE_WAIT: Duration = Duration::from_secs(2);
+/// How long a run's first frame may take to arrive on a `Run` stream.
+const FIRST_FRAME_WAIT: Duration = Duration::from_secs(30);

@@ -1,0 +1,109 @@
+//! The "ours or Cursor's" decision for agent runs, pinned so later frames without a model
+//! follow the first one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Where a run goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Ours, on this configured model id (as Cursor names it, variant included).
+    Ours { model_id: String },
+    /// Cursor's: relayed upstream untouched.
+    Relay,
+}
+
+/// Pins decisions by request id and by conversation id. Bounded and expiring, so it cannot
+/// grow without limit on a long-running proxy.
+pub struct RoutingTable {
+    inner: Mutex<Pins>,
+    ttl: Duration,
+    max: usize,
+}
+
+#[derive(Default)]
+struct Pins {
+    map: HashMap<String, (Decision, Instant)>,
+    order: VecDeque<String>,
+}
+
+impl Default for RoutingTable {
+    fn default() -> Self {
+        RoutingTable::new(Duration::from_secs(24 * 3600), 10_000)
+    }
+}
+
+impl RoutingTable {
+    pub fn new(ttl: Duration, max: usize) -> Self {
+        RoutingTable {
+            inner: Mutex::new(Pins::default()),
+            ttl,
+            max,
+        }
+    }
+
+    pub fn pin_request(&self, request_id: &str, d: Decision) {
+        self.insert(format!("r:{request_id}"), d);
+    }
+
+    pub fn pin_conversation(&self, conversation_id: &str, d: Decision) {
+        if !conversation_id.is_empty() {
+            self.insert(format!("c:{conversation_id}"), d);
+        }
+    }
+
+    pub fn request(&self, request_id: &str) -> Option<Decision> {
+        self.get(&format!("r:{request_id}"))
+    }
+
+    pub fn conversation(&self, conversation_id: &str) -> Option<Decision> {
+        self.get(&format!("c:{conversation_id}"))
+    }
+
+    fn insert(&self, key: String, d: Decision) {
+        let mut pins = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if pins.map.insert(key.clone(), (d, Instant::now())).is_none() {
+            pins.order.push_back(key);
+        }
+        while pins.order.len() > self.max {
+            if let Some(old) = pins.order.pop_front() {
+                pins.map.remove(&old);
+            }
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Decision> {
+        let pins = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        pins.map
+            .get(key)
+            .filter(|(_, at)| at.elapsed() < self.ttl)
+            .map(|(d, _)| d.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_are_bounded() {
+        let t = RoutingTable::new(Duration::from_secs(60), 2);
+        t.pin_request("a", Decision::Relay);
+        t.pin_conversation(
+            "c",
+            Decision::Ours {
+                model_id: "byok-x".into(),
+            },
+        );
+        t.pin_request("b", Decision::Relay);
+        assert_eq!(t.request("a"), None);
+        assert_eq!(
+            t.conversation("c"),
+            Some(Decision::Ours {
+                model_id: "byok-x".into()
+            })
+        );
+        assert_eq!(t.request("b"), Some(Decision::Relay));
+    }
+}

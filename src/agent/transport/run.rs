@@ -1,0 +1,121 @@
+//! HTTP/2 bidi `/agent.v1.AgentService/Run`: client frames in, server frames out, both at once.
+
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use prost::Message;
+use tracing::{debug, Instrument};
+
+use super::body::{end_frame, replay, RunBody};
+use super::{error_response, request_id, AgentTransports, Decision, Peek, FIRST_FRAME_WAIT};
+use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
+use crate::proto::agent::v1 as pb;
+use crate::router::{boxed, full, Body, RequestContext};
+
+pub(super) async fn handle(
+    t: &AgentTransports,
+    ctx: RequestContext,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (parts, mut body) = req.into_parts();
+    let encoding = match Encoding::from_header(
+        parts
+            .headers
+            .get("connect-content-encoding")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        Ok(e) => e,
+        // An encoding we cannot read: not ours to judge, pass it on untouched.
+        Err(_) => {
+            return t
+                .upstream()
+                .forward(&ctx, Request::from_parts(parts, boxed(body)))
+                .await
+        }
+    };
+    let request_id = request_id(&parts.headers)
+        .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
+    let mut peek = Peek::new(encoding, t.inner.limits);
+    let first = match tokio::time::timeout(FIRST_FRAME_WAIT, peek.next(&mut body, true)).await {
+        Ok(Ok(Some(frame))) => frame,
+        // No frame (or a slow one): nothing to route on, so it is Cursor's.
+        Ok(Ok(None)) | Err(_) => {
+            let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
+            return t.upstream().forward(&ctx, req).await;
+        }
+        Ok(Err(e)) => return error_response(&e),
+    };
+    let message = match pb::AgentClientMessage::decode(first.clone()) {
+        Ok(m) => m,
+        Err(_) => {
+            let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
+            return t.upstream().forward(&ctx, req).await;
+        }
+    };
+    match t.decide(&request_id, &message) {
+        Decision::Relay => {
+            let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
+            t.upstream().forward(&ctx, req).await
+        }
+        Decision::Ours { .. } => {
+            let span = tracing::info_span!("run_h2", request_id = %request_id);
+            serve_ours(t, message, request_id, peek, body)
+                .instrument(span)
+                .await
+        }
+    }
+}
+
+async fn serve_ours(
+    t: &AgentTransports,
+    first: pb::AgentClientMessage,
+    request_id: String,
+    mut peek: Peek,
+    mut body: Incoming,
+) -> Response<Body> {
+    use pb::agent_client_message::Message as In;
+    let enc = FrameEncoder::new(Encoding::Identity);
+    let run_request = match first.message {
+        Some(In::RunRequest(r)) => r,
+        _ => {
+            // A prewarm for one of our models: nothing to warm beyond our pooled client.
+            debug!("prewarm answered locally");
+            return streaming_response(full(end_frame(&enc, &EndStream::ok())));
+        }
+    };
+    let handle = t.agent().start_run(run_request, request_id);
+    let input = handle.input.clone();
+    let failer = handle.failer();
+    // The client's later frames feed the run; the task ends with the request body.
+    tokio::spawn(
+        async move {
+            loop {
+                match peek.next(&mut body, false).await {
+                    Ok(Some(frame)) => match pb::AgentClientMessage::decode(frame) {
+                        Ok(m) => {
+                            if input.send(m).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            return failer.fail(format!("undecodable AgentClientMessage: {e}"))
+                        }
+                    },
+                    Ok(None) => return,
+                    Err(e) if e.code == Code::Canceled => return,
+                    Err(e) => return failer.fail(e.message),
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    streaming_response(boxed(RunBody::new(handle.output, enc, handle.cancel)))
+}
+
+pub(super) fn streaming_response(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+proto"),
+    );
+    resp
+}
