@@ -101,6 +101,60 @@ fn data_dir(args: &Args, config: &Config) -> PathBuf {
 }
 
 fn run_proxy(config: Config, data_dir: PathBuf) -> anyhow::Result<()> {
-    let _ = (config, data_dir);
-    anyhow::bail!("the proxy is not wired yet")
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let (ca, _) = crate::tls::CertificateAuthority::load_or_create(&data_dir)?;
+        let fingerprint = ca.fingerprint();
+        let cert_path = ca.cert_path();
+        let banner = banner(&config, &fingerprint, &cert_path);
+        let server = crate::proxy::Server::builder(config, ca).bind().await?;
+        eprintln!("{banner}");
+        server.run_until_signal().await?;
+        Ok(())
+    })
+}
+
+/// What the user needs at start-up: where we listen, which CA, which models, how to wire Cursor.
+fn banner(config: &Config, fingerprint: &str, cert: &std::path::Path) -> String {
+    use std::fmt::Write;
+    let mut b = String::new();
+    let _ = writeln!(
+        b,
+        "cursor-byok {} listening on http://{}",
+        env!("CARGO_PKG_VERSION"),
+        config.listen
+    );
+    if let Some(addr) = config.direct.tls_listen {
+        let _ = writeln!(b, "  direct TLS door:  https://{addr}");
+    }
+    if let Some(addr) = config.direct.http_listen {
+        let _ = writeln!(b, "  direct HTTP door: http://{addr}");
+    }
+    let _ = writeln!(b, "  CA: {} (SHA-256 {fingerprint})", cert.display());
+    let usable: Vec<_> = config.usable_models().collect();
+    if usable.is_empty() {
+        let _ = writeln!(
+            b,
+            "  warning: no model has an API key; set OPENAI_API_KEY / ANTHROPIC_API_KEY or a config file"
+        );
+    }
+    for m in &usable {
+        let _ = writeln!(
+            b,
+            "  model: {} -> {} ({})",
+            m.display_name(),
+            m.model,
+            m.cursor_id()
+        );
+    }
+    let _ = writeln!(
+        b,
+        "  Cursor settings: \"http.proxy\": \"http://{}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true",
+        config.listen
+    );
+    let _ = write!(b, "  trust the CA once: cursor-byok ca");
+    b
 }

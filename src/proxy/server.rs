@@ -11,7 +11,10 @@ use tokio::task::JoinHandle;
 use super::auth::ProxyAuthCheck;
 use super::shutdown::Shutdown;
 use super::{direct, front, ProxyError};
+use crate::agent::transport::AgentTransports;
+use crate::agent::Agent;
 use crate::config::Config;
+use crate::cursor::CursorServices;
 use crate::router::Router;
 use crate::tls::{CertStore, CertificateAuthority};
 use crate::upstream::Upstream;
@@ -61,6 +64,19 @@ impl Origin {
     }
 }
 
+/// The handler stack: passthrough, Cursor's adjusted services, and the agent.
+fn router(config: &Config, upstream: Upstream) -> Result<Router, ProxyError> {
+    let config = Arc::new(config.clone());
+    let agent = Agent::new(config.clone()).map_err(|e| ProxyError::Config {
+        reason: e.to_string(),
+    })?;
+    Ok(Router::new(
+        upstream.clone(),
+        CursorServices::new(config),
+        AgentTransports::new(agent, upstream),
+    ))
+}
+
 /// Configures and binds a [`Server`].
 pub struct ServerBuilder {
     config: Config,
@@ -101,7 +117,7 @@ impl ServerBuilder {
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,
-            router: Router::new(upstream),
+            router: router(&config, upstream)?,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
             origin,
             shutdown: shutdown.clone(),

@@ -15,6 +15,8 @@ use http::{Request, Response, Version};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
+use crate::agent::transport::AgentTransports;
+use crate::cursor::{self, CursorRpc, CursorServices};
 use crate::upstream::Upstream;
 
 pub use body::{boxed, empty, full, Body, BodyError};
@@ -74,22 +76,39 @@ impl RequestContext {
 pub enum Route {
     /// Stream it to the real origin and the answer back.
     Upstream,
+    /// A Cursor service we adjust (model lists, server config, probes).
+    Cursor(CursorRpc),
+    /// An agent transport: ours or relayed, decided by the run's first message.
+    Agent,
 }
 
 /// The routing decision, from the request head only (the body is still unread).
-pub fn route(_ctx: &RequestContext, _parts: &Parts) -> Route {
-    Route::Upstream
+pub fn route(_ctx: &RequestContext, parts: &Parts) -> Route {
+    let path = parts.uri.path();
+    if AgentTransports::handles(path) {
+        return Route::Agent;
+    }
+    match cursor::classify(path) {
+        Some(rpc) => Route::Cursor(rpc),
+        None => Route::Upstream,
+    }
 }
 
 /// The handler stack behind every door. Cheap to clone.
 #[derive(Clone)]
 pub struct Router {
     upstream: Upstream,
+    cursor: CursorServices,
+    agent: AgentTransports,
 }
 
 impl Router {
-    pub fn new(upstream: Upstream) -> Self {
-        Router { upstream }
+    pub fn new(upstream: Upstream, cursor: CursorServices, agent: AgentTransports) -> Self {
+        Router {
+            upstream,
+            cursor,
+            agent,
+        }
     }
 
     pub fn upstream(&self) -> &Upstream {
@@ -111,6 +130,17 @@ impl Router {
             Route::Upstream => {
                 let req = Request::from_parts(parts, boxed(body));
                 self.upstream.forward(&ctx, req).instrument(span).await
+            }
+            Route::Cursor(rpc) => {
+                let req = Request::from_parts(parts, boxed(body));
+                self.cursor
+                    .handle(rpc, &ctx, req, &self.upstream)
+                    .instrument(span)
+                    .await
+            }
+            Route::Agent => {
+                let req = Request::from_parts(parts, body);
+                self.agent.handle(ctx, req).instrument(span).await
             }
         }
     }
