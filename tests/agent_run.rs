@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::fake_cursor::FakeCursor;
 use common::fake_provider::{After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
 use cursor_byok::config::Config;
@@ -25,10 +26,12 @@ const TEXT_SSE: &str = concat!(
 );
 
 fn config(base_url: &str, heartbeat_secs: u64) -> Arc<Config> {
+    let dir = tempfile::tempdir().unwrap().keep();
     let text = format!(
-        "[agent]\nheartbeat_secs = {heartbeat_secs}\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
+        "data_dir = \"{}\"\n[agent]\nheartbeat_secs = {heartbeat_secs}\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
          [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{base_url}\"\napi_key = \"sk-test-agent-run\"\n\
-         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n"
+         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n",
+        dir.display()
     );
     Arc::new(Config::from_toml(&text, "test").unwrap())
 }
@@ -67,8 +70,17 @@ fn run_request(text: &str, with_context: bool) -> pb::AgentRunRequest {
     }
 }
 
-/// Reads the run to its end, answering request-context execs like the SDK does.
+/// Reads the run to its end, answering like Cursor's client (in a throwaway workspace).
 async fn drive(handle: &mut RunHandle) -> (Vec<pb::AgentServerMessage>, EndStream) {
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    drive_with(handle, &mut client).await
+}
+
+async fn drive_with(
+    handle: &mut RunHandle,
+    client: &mut FakeCursor,
+) -> (Vec<pb::AgentServerMessage>, EndStream) {
     let mut messages = Vec::new();
     loop {
         let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
@@ -78,61 +90,14 @@ async fn drive(handle: &mut RunHandle) -> (Vec<pb::AgentServerMessage>, EndStrea
         match out {
             RunOutput::End(end) => return (messages, end),
             RunOutput::Message(m) => {
-                if let Some(Server::ExecServerMessage(e)) = &m.message {
-                    if let Some(pb::exec_server_message::Message::RequestContextArgs(_)) = e.message
-                    {
-                        answer_request_context(handle, e.id, &e.exec_id).await;
-                    }
+                for answer in client.respond(&m) {
+                    // The run may be over already; then nobody listens.
+                    let _ = handle.input.send(answer).await;
                 }
                 messages.push(*m);
             }
         }
     }
-}
-
-async fn answer_request_context(handle: &RunHandle, id: u32, exec_id: &str) {
-    use pb::agent_client_message::Message as In;
-    let ctx = pb::RequestContext {
-        env: Some(pb::RequestContextEnv {
-            os_version: "darwin-from-exec".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let result = pb::ExecClientMessage {
-        id,
-        exec_id: exec_id.into(),
-        message: Some(pb::exec_client_message::Message::RequestContextResult(
-            pb::RequestContextResult {
-                result: Some(pb::request_context_result::Result::Success(
-                    pb::RequestContextSuccess {
-                        request_context: Some(ctx),
-                        served_from_disk_cache: None,
-                    },
-                )),
-            },
-        )),
-        ..Default::default()
-    };
-    handle
-        .input
-        .send(pb::AgentClientMessage {
-            message: Some(In::ExecClientMessage(result)),
-        })
-        .await
-        .unwrap();
-    let close = pb::ExecClientControlMessage {
-        message: Some(pb::exec_client_control_message::Message::StreamClose(
-            pb::ExecClientStreamClose { id },
-        )),
-    };
-    handle
-        .input
-        .send(pb::AgentClientMessage {
-            message: Some(In::ExecClientControlMessage(close)),
-        })
-        .await
-        .unwrap();
 }
 
 fn updates(messages: &[pb::AgentServerMessage]) -> Vec<&Update> {
@@ -228,7 +193,7 @@ async fn without_request_context_the_client_is_asked() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(system.contains("darwin-from-exec"), "{system}");
+    assert!(system.contains("linux-test"), "{system}");
 }
 
 #[tokio::test]
@@ -335,4 +300,339 @@ async fn an_unconfigured_model_ends_with_a_clear_error() {
     let mut run = agent.start_run(req, "req-6".into());
     let (_, end) = drive(&mut run).await;
     assert!(end.error.unwrap().message.contains("byok-nope"));
+}
+
+// ---- Issue 6: tools, blobs and checkpoints, multi-turn ----
+
+/// A Chat Completions stream asking for `calls` (id, name, JSON arguments).
+fn tool_sse(calls: &[(&str, &str, &str)]) -> String {
+    let mut s = String::new();
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
+        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
+        s += &format!("data: {start}\n\ndata: {body}\n\n");
+    }
+    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
+    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
+    s
+}
+
+fn text_sse(text: &str) -> String {
+    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
+    format!(
+        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
+         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
+    )
+}
+
+fn tool_events(messages: &[pb::AgentServerMessage]) -> Vec<(&'static str, String)> {
+    updates(messages)
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::ToolCallStarted(t) => Some(("started", t.call_id.clone())),
+            Update::ToolCallCompleted(t) => Some(("completed", t.call_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The tool results the provider received in its `n`-th request (Chat `tool` messages).
+fn tool_results(provider: &FakeProvider, n: usize) -> Vec<String> {
+    provider.requests()[n].json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn read_edit_shell_then_answer_changes_the_workspace() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("hello.txt"), "hello world\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[(
+            "call_1",
+            "read_file",
+            r#"{"path":"hello.txt"}"#,
+        )])),
+        Reply::sse(tool_sse(&[(
+            "call_2",
+            "search_replace",
+            r#"{"path":"hello.txt","old_string":"world","new_string":"byok"}"#,
+        )])),
+        Reply::sse(tool_sse(&[(
+            "call_3",
+            "run_terminal_cmd",
+            r#"{"command":"cat hello.txt; echo done >&2"}"#,
+        )])),
+        Reply::sse(text_sse("All set.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("fix the greeting", false), "req-t1".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("hello.txt")).unwrap(),
+        "hello byok\n"
+    );
+    assert!(text_of(&messages).ends_with("All set."));
+
+    // Each call: started then completed, same call id.
+    let events = tool_events(&messages);
+    assert_eq!(events.len(), 6, "{events:?}");
+    for pair in events.chunks(2) {
+        assert_eq!((pair[0].0, pair[1].0), ("started", "completed"));
+        assert_eq!(pair[0].1, pair[1].1);
+    }
+    // Shell output streamed to the UI as tool_call_delta.
+    assert!(updates(&messages)
+        .iter()
+        .any(|u| matches!(u, Update::ToolCallDelta(_))));
+
+    // The provider got the results back.
+    assert!(tool_results(&provider, 1)[0].contains("hello world"));
+    assert!(!tool_results(&provider, 2)[1]
+        .to_lowercase()
+        .starts_with("error"));
+    let shell = &tool_results(&provider, 3)[2];
+    assert!(
+        shell.contains("hello byok") && shell.contains("done"),
+        "{shell}"
+    );
+
+    // The turn was stored as blobs (ids = SHA-256) and a checkpoint referencing them.
+    assert!(client.blob_ids_are_sha256());
+    let checkpoint = client.checkpoint.clone().expect("a checkpoint");
+    assert_eq!(checkpoint.turns.len(), 1);
+    assert!(client.blobs.contains_key(checkpoint.turns[0].as_ref()));
+    let details = checkpoint.token_details.unwrap();
+    assert_eq!(details.max_tokens, 128_000);
+    assert!(details.used_tokens > 0);
+    // Checkpoint after every set_blob, then turn_ended, then the end.
+    let last_kv = messages
+        .iter()
+        .rposition(|m| matches!(m.message, Some(Server::KvServerMessage(_))))
+        .unwrap();
+    let cp = messages
+        .iter()
+        .position(|m| matches!(m.message, Some(Server::ConversationCheckpointUpdate(_))))
+        .unwrap();
+    let te = messages.iter().position(|m| matches!(&m.message, Some(Server::InteractionUpdate(u)) if matches!(u.message, Some(Update::TurnEnded(_))))).unwrap();
+    assert!(last_kv < cp && cp < te);
+}
+
+#[tokio::test]
+async fn parallel_calls_failing_edit_unknown_tool_and_a_throw_all_reach_the_model() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(ws.path().join("b.txt"), "beta\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[
+            ("p1", "Read", r#"{"file_path":"a.txt"}"#),
+            ("p2", "read_file", r#"{"path":"b.txt"}"#),
+            (
+                "p3",
+                "search_replace",
+                r#"{"path":"a.txt","old_string":"missing","new_string":"x"}"#,
+            ),
+            ("p4", "teleport", r#"{}"#),
+        ])),
+        Reply::sse(text_sse("ok")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("look", false), "req-t2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let results = tool_results(&provider, 1);
+    assert_eq!(results.len(), 4);
+    assert!(results[0].contains("alpha") && results[1].contains("beta"));
+    assert!(results[2].contains("not found"), "{}", results[2]);
+    assert!(results[3].contains("Unknown tool"), "{}", results[3]);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+
+    // A client `throw` is a tool error too, not the end of the run.
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("t1", "read_file", r#"{"path":"a.txt"}"#)])),
+        Reply::sse(text_sse("sorry")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.throw_execs = true;
+    let mut run = agent.start_run(run_request("look", false), "req-t3".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(tool_results(&provider, 1)[0].contains("EACCES"));
+}
+
+#[tokio::test]
+async fn cancel_during_a_shell_exec_aborts_it_then_ends_canceled() {
+    let ws = tempfile::tempdir().unwrap();
+    let provider = FakeProvider::start(vec![Reply::sse(tool_sse(&[(
+        "s1",
+        "run_terminal_cmd",
+        r#"{"command":"sleep 100"}"#,
+    )]))])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.shell_gate = Some(ws.path().join("never"));
+    let mut run = agent.start_run(run_request("run it", false), "req-t4".into());
+    // Answer until the shell exec goes out, then cancel.
+    loop {
+        let RunOutput::Message(m) = run.output.recv().await.unwrap() else {
+            panic!("ended early")
+        };
+        let is_shell = matches!(&m.message, Some(Server::ExecServerMessage(e)) if matches!(e.message, Some(pb::exec_server_message::Message::ShellStreamArgs(_))));
+        for a in client.respond(&m) {
+            run.input.send(a).await.unwrap();
+        }
+        if is_shell {
+            break;
+        }
+    }
+    let cancel = pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(pb::conversation_action::Action::CancelAction(
+                    pb::CancelAction::default(),
+                )),
+                ..Default::default()
+            },
+        )),
+    };
+    run.input.send(cancel).await.unwrap();
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert_eq!(end.error.unwrap().code, Code::Canceled);
+    let shell_id = client
+        .execs
+        .iter()
+        .find(|e| {
+            matches!(
+                e.message,
+                Some(pb::exec_server_message::Message::ShellStreamArgs(_))
+            )
+        })
+        .unwrap()
+        .id;
+    assert_eq!(client.aborted, vec![shell_id], "{messages:?}");
+}
+
+#[tokio::test]
+async fn a_second_turn_rebuilds_history_from_the_cache_and_after_a_restart_from_the_client() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("n.txt"), "forty-two\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("r1", "read_file", r#"{"path":"n.txt"}"#)])),
+        Reply::sse(text_sse("It says forty-two.")),
+        Reply::sse(text_sse("Yes.")),
+        Reply::sse(text_sse("Still yes.")),
+    ])
+    .await;
+    let cfg = config(&provider.base_url(), 5);
+    let agent = Agent::new(cfg.clone()).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("what is in n.txt?", false), "req-m1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let checkpoint = client.checkpoint.clone().unwrap();
+
+    let second = |state: pb::ConversationStateStructure| {
+        let mut r = run_request("are you sure?", false);
+        r.conversation_state = Some(state);
+        r
+    };
+    let check = |n: usize| {
+        let body = provider.requests()[n].json();
+        let msgs = body["messages"].as_array().unwrap().clone();
+        let text = serde_json::to_string(&msgs).unwrap();
+        assert!(text.contains("what is in n.txt?"), "{text}");
+        assert!(text.contains("forty-two"), "tool result replayed: {text}");
+        assert!(text.contains("It says forty-two."), "{text}");
+        assert!(
+            msgs.iter()
+                .any(|m| m["role"] == "tool" && m["tool_call_id"] == "r1"),
+            "{text}"
+        );
+        assert_eq!(msgs.last().unwrap()["content"], "are you sure?");
+    };
+
+    // Same proxy: the blobs come from the local cache; the client is not asked.
+    let gets_before = count_get_blobs(&client);
+    let mut run = agent.start_run(second(checkpoint.clone()), "req-m2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    check(2);
+    assert_eq!(count_get_blobs(&client), gets_before);
+    assert_eq!(client.checkpoint.as_ref().unwrap().turns.len(), 2);
+
+    // A "restarted" proxy with an empty cache: the client serves the blobs through get_blob.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let mut restarted = (*cfg).clone();
+    restarted.data_dir = Some(fresh_dir.path().to_path_buf());
+    let agent = Agent::new(Arc::new(restarted)).unwrap();
+    let mut run = agent.start_run(second(checkpoint), "req-m3".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    check(3);
+    assert!(messages.iter().any(|m| matches!(&m.message, Some(Server::KvServerMessage(k)) if matches!(k.message, Some(pb::kv_server_message::Message::GetBlobArgs(_))))));
+}
+
+fn count_get_blobs(client: &FakeCursor) -> usize {
+    client.gets
+}
+
+#[tokio::test]
+async fn a_missing_blob_ack_ends_the_run_with_a_clear_error() {
+    let provider = FakeProvider::start(vec![Reply::sse(text_sse("hi"))]).await;
+    let mut cfg = (*config(&provider.base_url(), 5)).clone();
+    cfg.agent.kv_timeout_secs = 1;
+    let agent = Agent::new(Arc::new(cfg)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.withhold_acks = true;
+    let mut run = agent.start_run(run_request("hi", true), "req-k1".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    let err = end.error.expect("an error");
+    assert_eq!(err.code, Code::DeadlineExceeded);
+    assert!(err.message.contains("blobs"), "{}", err.message);
+    // No checkpoint pointing at unacknowledged blobs, and no turn_ended.
+    assert!(client.checkpoint.is_none());
+    assert!(!updates(&messages)
+        .iter()
+        .any(|u| matches!(u, Update::TurnEnded(_))));
+}
+
+#[tokio::test]
+async fn an_ask_question_round_trip_reaches_the_model() {
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[(
+            "q1",
+            "ask_question",
+            r#"{"question":"Which colour?","options":["red","blue"]}"#,
+        )])),
+        Reply::sse(text_sse("Blue it is.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut run = agent.start_run(run_request("pick", true), "req-q1".into());
+    let (messages, end) = drive(&mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(messages
+        .iter()
+        .any(|m| matches!(m.message, Some(Server::InteractionQuery(_)))));
+    let answer = &tool_results(&provider, 1)[0];
+    assert!(
+        answer.to_lowercase().contains("red") || answer.contains("blue"),
+        "{answer}"
+    );
 }

@@ -109,3 +109,92 @@ pub fn estimate_tokens(text: &str) -> u32 {
     let chars = u32::try_from(text.chars().count()).unwrap_or(u32::MAX);
     chars.div_ceil(4).max(1)
 }
+
+pub fn partial_tool_call(
+    call_id: String,
+    model_call_id: String,
+    tool_call: pb::ToolCall,
+    args_text_delta: String,
+) -> pb::AgentServerMessage {
+    update(Update::PartialToolCall(pb::PartialToolCallUpdate {
+        call_id,
+        tool_call: Some(tool_call),
+        args_text_delta,
+        model_call_id,
+    }))
+}
+
+pub fn tool_call_started(
+    call_id: String,
+    model_call_id: String,
+    tool_call: pb::ToolCall,
+) -> pb::AgentServerMessage {
+    update(Update::ToolCallStarted(pb::ToolCallStartedUpdate {
+        call_id,
+        tool_call: Some(tool_call),
+        model_call_id,
+    }))
+}
+
+pub fn tool_call_completed(
+    call_id: String,
+    model_call_id: String,
+    tool_call: pb::ToolCall,
+) -> pb::AgentServerMessage {
+    update(Update::ToolCallCompleted(pb::ToolCallCompletedUpdate {
+        call_id,
+        tool_call: Some(tool_call),
+        model_call_id,
+    }))
+}
+
+pub fn tool_call_delta(call_id: String, delta: pb::ToolCallDelta) -> pb::AgentServerMessage {
+    update(Update::ToolCallDelta(Box::new(pb::ToolCallDeltaUpdate {
+        call_id,
+        tool_call_delta: Some(Box::new(delta)),
+        model_call_id: String::new(),
+    })))
+}
+
+pub fn summary_started() -> pb::AgentServerMessage {
+    update(Update::SummaryStarted(pb::SummaryStartedUpdate {}))
+}
+
+pub fn summary(text: String) -> pb::AgentServerMessage {
+    update(Update::Summary(pb::SummaryUpdate { summary: text }))
+}
+
+pub fn summary_completed(failed: bool) -> pb::AgentServerMessage {
+    update(Update::SummaryCompleted(pb::SummaryCompletedUpdate {
+        hook_message: None,
+        failed: failed.then_some(true),
+    }))
+}
+
+pub fn interaction_query(id: u32, query: pb::interaction_query::Query) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::InteractionQuery(pb::InteractionQuery {
+            id,
+            query: Some(query),
+        })),
+        ttft_breakdown: None,
+    }
+}
+
+pub fn kv(id: u32, message: pb::kv_server_message::Message) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::KvServerMessage(pb::KvServerMessage {
+            id,
+            message: Some(message),
+            span_context: None,
+        })),
+        ttft_breakdown: None,
+    }
+}
+
+pub fn checkpoint(state: pb::ConversationStateStructure) -> pb::AgentServerMessage {
+    pb::AgentServerMessage {
+        message: Some(Server::ConversationCheckpointUpdate(state)),
+        ttft_breakdown: None,
+    }
+}

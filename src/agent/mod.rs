@@ -95,6 +95,7 @@ pub struct Agent {
 struct Inner {
     config: Arc<Config>,
     providers: HashMap<String, ProviderClient>,
+    cache: state::BlobCache,
 }
 
 impl Agent {
@@ -112,7 +113,11 @@ impl Agent {
             providers.insert(name.clone(), client);
         }
         Ok(Agent {
-            inner: Arc::new(Inner { config, providers }),
+            inner: Arc::new(Inner {
+                cache: state::BlobCache::new(&config.data_dir(), state::DEFAULT_CACHE_MAX_BYTES),
+                config,
+                providers,
+            }),
         })
     }
 
@@ -183,7 +188,10 @@ impl Agent {
             settings: RunSettings {
                 heartbeat: Duration::from_secs(config.agent.heartbeat_secs.max(1)),
                 client_timeout: Duration::from_secs(config.agent.kv_timeout_secs.max(1)),
+                max_tool_rounds: config.agent.max_tool_rounds.max(1),
+                max_history_bytes: config.limits.max_history_bytes,
             },
+            cache: self.inner.cache.clone(),
         })
     }
 }

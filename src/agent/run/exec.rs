@@ -86,6 +86,17 @@ impl ExecBridge {
             .is_none_or(|p| p.closed || (first_result_suffices && !p.outcome.results.is_empty()))
     }
 
+    /// Has the client sent a result that ends this exec (anything but streamed shell output)?
+    /// Then the run need not wait for `stream_close`.
+    pub fn has_final(&self, id: u32) -> bool {
+        self.pending.get(&id).is_some_and(|p| {
+            p.outcome
+                .results
+                .iter()
+                .any(crate::agent::tools::result_is_final)
+        })
+    }
+
     /// Stop tracking and hand back what was collected.
     pub fn take(&mut self, id: u32) -> ExecOutcome {
         self.pending

@@ -8,6 +8,9 @@
 
 mod error;
 mod exec;
+mod kv;
+mod tooling;
+mod turn;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,13 +22,15 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::messages as msg;
 use super::model::ResolvedModel;
-use super::{prompt, RunOutput};
+use super::state::BlobCache;
+use super::RunOutput;
 use crate::connect::EndStream;
 use crate::proto::agent::v1 as pb;
 use crate::provider::{
-    FinishReason, Message, ProviderClient, ProviderEvent, ProviderRequest, RequestOptions,
+    FinishReason, ProviderClient, ProviderEvent, ProviderRequest, RequestOptions, Turn,
     TurnBuilder, Usage,
 };
+use std::collections::HashMap;
 
 pub use error::RunError;
 use exec::ExecBridge;
@@ -37,6 +42,10 @@ pub struct RunSettings {
     pub heartbeat: Duration,
     /// How long the client may stay silent while we wait on it (exec result, blob ack).
     pub client_timeout: Duration,
+    /// Tool rounds allowed in one turn.
+    pub max_tool_rounds: u32,
+    /// Bound on the history rebuilt from the checkpoint.
+    pub max_history_bytes: usize,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
@@ -88,6 +97,7 @@ pub(super) struct Run {
     pub model: ResolvedModel,
     pub provider: ProviderClient,
     pub settings: RunSettings,
+    pub cache: BlobCache,
 }
 
 impl Run {
@@ -139,8 +149,13 @@ impl Run {
             events_open: true,
             cancel: cancel.clone(),
             exec: ExecBridge::default(),
+            kv: kv::KvBridge::default(),
+            interactions: HashMap::new(),
+            next_interaction: 1,
+            shell_streams: HashMap::new(),
             step: 0,
             usage: Usage::default(),
+            last_call: Usage::default(),
         };
         let work = tokio::spawn(state.execute(first).instrument(span.clone()));
         tokio::spawn(
@@ -264,36 +279,24 @@ struct RunState {
     events_open: bool,
     cancel: CancellationToken,
     exec: ExecBridge,
+    kv: kv::KvBridge,
+    /// Interaction responses by query id, as they arrive.
+    interactions: HashMap<u32, Option<pb::InteractionResponse>>,
+    next_interaction: u32,
+    /// Exec id → Cursor call id, for execs whose output streams to the UI (shell).
+    shell_streams: HashMap<u32, String>,
     step: u64,
+    /// Usage summed over the turn's model calls.
     usage: Usage,
+    /// The latest model call's usage: the size of the context now.
+    last_call: Usage,
 }
 
-/// The user's turn as the run request gives it.
-struct TurnInput {
-    user: Option<pb::UserMessage>,
-    request_context: Option<pb::RequestContext>,
-}
-
-fn turn_input(req: &pb::AgentRunRequest) -> TurnInput {
-    use pb::conversation_action::Action;
-    match req.action.as_ref().and_then(|a| a.action.as_ref()) {
-        Some(Action::UserMessageAction(a)) => TurnInput {
-            user: a.user_message.clone(),
-            request_context: a.request_context.clone(),
-        },
-        Some(Action::ResumeAction(a)) => TurnInput {
-            user: None,
-            request_context: a.request_context.clone(),
-        },
-        Some(Action::StartPlanAction(a)) => TurnInput {
-            user: a.user_message.clone(),
-            request_context: a.request_context.clone(),
-        },
-        _ => TurnInput {
-            user: None,
-            request_context: None,
-        },
-    }
+/// What one model call produced.
+struct ModelCall {
+    turn: Turn,
+    /// How long the model thought, if it did.
+    thinking_ms: u32,
 }
 
 impl RunState {
@@ -307,39 +310,6 @@ impl RunState {
             usage: self.usage,
             steps: self.step,
         })
-    }
-
-    async fn turn(&mut self, req: pb::AgentRunRequest) -> Result<(), RunError> {
-        let input = turn_input(&req);
-        let request_context = match input.request_context {
-            Some(ctx) => Some(ctx),
-            None => self.fetch_request_context().await?,
-        };
-        let mode = input.user.as_ref().map(|u| u.mode).unwrap_or_default();
-        let system = prompt::system_prompt(
-            request_context.as_ref(),
-            req.custom_system_prompt.as_deref(),
-            mode,
-        );
-        let mut messages: Vec<Message> = Vec::new();
-        match &input.user {
-            Some(user) => messages.push(prompt::user_message(
-                user,
-                self.run.model.config.supports_images,
-            )),
-            None => messages.push(Message::user_text("Continue.")),
-        }
-
-        let request = ProviderRequest {
-            model: self.run.model.config.model.clone(),
-            system,
-            messages,
-            tools: Vec::new(),
-            options: self.options(),
-        };
-        let (_turn, usage) = self.model_step(request).await?;
-        add_usage(&mut self.usage, &usage);
-        self.out.send(msg::turn_ended(&self.usage)).await
     }
 
     fn options(&self) -> RequestOptions {
@@ -356,11 +326,23 @@ impl RunState {
         }
     }
 
-    /// One model call as one step: streams text and thinking to the client as they arrive.
+    fn provider_error(&self, e: crate::provider::ProviderError) -> RunError {
+        if e.kind == crate::provider::ProviderErrorKind::Canceled {
+            return RunError::Canceled;
+        }
+        RunError::Provider {
+            model: self.run.model.config.display_name().to_string(),
+            source: e,
+        }
+    }
+
+    /// One model call as one step: text and thinking stream to the client as they arrive,
+    /// tool calls show up as partial tool calls while their arguments stream.
     async fn model_step(
         &mut self,
         request: ProviderRequest,
-    ) -> Result<(crate::provider::Turn, Usage), RunError> {
+        tools: &super::tools::ToolContext,
+    ) -> Result<ModelCall, RunError> {
         self.step += 1;
         let step = self.step;
         let started = Instant::now();
@@ -368,14 +350,16 @@ impl RunState {
         let mut stream = self.run.provider.stream(request, self.cancel.child_token());
         let mut builder = TurnBuilder::new();
         let mut thinking_since: Option<Instant> = None;
+        let mut thinking_ms = 0u32;
         let mut usage = Usage::default();
+        let mut partial_names: HashMap<String, String> = HashMap::new();
         loop {
             let event = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(RunError::Canceled),
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {
-                    self.on_client_event(ev);
+                    self.dispatch(ev).await?;
                     continue;
                 }
             };
@@ -385,9 +369,14 @@ impl RunState {
                 ));
             };
             builder.push(&event);
+            if !matches!(
+                event,
+                ProviderEvent::ReasoningDelta(_) | ProviderEvent::Usage(_)
+            ) {
+                thinking_ms += self.end_thinking(&mut thinking_since).await?;
+            }
             match event {
                 ProviderEvent::TextDelta(text) => {
-                    self.end_thinking(&mut thinking_since).await?;
                     let tokens = msg::estimate_tokens(&text);
                     self.out.send(msg::text_delta(text)).await?;
                     self.out.send(msg::token_delta(tokens)).await?;
@@ -396,17 +385,36 @@ impl RunState {
                     thinking_since.get_or_insert_with(Instant::now);
                     self.out.send(msg::thinking_delta(text)).await?;
                 }
-                ProviderEvent::ReasoningDone { .. } => {
-                    self.end_thinking(&mut thinking_since).await?
+                ProviderEvent::ToolCallStarted { id, name } => {
+                    if let Some(tc) = super::tools::placeholder(tools, &id, &name) {
+                        self.out
+                            .send(msg::partial_tool_call(
+                                cursor_call_id(step, &id),
+                                id.clone(),
+                                tc,
+                                String::new(),
+                            ))
+                            .await?;
+                        partial_names.insert(id, name);
+                    }
                 }
-                ProviderEvent::ToolCallStarted { .. }
-                | ProviderEvent::ToolCallArgsDelta { .. }
-                | ProviderEvent::ToolCallFinished { .. } => {
-                    self.end_thinking(&mut thinking_since).await?;
+                ProviderEvent::ToolCallArgsDelta { id, delta } => {
+                    if let Some(name) = partial_names.get(&id) {
+                        if let Some(tc) = super::tools::placeholder(tools, &id, name) {
+                            self.out
+                                .send(msg::partial_tool_call(
+                                    cursor_call_id(step, &id),
+                                    id.clone(),
+                                    tc,
+                                    delta,
+                                ))
+                                .await?;
+                        }
+                    }
                 }
+                ProviderEvent::ReasoningDone { .. } | ProviderEvent::ToolCallFinished { .. } => {}
                 ProviderEvent::Usage(u) => usage = u,
                 ProviderEvent::Finished { reason } => {
-                    self.end_thinking(&mut thinking_since).await?;
                     if reason == FinishReason::Length {
                         self.out
                             .send(msg::notice(
@@ -416,35 +424,67 @@ impl RunState {
                     }
                     break;
                 }
-                ProviderEvent::Error(e) => {
-                    if e.kind == crate::provider::ProviderErrorKind::Canceled {
-                        return Err(RunError::Canceled);
-                    }
-                    return Err(RunError::Provider {
-                        model: self.run.model.config.display_name().to_string(),
-                        source: e,
-                    });
-                }
+                ProviderEvent::Error(e) => return Err(self.provider_error(e)),
             }
         }
         let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.out.send(msg::step_completed(step, elapsed)).await?;
-        Ok((builder.finish(), usage))
+        add_usage(&mut self.usage, &usage);
+        self.last_call = usage;
+        Ok(ModelCall {
+            turn: builder.finish(),
+            thinking_ms,
+        })
     }
 
-    async fn end_thinking(&mut self, since: &mut Option<Instant>) -> Result<(), RunError> {
-        if let Some(t) = since.take() {
-            let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
-            self.out.send(msg::thinking_completed(ms)).await?;
+    /// Close an open thinking block; returns how long it lasted.
+    async fn end_thinking(&mut self, since: &mut Option<Instant>) -> Result<u32, RunError> {
+        let Some(t) = since.take() else { return Ok(0) };
+        let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.out.send(msg::thinking_completed(ms)).await?;
+        Ok(u32::try_from(ms).unwrap_or(u32::MAX))
+    }
+
+    /// Wait for the next client event, giving up at `deadline`.
+    async fn next_event(
+        &mut self,
+        deadline: tokio::time::Instant,
+        what: &str,
+    ) -> Result<ClientEvent, RunError> {
+        if !self.events_open {
+            return Err(RunError::ClientGone);
         }
-        Ok(())
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(RunError::Canceled),
+            _ = tokio::time::sleep_until(deadline) => Err(RunError::ClientTimeout {
+                what: what.to_string(),
+                secs: self.run.settings.client_timeout.as_secs(),
+            }),
+            ev = self.events.recv() => match ev {
+                Some(ev) => Ok(ev),
+                None => {
+                    self.events_open = false;
+                    Err(RunError::ClientGone)
+                }
+            },
+        }
     }
 
-    fn on_client_event(&mut self, ev: Option<ClientEvent>) {
+    /// Route a client event to whatever waits for it. Shell output streams on to the UI.
+    async fn dispatch(&mut self, ev: Option<ClientEvent>) -> Result<(), RunError> {
         match ev {
             None => self.events_open = false,
             Some(ClientEvent::Exec(m)) => {
                 let id = m.id;
+                if let (Some(call_id), Some(pb::exec_client_message::Message::ShellStream(s))) =
+                    (self.shell_streams.get(&id), m.message.as_ref())
+                {
+                    if let Some(delta) = super::tools::shell_delta(s) {
+                        let update = msg::tool_call_delta(call_id.clone(), delta);
+                        self.out.send(update).await?;
+                    }
+                }
                 if !self.exec.on_result(*m) {
                     debug!(id, "exec result for no exec of ours");
                 }
@@ -452,48 +492,69 @@ impl RunState {
             Some(ClientEvent::ExecControl(c)) => {
                 self.exec.on_control(c);
             }
-            Some(ClientEvent::Kv(k)) => debug!(id = k.id, "unexpected kv message"),
+            Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
             Some(ClientEvent::Interaction(r)) => {
-                debug!(id = r.id, "unexpected interaction response")
+                if let Some(slot) = self.interactions.get_mut(&r.id) {
+                    *slot = Some(r);
+                } else {
+                    debug!(id = r.id, "interaction response for no query of ours");
+                }
             }
         }
+        Ok(())
     }
 
-    /// Ask the client to run `args` and wait until it has answered (or closed the exec).
-    async fn exec(
+    /// Send execs and wait until each has answered (first result that is final, or closed).
+    /// Any word from the client about one of them restarts the clock.
+    async fn run_execs(
         &mut self,
-        args: pb::exec_server_message::Message,
+        execs: Vec<(pb::exec_server_message::Message, Option<String>)>,
         what: &str,
-        first_result_suffices: bool,
-    ) -> Result<ExecOutcome, RunError> {
-        let (id, exec_id) = self.exec.open();
-        self.out.send(msg::exec(id, exec_id, args)).await?;
+    ) -> Result<Vec<ExecOutcome>, RunError> {
+        let mut ids = Vec::with_capacity(execs.len());
+        for (args, stream_to) in execs {
+            let (id, exec_id) = self.exec.open();
+            if let Some(call_id) = stream_to {
+                self.shell_streams.insert(id, call_id);
+            }
+            self.out.send(msg::exec(id, exec_id, args)).await?;
+            ids.push(id);
+        }
         let timeout = self.run.settings.client_timeout;
         let mut deadline = tokio::time::Instant::now() + timeout;
-        while !self.exec.is_done(id, first_result_suffices) {
-            if !self.events_open {
-                return Err(RunError::ClientGone);
-            }
-            let ev = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return Err(RunError::Canceled),
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(RunError::ClientTimeout { what: what.to_string(), secs: timeout.as_secs() });
-                }
-                ev = self.events.recv() => ev,
-            };
-            // Any word from the client about this exec (a result, a heartbeat) restarts the clock.
-            let concerns_it = match &ev {
-                Some(ClientEvent::Exec(m)) => m.id == id,
-                Some(ClientEvent::ExecControl(_)) => true,
+        while !ids
+            .iter()
+            .all(|id| self.exec.is_done(*id, false) || self.exec.has_final(*id))
+        {
+            let ev = self.next_event(deadline, what).await?;
+            let concerns_us = match &ev {
+                ClientEvent::Exec(m) => ids.contains(&m.id),
+                ClientEvent::ExecControl(_) => true,
                 _ => false,
             };
-            self.on_client_event(ev);
-            if concerns_it {
+            self.dispatch(Some(ev)).await?;
+            if concerns_us {
                 deadline = tokio::time::Instant::now() + timeout;
             }
         }
-        Ok(self.exec.take(id))
+        Ok(ids
+            .into_iter()
+            .map(|id| {
+                self.shell_streams.remove(&id);
+                self.exec.take(id)
+            })
+            .collect())
+    }
+
+    /// One exec, waited for.
+    async fn run_exec(
+        &mut self,
+        args: pb::exec_server_message::Message,
+        stream_to: Option<String>,
+        what: &str,
+    ) -> Result<ExecOutcome, RunError> {
+        let mut outcomes = self.run_execs(vec![(args, stream_to)], what).await?;
+        Ok(outcomes.pop().unwrap_or_default())
     }
 
     /// The SDK and CLI send no request context: ask the client for it.
@@ -501,7 +562,7 @@ impl RunState {
         use pb::exec_client_message::Message as R;
         let args =
             pb::exec_server_message::Message::RequestContextArgs(pb::RequestContextArgs::default());
-        let outcome = self.exec(args, "the request context", true).await?;
+        let outcome = self.run_exec(args, None, "the request context").await?;
         if let Some(err) = outcome.thrown {
             warn!("client could not build the request context: {err}");
             return Ok(None);
@@ -528,6 +589,12 @@ impl RunState {
             self.exec.take(id);
         }
     }
+}
+
+/// Cursor's call id for a model tool call: providers reuse ids across rounds
+/// (`functions.Shell:0`), so ours carry the step.
+fn cursor_call_id(step: u64, model_call_id: &str) -> String {
+    format!("{model_call_id}#s{step}")
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {

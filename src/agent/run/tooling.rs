@@ -1,0 +1,216 @@
+//! Carrying out one model turn's tool calls through the client: reads run concurrently,
+//! writes and commands one at a time in the model's order, and every call ends with a result
+//! for the model (an unknown tool or bad arguments is an error result, never the end of the run).
+
+use serde_json::Value;
+
+use super::{cursor_call_id, RunError, RunState};
+use crate::agent::messages as msg;
+use crate::agent::tools::{self, Access, ToolContext, ToolOutcome, ToolPlan};
+use crate::proto::agent::v1 as pb;
+use crate::provider::ProviderExtra;
+
+/// How long a user may take to answer a question before the run gives up.
+const INTERACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+type Call = (String, String, Value, Option<ProviderExtra>);
+
+impl RunState {
+    /// Run every call of one model turn; outcomes come back in the calls' order.
+    pub(super) async fn run_tool_round(
+        &mut self,
+        step: u64,
+        calls: &[Call],
+        ctx: &mut ToolContext,
+        todos: &mut Vec<pb::TodoItem>,
+    ) -> Result<Vec<ToolOutcome>, RunError> {
+        let mut outcomes: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
+        let mut planned: Vec<(usize, ToolPlan)> = Vec::new();
+        for (i, (id, name, args, _)) in calls.iter().enumerate() {
+            let call_id = cursor_call_id(step, id);
+            match tools::plan(ctx, &call_id, name, args) {
+                Ok(plan) => planned.push((i, plan)),
+                Err(e) => {
+                    let tc =
+                        tools::placeholder(ctx, &call_id, name).unwrap_or_else(|| pb::ToolCall {
+                            tool_call_id: Some(call_id.clone()),
+                            ..Default::default()
+                        });
+                    let outcome = tools::error_outcome(tc, e.to_string());
+                    self.out
+                        .send(msg::tool_call_started(
+                            call_id.clone(),
+                            id.clone(),
+                            outcome.tool_call.clone(),
+                        ))
+                        .await?;
+                    self.out
+                        .send(msg::tool_call_completed(
+                            call_id,
+                            id.clone(),
+                            outcome.tool_call.clone(),
+                        ))
+                        .await?;
+                    outcomes[i] = Some(outcome);
+                }
+            }
+        }
+        // Consecutive reads form one concurrent batch; anything else runs alone, in order.
+        let mut k = 0;
+        while k < planned.len() {
+            let end = if planned[k].1.access() == Access::Read {
+                planned[k..]
+                    .iter()
+                    .position(|(_, p)| p.access() != Access::Read)
+                    .map_or(planned.len(), |n| k + n)
+            } else {
+                k + 1
+            };
+            let batch: Vec<(usize, ToolPlan)> = planned[k..end].to_vec();
+            for (i, outcome) in self.run_batch(step, calls, batch, ctx, todos).await? {
+                outcomes[i] = Some(outcome);
+            }
+            k = end;
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    tools::error_outcome(pb::ToolCall::default(), "the tool did not run".into())
+                })
+            })
+            .collect())
+    }
+
+    async fn run_batch(
+        &mut self,
+        step: u64,
+        calls: &[Call],
+        batch: Vec<(usize, ToolPlan)>,
+        ctx: &mut ToolContext,
+        todos: &mut Vec<pb::TodoItem>,
+    ) -> Result<Vec<(usize, ToolOutcome)>, RunError> {
+        let ids = |i: usize| (cursor_call_id(step, &calls[i].0), calls[i].0.clone());
+        for (i, plan) in &batch {
+            let (call_id, model_id) = ids(*i);
+            self.out
+                .send(msg::tool_call_started(
+                    call_id,
+                    model_id,
+                    plan.tool_call().clone(),
+                ))
+                .await?;
+        }
+        // Send every exec of the batch, then wait for all of them together.
+        let mut execs = Vec::new();
+        let mut spans = Vec::new();
+        for (i, plan) in &batch {
+            let start = execs.len();
+            let stream_to = is_shell(plan).then(|| ids(*i).0);
+            match plan {
+                ToolPlan::Exec { exec, .. } => execs.push((exec.clone(), stream_to)),
+                ToolPlan::ExecEach { execs: each, .. } => {
+                    execs.extend(each.iter().cloned().map(|e| (e, None)));
+                }
+                _ => {}
+            }
+            spans.push(start..execs.len());
+        }
+        let mut results = if execs.is_empty() {
+            Vec::new()
+        } else {
+            self.run_execs(execs, "a tool call").await?
+        };
+        let mut out = Vec::with_capacity(batch.len());
+        for ((i, plan), span) in batch.into_iter().zip(spans) {
+            let outcome = match &plan {
+                ToolPlan::Exec { .. } | ToolPlan::ExecEach { .. } => {
+                    let mut all = Vec::new();
+                    let mut thrown = None;
+                    for o in results.get_mut(span).into_iter().flatten() {
+                        all.append(&mut o.results);
+                        thrown = thrown.or(o.thrown.take());
+                    }
+                    tools::finish_exec(&plan, &all, thrown.as_deref())
+                }
+                ToolPlan::Edit { .. } => self.run_edit(&plan).await?,
+                ToolPlan::Todos { .. } => {
+                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                    let (list, outcome) = tools::apply_todos(&plan, todos, now);
+                    *todos = list;
+                    outcome
+                }
+                ToolPlan::Interaction { query, .. } => {
+                    self.run_interaction(&plan, query.clone(), ctx).await?
+                }
+            };
+            let (call_id, model_id) = ids(i);
+            self.out
+                .send(msg::tool_call_completed(
+                    call_id,
+                    model_id,
+                    outcome.tool_call.clone(),
+                ))
+                .await?;
+            out.push((i, outcome));
+        }
+        Ok(out)
+    }
+
+    /// Search-and-replace: read through the client, apply, write the whole text back.
+    async fn run_edit(&mut self, plan: &ToolPlan) -> Result<ToolOutcome, RunError> {
+        let Some(read) = plan.read_exec() else {
+            return Ok(tools::error_outcome(
+                plan.tool_call().clone(),
+                "internal error: not an edit".into(),
+            ));
+        };
+        let read = self.run_exec(read, None, "reading a file to edit").await?;
+        let write = match tools::apply_edit(plan, &read.results, read.thrown.as_deref()) {
+            Ok(w) => w,
+            Err(outcome) => return Ok(outcome),
+        };
+        let done = self
+            .run_exec(write.exec.clone(), None, "writing an edited file")
+            .await?;
+        Ok(tools::finish_edit(
+            plan,
+            &write,
+            &done.results,
+            done.thrown.as_deref(),
+        ))
+    }
+
+    /// Ask the user (question, mode switch, plan) and wait for the answer.
+    async fn run_interaction(
+        &mut self,
+        plan: &ToolPlan,
+        query: pb::interaction_query::Query,
+        ctx: &mut ToolContext,
+    ) -> Result<ToolOutcome, RunError> {
+        let id = self.next_interaction;
+        self.next_interaction = self.next_interaction.wrapping_add(1).max(1);
+        self.interactions.insert(id, None);
+        self.out.send(msg::interaction_query(id, query)).await?;
+        let deadline = tokio::time::Instant::now() + INTERACTION_TIMEOUT;
+        while self.interactions.get(&id).is_some_and(Option::is_none) {
+            let ev = self.next_event(deadline, "an answer from the user").await?;
+            self.dispatch(Some(ev)).await?;
+        }
+        let response = self.interactions.remove(&id).flatten().unwrap_or_default();
+        if let Some(mode) = tools::approved_mode(plan, &response) {
+            ctx.mode = mode;
+        }
+        Ok(tools::finish_interaction(ctx, plan, &response))
+    }
+}
+
+fn is_shell(plan: &ToolPlan) -> bool {
+    matches!(
+        plan,
+        ToolPlan::Exec {
+            exec: pb::exec_server_message::Message::ShellStreamArgs(_),
+            ..
+        }
+    )
+}

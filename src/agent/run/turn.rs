@@ -1,0 +1,324 @@
+//! One user turn: rebuild the history from the checkpoint, call the model in rounds with
+//! Cursor's tools, then write the turn back as blobs and a new checkpoint.
+
+use tracing::{debug, warn};
+
+use super::{RunError, RunState};
+use crate::agent::messages as msg;
+use crate::agent::state::{
+    self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
+};
+use crate::agent::{prompt, tools};
+use crate::proto::agent::v1 as pb;
+use crate::provider::{AssistantPart, Message, ProviderRequest};
+
+/// The transcript handed to the model for a summary is cut to this many characters.
+const SUMMARY_MAX_CHARS: usize = 400_000;
+
+/// The user's turn as the run request gives it.
+struct TurnInput {
+    user: Option<pb::UserMessage>,
+    request_context: Option<pb::RequestContext>,
+}
+
+fn turn_input(req: &pb::AgentRunRequest) -> TurnInput {
+    use pb::conversation_action::Action;
+    let (user, request_context) = match req.action.as_ref().and_then(|a| a.action.as_ref()) {
+        Some(Action::UserMessageAction(a)) => (a.user_message.clone(), a.request_context.clone()),
+        Some(Action::ResumeAction(a)) => (None, a.request_context.clone()),
+        Some(Action::StartPlanAction(a)) => (a.user_message.clone(), a.request_context.clone()),
+        _ => (None, None),
+    };
+    TurnInput {
+        user,
+        request_context,
+    }
+}
+
+/// Where relative paths resolve: the first workspace, else the client's working directory.
+fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
+    let env = ctx?.env.as_ref()?;
+    env.workspace_paths
+        .first()
+        .cloned()
+        .or_else(|| env.process_working_directory.clone())
+        .filter(|p| !p.is_empty())
+}
+
+impl RunState {
+    pub(super) async fn turn(&mut self, req: pb::AgentRunRequest) -> Result<(), RunError> {
+        let input = turn_input(&req);
+        let request_context = match input.request_context {
+            Some(ctx) => Some(ctx),
+            None => self.fetch_request_context().await?,
+        };
+        let prev_state = req.conversation_state.clone().unwrap_or_default();
+        let mut history = self.rebuild_history(&prev_state).await?;
+        let mode = input
+            .user
+            .as_ref()
+            .map(|u| u.mode)
+            .filter(|m| *m != 0)
+            .or(prev_state.mode)
+            .unwrap_or(0);
+        let mut tool_ctx = tools::ToolContext {
+            workspace_root: workspace_root(request_context.as_ref()),
+            mcp_tools: req
+                .mcp_tools
+                .as_ref()
+                .map(|t| t.mcp_tools.clone())
+                .unwrap_or_default(),
+            web_fetch: request_context
+                .as_ref()
+                .and_then(|c| c.web_fetch_enabled)
+                .unwrap_or(false),
+            mode,
+        };
+        let images = self.run.model.config.supports_images;
+        let user = input.user.clone().unwrap_or_else(|| pb::UserMessage {
+            text: "Continue where you left off.".into(),
+            ..Default::default()
+        });
+        let mut messages = std::mem::take(&mut history.messages);
+        messages.push(prompt::user_message(&user, images));
+
+        let mut todos = history.todos.clone();
+        let summary = self.compact_if_needed(&mut messages, &history).await?;
+        let mut steps: Vec<StepRecord> = Vec::new();
+        let mut rounds = 0u32;
+        loop {
+            let system = prompt::system_prompt(
+                request_context.as_ref(),
+                req.custom_system_prompt.as_deref(),
+                tool_ctx.mode,
+            );
+            let request = ProviderRequest {
+                model: self.run.model.config.model.clone(),
+                system,
+                messages: messages.clone(),
+                tools: tools::catalog(&tool_ctx),
+                options: self.options(),
+            };
+            let call = self.model_step(request, &tool_ctx).await?;
+            let step = self.step;
+            let assistant = call.turn.message.clone();
+            record_steps(&mut steps, &call.turn, call.thinking_ms);
+            let calls: Vec<(
+                String,
+                String,
+                serde_json::Value,
+                Option<crate::provider::ProviderExtra>,
+            )> = call
+                .turn
+                .parts()
+                .iter()
+                .filter_map(|p| match p {
+                    AssistantPart::ToolCall {
+                        id,
+                        name,
+                        arguments,
+                        extra,
+                    } => Some((id.clone(), name.clone(), arguments.clone(), extra.clone())),
+                    _ => None,
+                })
+                .collect();
+            if !call.turn.parts().is_empty() {
+                messages.push(assistant);
+            }
+            if calls.is_empty() {
+                break;
+            }
+            rounds += 1;
+            let results = self
+                .run_tool_round(step, &calls, &mut tool_ctx, &mut todos)
+                .await?;
+            for ((id, name, arguments, extra), outcome) in calls.into_iter().zip(results) {
+                messages.push(Message::ToolResult {
+                    call_id: id.clone(),
+                    name: name.clone(),
+                    content: outcome.content.clone(),
+                    is_error: outcome.is_error,
+                });
+                steps.push(StepRecord::ToolCall {
+                    tool_call: outcome.tool_call,
+                    call_id: id,
+                    name,
+                    arguments,
+                    result: outcome.content,
+                    is_error: outcome.is_error,
+                    extra,
+                });
+            }
+            if rounds >= self.run.settings.max_tool_rounds {
+                let note = format!(
+                    "\n\n(Stopped after {rounds} tool rounds, the limit set by `agent.max_tool_rounds`. Send a message to continue.)"
+                );
+                self.out.send(msg::notice(note.clone())).await?;
+                steps.push(StepRecord::Assistant { text: note });
+                break;
+            }
+        }
+        self.write_turn(
+            &req,
+            &prev_state,
+            user,
+            steps,
+            &todos,
+            tool_ctx.mode,
+            summary,
+        )
+        .await?;
+        self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// The conversation so far, from the checkpoint's turn blobs: the local cache first, the
+    /// client for the rest.
+    async fn rebuild_history(
+        &mut self,
+        prev: &pb::ConversationStateStructure,
+    ) -> Result<RebuiltHistory, RunError> {
+        let opts = HistoryOptions {
+            max_bytes: self.run.settings.max_history_bytes,
+            images_allowed: self.run.model.config.supports_images,
+        };
+        let mut builder = HistoryBuilder::new(prev, opts);
+        loop {
+            let missing = builder.missing();
+            if missing.is_empty() {
+                break;
+            }
+            let mut ask = Vec::new();
+            for (id, data) in self.run.cache.get_many(missing).await {
+                let supplied = data.is_some_and(|d| builder.supply(id, d).is_ok());
+                if !supplied {
+                    ask.push(id);
+                }
+            }
+            if ask.is_empty() {
+                continue;
+            }
+            debug!(
+                blobs = ask.len(),
+                "asking the client for conversation blobs"
+            );
+            let mut fresh = Vec::new();
+            for (id, data) in self.fetch_blobs(&ask).await? {
+                match data {
+                    Some(d) if builder.supply(id, d.clone()).is_ok() => {
+                        fresh.push(state::Blob { id, data: d })
+                    }
+                    _ => builder.mark_unavailable(id),
+                }
+            }
+            self.run.cache.put_many(fresh).await;
+        }
+        builder
+            .finish(&tools::history_from_tool_call)
+            .map_err(|e| RunError::Internal(format!("cannot rebuild the conversation: {e}")))
+    }
+
+    /// When the history would not fit the model's context window, summarise the older part
+    /// with the model itself. Returns the summary and the last turn it covers.
+    async fn compact_if_needed(
+        &mut self,
+        messages: &mut Vec<Message>,
+        history: &RebuiltHistory,
+    ) -> Result<Option<(String, state::BlobId)>, RunError> {
+        let cfg = &self.run.model.config;
+        // Room for the system prompt, tool definitions and the answer.
+        let reserve = cfg.max_output_tokens.saturating_add(8_000);
+        let Some(plan) = state::plan_compaction(messages, cfg.context_window, reserve) else {
+            return Ok(None);
+        };
+        let Some(through) = history.turn_through(plan.split) else {
+            return Ok(None);
+        };
+        self.out.send(msg::summary_started()).await?;
+        let request = ProviderRequest {
+            model: cfg.model.clone(),
+            system: "You summarise coding-agent conversations so the work can continue. Keep file paths, decisions, open tasks, errors and the user's requests; be concise.".into(),
+            messages: state::summary_prompt(&plan.older, SUMMARY_MAX_CHARS),
+            tools: Vec::new(),
+            options: crate::provider::RequestOptions {
+                max_output_tokens: Some(4_000.min(cfg.max_output_tokens)),
+                ..Default::default()
+            },
+        };
+        let turn = self
+            .run
+            .provider
+            .stream(request, self.cancel.child_token())
+            .collect_turn()
+            .await;
+        if let Some(e) = turn.error {
+            warn!("summary failed: {e}");
+            self.out.send(msg::summary_completed(true)).await?;
+            return Err(self.provider_error(e));
+        }
+        let text = turn.text();
+        self.out.send(msg::summary(text.clone())).await?;
+        self.out.send(msg::summary_completed(false)).await?;
+        let mut compacted = vec![state::summary_message(&text)];
+        compacted.extend(plan.keep);
+        *messages = compacted;
+        Ok(Some((text, through)))
+    }
+
+    /// Store the turn's blobs, wait for every ack, then publish the checkpoint.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_turn(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        prev: &pb::ConversationStateStructure,
+        user: pb::UserMessage,
+        steps: Vec<StepRecord>,
+        todos: &[pb::TodoItem],
+        mode: i32,
+        summary: Option<(String, state::BlobId)>,
+    ) -> Result<(), RunError> {
+        let record = TurnRecord {
+            user,
+            steps,
+            request_id: req
+                .run_id
+                .clone()
+                .unwrap_or_else(|| self.run.request_id.clone()),
+        };
+        let encoded = state::encode_turn(&record);
+        let used = self.last_call.input.saturating_add(self.last_call.output);
+        let mut checkpoint = state::build_checkpoint(
+            prev,
+            &encoded.turn_id,
+            todos,
+            u32::try_from(used).unwrap_or(u32::MAX),
+            self.run.model.config.context_window,
+            (mode != 0).then_some(mode),
+        );
+        if let Some((text, through)) = summary {
+            checkpoint.set_summary(&text, &through);
+        }
+        let mut blobs = encoded.blobs;
+        blobs.extend(checkpoint.blobs.iter().cloned());
+        self.store_blobs(&blobs).await?;
+        self.run.cache.put_many(blobs).await;
+        self.out.send(msg::checkpoint(checkpoint.state)).await
+    }
+}
+
+/// The steps of one model call, in the order Cursor shows them: thinking, text; the tool calls
+/// are recorded once they have run.
+fn record_steps(steps: &mut Vec<StepRecord>, turn: &crate::provider::Turn, thinking_ms: u32) {
+    for part in turn.parts() {
+        match part {
+            AssistantPart::Reasoning { text, extra } => steps.push(StepRecord::Thinking {
+                text: text.clone(),
+                duration_ms: thinking_ms,
+                extra: extra.clone(),
+            }),
+            AssistantPart::Text { text } if !text.is_empty() => {
+                steps.push(StepRecord::Assistant { text: text.clone() })
+            }
+            _ => {}
+        }
+    }
+}
