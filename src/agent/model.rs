@@ -41,13 +41,31 @@ pub fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
         })
 }
 
-/// Split `byok-x:high` into (`byok-x`, Some(`high`)).
+/// Split `byok-x:high` into (`byok-x`, Some(`high`)). The bracket form Cursor also sends,
+/// `byok-x[reasoning_effort=high]`, gives its base here; its parameters come from
+/// [`bracket_params`].
 pub fn split_variant(model_id: &str) -> (&str, Option<&str>) {
+    if let Some((base, _)) = crate::cursor::parse_variant_string(model_id)
+        .filter(|(_, p)| !p.is_empty() || model_id.ends_with("[]"))
+    {
+        return (base, None);
+    }
     match model_id.split_once(':') {
         Some((base, variant)) if !variant.is_empty() => (base, Some(variant)),
         Some((base, _)) => (base, None),
         None => (model_id, None),
     }
+}
+
+/// Parameters of a `model[k=v,…]` variant string.
+fn bracket_params(model_id: &str) -> Vec<(String, String)> {
+    crate::cursor::parse_variant_string(model_id)
+        .map(|(_, p)| {
+            p.into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Is this id one of ours? (Cheap check before a config lookup.)
@@ -69,12 +87,15 @@ pub fn resolve(
     if let Some(v) = variant {
         effort = Some(v.to_string());
     }
-    for p in params {
-        match p.id.as_str() {
-            "effort" | "reasoning" | "reasoning_effort" if !p.value.is_empty() => {
-                effort = Some(p.value.clone());
+    let all = bracket_params(model_id)
+        .into_iter()
+        .chain(params.iter().map(|p| (p.id.clone(), p.value.clone())));
+    for (id, value) in all {
+        match id.as_str() {
+            "effort" | "reasoning" | "reasoning_effort" if !value.is_empty() => {
+                effort = Some(value);
             }
-            "thinking" => thinking = p.value == "true",
+            "thinking" => thinking = value == "true",
             _ => {}
         }
     }
@@ -118,6 +139,9 @@ mod tests {
                 .as_deref(),
             Some("high")
         );
+        let b = resolve(&c, "byok-m[reasoning_effort=high,thinking=false]", &[]).unwrap();
+        assert_eq!(b.reasoning_effort.as_deref(), Some("high"));
+        assert!(is_ours(&c, "byok-m[reasoning_effort=high]"));
         let p = pb::requested_model::ModelParameterValue {
             id: "effort".into(),
             value: "medium".into(),
