@@ -11,22 +11,37 @@
 //! - `GET /download` — [`DOWNLOAD_LEN`] deterministic bytes ([`download_bytes`]).
 //! - `GET /trailers` — a small body followed by trailers `x-trailer: done`.
 //! - `GET /ws` — a WebSocket-style upgrade (101), then echoes raw bytes.
+//!
+//! Cursor's own services, for relay tests (every request to them is recorded: path, version,
+//! headers and the whole body; see [`FakeUpstream::recorded`]). Answers carry
+//! `x-fake-upstream: <route>`.
+//! - `/agent.v1.AgentService/Run` — bidi: [`relay_reply`] at once, then the end frame when the
+//!   request body ends (the body is recorded then).
+//! - `/agent.v1.AgentService/RunSSE` — reads the body, then [`relay_reply`] and the end frame.
+//! - `/aiserver.v1.BidiService/BidiAppend` — an empty `application/proto` 200.
+//! - `/aiserver.v1.AiService/AvailableModels` — the real capture ([`capture_models_gzip`]) as
+//!   gzip, or a stand-in list when `../shared` is absent.
+//! - `/aiserver.v1.ServerConfigService/GetServerConfig` — [`server_config`].
+//! - anything else: 404 (recorded, body unread).
 #![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use cursor_byok::proto::agent::v1 as pb;
+use cursor_byok::proto::aiserver::v1 as ai;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use prost::Message;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -34,7 +49,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -98,6 +113,7 @@ pub struct FakeUpstream {
     gate: Arc<Semaphore>,
     /// Streams that noticed their client went away.
     cancelled: Arc<AtomicUsize>,
+    record: Arc<Recorder>,
     _dir: tempfile::TempDir,
     _task: JoinSet<()>,
 }
@@ -140,10 +156,12 @@ impl FakeUpstream {
         let addr = listener.local_addr().unwrap();
         let gate = Arc::new(Semaphore::new(0));
         let cancelled = Arc::new(AtomicUsize::new(0));
+        let record = Arc::new(Recorder::default());
         let mut task = JoinSet::new();
         let state = Routes {
             gate: gate.clone(),
             cancelled: cancelled.clone(),
+            record: record.clone(),
         };
         task.spawn(accept_loop(listener, tls, state));
         FakeUpstream {
@@ -153,6 +171,7 @@ impl FakeUpstream {
             ca_pem_path,
             gate,
             cancelled,
+            record,
             _dir: dir,
             _task: task,
         }
@@ -166,12 +185,71 @@ impl FakeUpstream {
     pub fn cancelled_streams(&self) -> usize {
         self.cancelled.load(Ordering::SeqCst)
     }
+
+    /// Every recorded request (Cursor-service routes and unknown paths), in arrival order.
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.record.list.lock().unwrap().clone()
+    }
+
+    /// The recorded requests for `path`.
+    pub fn recorded_on(&self, path: &str) -> Vec<Recorded> {
+        self.recorded()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .collect()
+    }
+
+    /// Wait until `n` requests for `path` are recorded (panics after `timeout`).
+    pub async fn wait_recorded(&self, path: &str, n: usize, timeout: Duration) -> Vec<Recorded> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.record.changed.notified();
+            let got = self.recorded_on(path);
+            if got.len() >= n {
+                return got;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                panic!(
+                    "{n} requests for {path} expected upstream, got {}",
+                    got.len()
+                );
+            }
+        }
+    }
+}
+
+/// One request as the fake Cursor upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+struct Recorder {
+    list: Mutex<Vec<Recorded>>,
+    changed: Notify,
+}
+
+impl Recorder {
+    fn push(&self, parts: &http::request::Parts, body: Bytes) {
+        self.list.lock().unwrap().push(Recorded {
+            path: parts.uri.path().to_string(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            body,
+        });
+        self.changed.notify_waiters();
+    }
 }
 
 #[derive(Clone)]
 struct Routes {
     gate: Arc<Semaphore>,
     cancelled: Arc<AtomicUsize>,
+    record: Arc<Recorder>,
 }
 
 async fn accept_loop(
@@ -254,7 +332,17 @@ impl Routes {
             "/download" => download(),
             "/trailers" => trailers(),
             "/ws" => websocket(req),
+            AGENT_RUN => self.agent_run(req),
+            AGENT_RUN_SSE => self.agent_run_sse(req).await,
+            BIDI_APPEND => self.bidi_append(req).await,
+            AVAILABLE_MODELS => self.unary(req, "available-models", models_answer()).await,
+            GET_SERVER_CONFIG => {
+                let answer = (server_config().encode_to_vec(), None);
+                self.unary(req, "server-config", answer).await
+            }
             _ => {
+                let (parts, _) = req.into_parts();
+                self.record.push(&parts, Bytes::new());
                 let mut resp = Response::new(body("not found"));
                 *resp.status_mut() = StatusCode::NOT_FOUND;
                 resp
@@ -294,6 +382,177 @@ impl Routes {
         );
         resp
     }
+
+    /// Cursor's bidi Run: our reply at once, the end frame once the client closes its side.
+    fn agent_run(&self, req: Request<Incoming>) -> Response<Body> {
+        let (parts, mut incoming) = req.into_parts();
+        let (tx, rx) = mpsc::channel(8);
+        let record = self.record.clone();
+        tokio::spawn(async move {
+            for frame in relay_reply() {
+                if tx.send(Frame::data(frame)).await.is_err() {
+                    return;
+                }
+            }
+            let mut received = Vec::new();
+            while let Some(Ok(frame)) = incoming.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    received.extend_from_slice(&data);
+                }
+            }
+            record.push(&parts, received.into());
+            let _ = tx.send(Frame::data(connect_frame(2, b"{}"))).await;
+        });
+        connect_stream(channel_body(rx), "run", "application/connect+proto")
+    }
+
+    /// Cursor's RunSSE: the request id frame in, our reply and the end frame out.
+    async fn agent_run_sse(&self, req: Request<Incoming>) -> Response<Body> {
+        let (parts, incoming) = req.into_parts();
+        let received = incoming
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        self.record.push(&parts, received);
+        let mut all = relay_reply().concat();
+        all.extend_from_slice(&connect_frame(2, b"{}"));
+        connect_stream(body(all), "run-sse", "text/event-stream")
+    }
+
+    async fn bidi_append(&self, req: Request<Incoming>) -> Response<Body> {
+        self.unary(req, "bidi-append", (Vec::new(), None)).await
+    }
+
+    /// Record a unary request; answer `application/proto` with `answer` (body, encoding).
+    async fn unary(
+        &self,
+        req: Request<Incoming>,
+        route: &'static str,
+        answer: (Vec<u8>, Option<&'static str>),
+    ) -> Response<Body> {
+        let (parts, incoming) = req.into_parts();
+        let received = incoming
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        self.record.push(&parts, received);
+        let mut resp = Response::new(body(answer.0));
+        let headers = resp.headers_mut();
+        headers.insert(
+            "content-type",
+            HeaderValue::from_static("application/proto"),
+        );
+        headers.insert("x-fake-upstream", HeaderValue::from_static(route));
+        if let Some(encoding) = answer.1 {
+            headers.insert("content-encoding", HeaderValue::from_static(encoding));
+        }
+        resp
+    }
+}
+
+pub const AGENT_RUN: &str = "/agent.v1.AgentService/Run";
+pub const AGENT_RUN_SSE: &str = "/agent.v1.AgentService/RunSSE";
+pub const BIDI_APPEND: &str = "/aiserver.v1.BidiService/BidiAppend";
+pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";
+pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
+
+/// What the fake's agent routes answer before the end frame: Cursor's own run, in short.
+pub fn relay_reply() -> Vec<Bytes> {
+    use pb::interaction_update::Message as Update;
+    let update = |u: Update| pb::AgentServerMessage {
+        message: Some(pb::agent_server_message::Message::InteractionUpdate(
+            pb::InteractionUpdate {
+                message: Some(u),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    [
+        update(Update::TextDelta(pb::TextDeltaUpdate {
+            text: "answered by Cursor's own server".into(),
+            is_server_notice: false,
+        })),
+        update(Update::TurnEnded(pb::TurnEndedUpdate {
+            input_tokens: Some(11),
+            output_tokens: Some(22),
+            ..Default::default()
+        })),
+    ]
+    .iter()
+    .map(|m| connect_frame(0, &m.encode_to_vec()))
+    .collect()
+}
+
+/// [`relay_reply`] then the end frame: every byte a relayed run answers.
+pub fn relay_reply_bytes() -> Bytes {
+    let mut all = relay_reply().concat();
+    all.extend_from_slice(&connect_frame(2, b"{}"));
+    all.into()
+}
+
+/// The fake's `GetServerConfigResponse`: HTTP/2 allowed, a recognisable version.
+pub fn server_config() -> ai::GetServerConfigResponse {
+    ai::GetServerConfigResponse {
+        config_version: "fake-upstream-config-7".into(),
+        http2_config: 0,
+        ..Default::default()
+    }
+}
+
+/// Path of the real `AvailableModels` answer captured from Cursor (gzip, base64).
+pub fn capture_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/protocol/captures/yelixir-native-cli-20260825-models.gzip.b64")
+}
+
+/// The capture's gzip bytes as Cursor sent them, or `None` when `../shared` is absent.
+pub fn capture_models_gzip() -> Option<Vec<u8>> {
+    use base64::Engine;
+    let b64 = std::fs::read_to_string(capture_path()).ok()?;
+    let gz = base64::engine::general_purpose::STANDARD
+        .decode(b64.split_whitespace().collect::<String>())
+        .expect("capture is base64");
+    Some(gz)
+}
+
+/// The capture as a decoded protobuf body.
+pub fn capture_models_raw() -> Option<Vec<u8>> {
+    use std::io::Read;
+    let gz = capture_models_gzip()?;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .expect("capture is gzip");
+    Some(raw)
+}
+
+fn models_answer() -> (Vec<u8>, Option<&'static str>) {
+    match capture_models_gzip() {
+        Some(gz) => (gz, Some("gzip")),
+        None => {
+            let stand_in = ai::AvailableModelsResponse {
+                models: vec![ai::available_models_response::AvailableModel {
+                    name: "composer-2.5".into(),
+                    default_on: true,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            (stand_in.encode_to_vec(), None)
+        }
+    }
+}
+
+fn connect_stream(body: Body, route: &'static str, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert("x-fake-upstream", HeaderValue::from_static(route));
+    resp
 }
 
 async fn echo(req: Request<Incoming>) -> Response<Body> {

@@ -23,7 +23,8 @@ use tracing::{debug, Instrument};
 
 use super::body::{encode_output, end_frame, replay};
 use super::{
-    error_response, read_bounded, request_id, AgentTransports, Decision, Peek, DECIDE_WAIT,
+    error_response, read_bounded, request_id, with_pinned_model, AgentTransports, Decision, Peek,
+    DECIDE_WAIT,
 };
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
@@ -293,7 +294,7 @@ async fn accept(
         let decision = t.decide(&entry.request_id, &message);
         st.decision = Some(decision.clone());
         if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, message)?;
+            start(t, entry, &mut st, message, &decision)?;
             st.next_seqno = 1;
             entry.decided.notify_waiters();
             return Ok(Accepted::Ours);
@@ -340,11 +341,12 @@ fn start(
     entry: &Arc<Entry>,
     st: &mut Inbound,
     first: pb::AgentClientMessage,
+    decision: &Decision,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => r,
+        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
             let mut b = entry.out.lock().unwrap_or_else(|p| p.into_inner());

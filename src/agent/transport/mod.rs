@@ -115,6 +115,18 @@ impl AgentTransports {
     }
 }
 
+/// A run that names no model (a resume) runs on the model its conversation is pinned to.
+fn with_pinned_model(mut run: pb::AgentRunRequest, decision: &Decision) -> pb::AgentRunRequest {
+    if let Decision::Ours { model_id } = decision {
+        if model::requested_model_id(&run).is_none() {
+            run.requested_model
+                .get_or_insert_with(Default::default)
+                .model_id = model_id.clone();
+        }
+    }
+    run
+}
+
 /// `x-request-id`, the key that pairs RunSSE with its appends.
 fn request_id(headers: &HeaderMap) -> Option<String> {
     headers

@@ -6,7 +6,10 @@ use prost::Message;
 use tracing::{debug, Instrument};
 
 use super::body::{end_frame, replay, RunBody};
-use super::{error_response, request_id, AgentTransports, Decision, Peek, FIRST_FRAME_WAIT};
+use super::{
+    error_response, request_id, with_pinned_model, AgentTransports, Decision, Peek,
+    FIRST_FRAME_WAIT,
+};
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 use crate::router::{boxed, full, Body, RequestContext};
@@ -56,9 +59,9 @@ pub(super) async fn handle(
             let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
             t.upstream().forward(&ctx, req).await
         }
-        Decision::Ours { .. } => {
+        decision @ Decision::Ours { .. } => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            serve_ours(t, message, request_id, peek, body)
+            serve_ours(t, message, &decision, request_id, peek, body)
                 .instrument(span)
                 .await
         }
@@ -68,6 +71,7 @@ pub(super) async fn handle(
 async fn serve_ours(
     t: &AgentTransports,
     first: pb::AgentClientMessage,
+    decision: &Decision,
     request_id: String,
     mut peek: Peek,
     mut body: Incoming,
@@ -75,7 +79,7 @@ async fn serve_ours(
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => r,
+        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
             debug!("prewarm answered locally");
