@@ -13,5 +13,7 @@ pub mod provider;
 pub mod proxy;
 pub mod router;
 pub mod secret;
+pub mod setup;
+pub mod status;
 pub mod tls;
 pub mod upstream;

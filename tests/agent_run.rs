@@ -636,3 +636,33 @@ async fn an_ask_question_round_trip_reaches_the_model() {
         "{answer}"
     );
 }
+
+#[tokio::test]
+async fn finished_runs_reach_the_status_registry() {
+    let body = r#"{"error":{"message":"bad key","type":"invalid_request_error"}}"#;
+    let provider = FakeProvider::start(vec![Reply::sse(TEXT_SSE), Reply::json(401, body)]).await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut run = agent.start_run(run_request("hi", true), "req-s1".into());
+    drive(&mut run).await;
+    let mut run = agent.start_run(run_request("hi", true), "req-s2".into());
+    drive(&mut run).await;
+    // The supervisor records the outcome just before the end frame goes out.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let snap = agent.status().snapshot();
+    assert!(snap.active.is_empty());
+    let ok = snap
+        .recent
+        .iter()
+        .find(|r| r.request_id == "req-s1")
+        .expect("run recorded");
+    assert_eq!(ok.model, "byok-fake-model");
+    assert_eq!(ok.outcome.as_deref(), Some("ok"));
+    assert_eq!((ok.input_tokens, ok.output_tokens), (120, 7));
+    let failed = snap
+        .recent
+        .iter()
+        .find(|r| r.request_id == "req-s2")
+        .unwrap();
+    assert_eq!(failed.outcome.as_deref(), Some("error"));
+    assert!(failed.error.as_deref().unwrap_or_default().contains("401"));
+}

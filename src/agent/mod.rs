@@ -24,6 +24,7 @@ use crate::config::{Config, ProviderConfig};
 use crate::connect::EndStream;
 use crate::proto::agent::v1 as pb;
 use crate::provider::{ProviderClient, ProviderError, ProviderSettings, RetryPolicy};
+use crate::status::{RunStart, Status};
 
 pub use model::ResolvedModel;
 pub use run::{RunError, RunSettings, RunSummary};
@@ -96,11 +97,17 @@ struct Inner {
     config: Arc<Config>,
     providers: HashMap<String, ProviderClient>,
     cache: state::BlobCache,
+    status: Status,
 }
 
 impl Agent {
     /// Build provider clients for every configured provider that has a key.
     pub fn new(config: Arc<Config>) -> Result<Agent, AgentError> {
+        Self::with_status(config, Status::new())
+    }
+
+    /// Like [`Agent::new`], reporting runs to `status` (the status page).
+    pub fn with_status(config: Arc<Config>, status: Status) -> Result<Agent, AgentError> {
         let mut providers = HashMap::new();
         for (name, p) in &config.providers {
             let Some(settings) = provider_settings(name, p, &config) else {
@@ -117,12 +124,17 @@ impl Agent {
                 cache: state::BlobCache::new(&config.data_dir(), state::DEFAULT_CACHE_MAX_BYTES),
                 config,
                 providers,
+                status,
             }),
         })
     }
 
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.inner.status
     }
 
     /// Is `model_id` (as Cursor sends it, maybe with a `:variant`) one of ours?
@@ -143,10 +155,29 @@ impl Agent {
             cancel: cancel.clone(),
             failure: failure.clone(),
         };
-        match self.prepare(&first, request_id) {
-            Ok(run) => run.spawn(first, in_rx, out_tx, cancel, failure),
+        match self.prepare(&first, request_id.clone()) {
+            Ok(run) => {
+                let ticket = self.inner.status.run_started(RunStart {
+                    request_id,
+                    model: run.model.config.cursor_id(),
+                    provider: run.provider.name().to_string(),
+                    transport: String::new(),
+                });
+                run.spawn(first, in_rx, out_tx, cancel, failure, ticket)
+            }
             Err(e) => {
                 tracing::warn!("{e}");
+                let model = model::requested_model_id(&first)
+                    .unwrap_or_default()
+                    .to_string();
+                self.inner.status.run_refused(
+                    RunStart {
+                        request_id,
+                        model,
+                        ..Default::default()
+                    },
+                    e.to_string(),
+                );
                 // The channel is fresh and has room: this cannot fail for lack of capacity.
                 let _ = out_tx.try_send(RunOutput::End(EndStream::from_error(e.to_connect())));
             }

@@ -1,6 +1,10 @@
-//! Command-line interface: `run` (the default), `ca`, `check-config`.
+//! Command-line interface: `run` (the default), `ca` (+ `trust`, `export`, `untrust`),
+//! `check-config`, `setup cursor`, `doctor`, `models`.
 
 mod ca;
+mod doctor;
+mod models;
+mod setup;
 
 use std::path::PathBuf;
 
@@ -35,9 +39,28 @@ pub enum Command {
     /// Run the proxy (the default).
     Run,
     /// Create the CA if missing; print its path, fingerprint and how to trust it.
-    Ca,
+    Ca {
+        #[command(subcommand)]
+        action: Option<ca::CaAction>,
+    },
     /// Validate a config file (default: the one given with --config).
     CheckConfig { file: Option<PathBuf> },
+    /// Wire an application to the proxy (`setup cursor`).
+    Setup {
+        #[command(subcommand)]
+        target: setup::SetupTarget,
+    },
+    /// Check the whole set-up: config, CA, listener, providers, Cursor's settings, OS trust.
+    Doctor {
+        /// Cursor's settings.json (default: the per-OS location).
+        #[arg(long, value_name = "FILE")]
+        cursor_settings: Option<PathBuf>,
+        /// Do not send the one small request per provider.
+        #[arg(long)]
+        skip_providers: bool,
+    },
+    /// List the configured models with the ids Cursor sees.
+    Models,
 }
 
 /// `RUST_LOG`-style filtering; the default shows our info lines and others' warnings.
@@ -55,11 +78,10 @@ pub fn init_tracing(verbose: u8) {
         .try_init();
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    match args.command {
-        Some(Command::CheckConfig { ref file }) => {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    match args.command.take() {
+        Some(Command::CheckConfig { file }) => {
             let path = file
-                .clone()
                 .or_else(|| args.config.clone())
                 .context("no config file: pass one (`check-config FILE`) or --config")?;
             let config = Config::load(&path)?;
@@ -77,9 +99,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Some(Command::Ca) => {
+        Some(Command::Ca { action }) => {
             let config = load_config(&args)?;
-            ca::show(&data_dir(&args, &config))
+            ca::run(&data_dir(&args, &config), action)
+        }
+        Some(Command::Setup { target }) => {
+            let config = load_config(&args)?;
+            setup::run(target, &config)
+        }
+        Some(Command::Doctor {
+            cursor_settings,
+            skip_providers,
+        }) => doctor::run(&args, cursor_settings.as_deref(), skip_providers),
+        Some(Command::Models) => {
+            let config = load_config(&args)?;
+            models::run(&config);
+            Ok(())
         }
         Some(Command::Run) | None => {
             let config = load_config(&args)?;
@@ -109,24 +144,50 @@ fn run_proxy(config: Config, data_dir: PathBuf) -> anyhow::Result<()> {
         let (ca, _) = crate::tls::CertificateAuthority::load_or_create(&data_dir)?;
         let fingerprint = ca.fingerprint();
         let cert_path = ca.cert_path();
-        let banner = banner(&config, &fingerprint, &cert_path);
-        let server = crate::proxy::Server::builder(config, ca).bind().await?;
-        eprintln!("{banner}");
+        // Checked before the CA moves into the server; they only feed warnings.
+        let mut warnings = crate::setup::doctor::check_trust(&ca);
+        let server = crate::proxy::Server::builder(config.clone(), ca)
+            .bind()
+            .await?;
+        warnings.push(crate::setup::doctor::check_cursor_settings(
+            None,
+            server.proxy_addr(),
+        ));
+        eprintln!(
+            "{}",
+            banner(
+                &config,
+                server.proxy_addr(),
+                &fingerprint,
+                &cert_path,
+                &warnings
+            )
+        );
         server.run_until_signal().await?;
         Ok(())
     })
 }
 
-/// What the user needs at start-up: where we listen, which CA, which models, how to wire Cursor.
-fn banner(config: &Config, fingerprint: &str, cert: &std::path::Path) -> String {
+/// What the user needs at start-up: where we listen, which CA, which models, how to wire
+/// Cursor, and a warning with its fix for anything not set up yet.
+fn banner(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    fingerprint: &str,
+    cert: &std::path::Path,
+    checks: &[crate::setup::doctor::Check],
+) -> String {
+    use crate::setup::cursor::proxy_url;
+    use crate::setup::doctor::Level;
     use std::fmt::Write;
+    let url = proxy_url(listen);
     let mut b = String::new();
     let _ = writeln!(
         b,
-        "cursor-byok {} listening on http://{}",
+        "cursor-byok {} listening on http://{listen}",
         env!("CARGO_PKG_VERSION"),
-        config.listen
     );
+    let _ = writeln!(b, "  status page:      {url}{}", crate::status::PAGE_PATH);
     if let Some(addr) = config.direct.tls_listen {
         let _ = writeln!(b, "  direct TLS door:  https://{addr}");
     }
@@ -134,27 +195,59 @@ fn banner(config: &Config, fingerprint: &str, cert: &std::path::Path) -> String 
         let _ = writeln!(b, "  direct HTTP door: http://{addr}");
     }
     let _ = writeln!(b, "  CA: {} (SHA-256 {fingerprint})", cert.display());
-    let usable: Vec<_> = config.usable_models().collect();
-    if usable.is_empty() {
+    for m in &config.models {
+        let usable = config
+            .providers
+            .get(&m.provider)
+            .is_some_and(|p| p.resolve_api_key().is_some());
+        let note = if usable { "" } else { "  [hidden: no API key]" };
         let _ = writeln!(
             b,
-            "  warning: no model has an API key; set OPENAI_API_KEY / ANTHROPIC_API_KEY or a config file"
-        );
-    }
-    for m in &usable {
-        let _ = writeln!(
-            b,
-            "  model: {} -> {} ({})",
+            "  model: {} -> {}/{} ({}){note}",
             m.display_name(),
+            m.provider,
             m.model,
             m.cursor_id()
         );
     }
     let _ = writeln!(
         b,
-        "  Cursor settings: \"http.proxy\": \"http://{}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true",
-        config.listen
+        "  Cursor settings: \"http.proxy\": \"{url}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true   (`cursor-byok setup cursor` writes them)"
     );
-    let _ = write!(b, "  trust the CA once: cursor-byok ca");
+    let mut warnings = Vec::new();
+    if config.usable_models().next().is_none() {
+        let vars: Vec<String> = config
+            .providers
+            .values()
+            .filter_map(|p| p.api_key_env.clone())
+            .collect();
+        warnings.push(format!(
+            "no model has an API key, so Cursor shows none of yours: set {} (or use --config)",
+            if vars.is_empty() {
+                "a provider key".to_string()
+            } else {
+                vars.join(" / ")
+            }
+        ));
+    }
+    if !listen.ip().is_loopback() && config.proxy_auth.is_none() {
+        warnings.push(format!(
+            "listening on {listen}, reachable from other machines, without proxy_auth: bind \
+             127.0.0.1 or set [proxy_auth]"
+        ));
+    }
+    for c in checks.iter().filter(|c| c.level == Level::Fail) {
+        warnings.push(match &c.fix {
+            Some(fix) => format!("{}: {}; fix: {fix}", c.subject, c.detail),
+            None => format!("{}: {}", c.subject, c.detail),
+        });
+    }
+    for w in &warnings {
+        let _ = writeln!(b, "  warning: {w}");
+    }
+    let _ = write!(
+        b,
+        "  one summary line per finished run follows; `cursor-byok doctor` checks the whole set-up"
+    );
     b
 }

@@ -20,10 +20,16 @@ impl ProxyAuthCheck {
     }
 
     pub(crate) fn allows(&self, headers: &HeaderMap) -> bool {
-        let Some(value) = headers
-            .get(header::PROXY_AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-        else {
+        self.allows_in(headers, header::PROXY_AUTHORIZATION)
+    }
+
+    /// The same credentials as `Authorization: Basic` (the listener's own pages, in a browser).
+    pub(crate) fn allows_origin(&self, headers: &HeaderMap) -> bool {
+        self.allows_in(headers, header::AUTHORIZATION)
+    }
+
+    fn allows_in(&self, headers: &HeaderMap, name: header::HeaderName) -> bool {
+        let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) else {
             return false;
         };
         let Some((scheme, encoded)) = value.trim().split_once(' ') else {
@@ -51,6 +57,17 @@ pub(crate) fn required() -> Response<Body> {
     *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
     resp.headers_mut().insert(
         header::PROXY_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"cursor-byok\""),
+    );
+    resp
+}
+
+/// 401 for the listener's own pages: browsers prompt for `Authorization: Basic`.
+pub(crate) fn origin_required() -> Response<Body> {
+    let mut resp = Response::new(full("cursor-byok: authentication required\n"));
+    *resp.status_mut() = StatusCode::UNAUTHORIZED;
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Basic realm=\"cursor-byok\""),
     );
     resp

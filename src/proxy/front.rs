@@ -33,6 +33,11 @@ pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr
 }
 
 async fn handle(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    // The proxy's own pages (status): origin-form requests to this listener, never forwarded.
+    // Before the proxy-auth check, because a browser sends `Authorization`, not the proxy kind.
+    if req.uri().scheme().is_none() && crate::status::is_own_path(req.uri().path()) {
+        return own_page(&state, peer, &req);
+    }
     if let Some(check) = &state.auth {
         if !check.allows(req.headers()) {
             return auth::required();
@@ -48,6 +53,23 @@ async fn handle(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> 
             "cursor-byok: this is a proxy; send CONNECT or an absolute-form request",
         ),
     }
+}
+
+/// The status page, for loopback clients; with `proxy_auth` set, the same credentials are
+/// asked for (as `Authorization: Basic`, which browsers prompt for).
+fn own_page(state: &State, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
+    if let Some(check) = &state.auth {
+        if !check.allows(req.headers()) && !check.allows_origin(req.headers()) {
+            return auth::origin_required();
+        }
+    }
+    crate::status::respond(
+        &state.status,
+        req.method(),
+        req.uri().path(),
+        req.headers(),
+        peer,
+    )
 }
 
 /// `(scheme, host, port)` of an absolute-form request.

@@ -16,6 +16,7 @@ use crate::agent::Agent;
 use crate::config::Config;
 use crate::cursor::CursorServices;
 use crate::router::Router;
+use crate::status::Status;
 use crate::tls::{CertStore, CertificateAuthority};
 use crate::upstream::Upstream;
 
@@ -30,6 +31,8 @@ pub(crate) struct State {
     pub(crate) auth: Option<ProxyAuthCheck>,
     pub(crate) origin: Origin,
     pub(crate) shutdown: Shutdown,
+    /// Live runs for the status page (served by the proxy listener itself).
+    pub(crate) status: Status,
 }
 
 /// The Cursor origin behind the direct doors.
@@ -64,12 +67,14 @@ impl Origin {
     }
 }
 
-/// The handler stack: passthrough, Cursor's adjusted services, and the agent.
-fn router(config: &Config, upstream: Upstream) -> Result<Router, ProxyError> {
+/// The handler stack: passthrough, Cursor's adjusted services, and the agent. `status` is the
+/// registry the status page shows; the agent reports its runs there.
+fn router(config: &Config, upstream: Upstream, status: &Status) -> Result<Router, ProxyError> {
     let config = Arc::new(config.clone());
-    let agent = Agent::new(config.clone()).map_err(|e| ProxyError::Config {
-        reason: e.to_string(),
-    })?;
+    let agent =
+        Agent::with_status(config.clone(), status.clone()).map_err(|e| ProxyError::Config {
+            reason: e.to_string(),
+        })?;
     Ok(Router::new(
         upstream.clone(),
         CursorServices::new(config),
@@ -82,9 +87,16 @@ pub struct ServerBuilder {
     config: Config,
     ca: Arc<CertificateAuthority>,
     grace: Duration,
+    status: Option<Status>,
 }
 
 impl ServerBuilder {
+    /// Use this status registry (default: a fresh one, see [`Server::status`]).
+    pub fn status(mut self, status: Status) -> Self {
+        self.status = Some(status);
+        self
+    }
+
     /// Grace period used by [`Server::run_until_signal`] (default 10 s).
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
@@ -114,13 +126,15 @@ impl ServerBuilder {
 
         let shutdown = Shutdown::default();
         let upstream = Upstream::new(&config.upstream, own, shutdown.hard_token())?;
+        let status = self.status.unwrap_or_default();
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,
-            router: router(&config, upstream)?,
+            router: router(&config, upstream, &status)?,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
             origin,
             shutdown: shutdown.clone(),
+            status: status.clone(),
         });
         let mut accept_loops = vec![tokio::spawn(accept_loop(proxy, state.clone(), Kind::Proxy))];
         if let Some(listener) = tls {
@@ -145,6 +159,7 @@ impl ServerBuilder {
             grace: self.grace,
             shutdown,
             accept_loops,
+            status,
         })
     }
 }
@@ -158,6 +173,7 @@ pub struct Server {
     grace: Duration,
     shutdown: Shutdown,
     accept_loops: Vec<JoinHandle<()>>,
+    status: Status,
 }
 
 impl Server {
@@ -166,6 +182,7 @@ impl Server {
             config,
             ca: ca.into(),
             grace: DEFAULT_GRACE,
+            status: None,
         }
     }
 
@@ -182,6 +199,11 @@ impl Server {
     /// The direct plain-HTTP door, when enabled.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
+    }
+
+    /// The live run registry behind `http://<proxy_addr>/__cursor-byok/status`.
+    pub fn status(&self) -> &Status {
+        &self.status
     }
 
     /// Stop accepting, let live streams finish for up to `grace`, then close the rest.

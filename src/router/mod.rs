@@ -80,11 +80,17 @@ pub enum Route {
     Cursor(CursorRpc),
     /// An agent transport: ours or relayed, decided by the run's first message.
     Agent,
+    /// One of the proxy's own paths (`/__cursor-byok/…`): never forwarded; served only on the
+    /// proxy listener, so here it gets a 404 saying where.
+    Own,
 }
 
 /// The routing decision, from the request head only (the body is still unread).
 pub fn route(_ctx: &RequestContext, parts: &Parts) -> Route {
     let path = parts.uri.path();
+    if crate::status::is_own_path(path) {
+        return Route::Own;
+    }
     if AgentTransports::handles(path) {
         return Route::Agent;
     }
@@ -142,6 +148,7 @@ impl Router {
                 let req = Request::from_parts(parts, body);
                 self.agent.handle(ctx, req).instrument(span).await
             }
+            Route::Own => crate::status::local_only_answer(),
         }
     }
 }

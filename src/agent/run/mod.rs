@@ -110,6 +110,7 @@ impl Run {
         out: mpsc::Sender<RunOutput>,
         cancel: CancellationToken,
         failure: Arc<std::sync::Mutex<Option<String>>>,
+        ticket: crate::status::RunTicket,
     ) {
         let span = tracing::info_span!(
             "run",
@@ -156,6 +157,7 @@ impl Run {
             step: 0,
             usage: Usage::default(),
             last_call: Usage::default(),
+            progress: ticket.progress(),
         };
         let work = tokio::spawn(state.execute(first).instrument(span.clone()));
         tokio::spawn(
@@ -177,6 +179,12 @@ impl Run {
                     (r, _) => r,
                 };
                 done.cancel();
+                let (outcome, error, usage) = match &result {
+                    Ok(s) => ("ok", None, Some(s.usage)),
+                    Err(RunError::Canceled) => ("canceled", None, None),
+                    Err(e) => ("error", Some(e.to_string()), None),
+                };
+                ticket.finish(outcome, error, usage);
                 let secs = started.elapsed().as_secs_f64();
                 let end = match &result {
                     Ok(summary) => {
@@ -290,6 +298,8 @@ struct RunState {
     usage: Usage,
     /// The latest model call's usage: the size of the context now.
     last_call: Usage,
+    /// Live figures for the status page.
+    progress: crate::status::RunProgress,
 }
 
 /// What one model call produced.
@@ -353,6 +363,7 @@ impl RunState {
         let mut thinking_ms = 0u32;
         let mut usage = Usage::default();
         let mut partial_names: HashMap<String, String> = HashMap::new();
+        let mut first_event = true;
         loop {
             let event = tokio::select! {
                 biased;
@@ -368,6 +379,9 @@ impl RunState {
                     "the provider stream ended without a finish".into(),
                 ));
             };
+            if std::mem::take(&mut first_event) {
+                self.progress.provider_latency(started.elapsed());
+            }
             builder.push(&event);
             if !matches!(
                 event,
@@ -431,6 +445,7 @@ impl RunState {
         self.out.send(msg::step_completed(step, elapsed)).await?;
         add_usage(&mut self.usage, &usage);
         self.last_call = usage;
+        self.progress.tokens(self.usage.input, self.usage.output);
         Ok(ModelCall {
             turn: builder.finish(),
             thinking_ms,

@@ -1,0 +1,118 @@
+//! `cursor-byok setup cursor`: wire Cursor's `settings.json` to the proxy, or `--undo` it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Args as ClapArgs, Subcommand};
+
+use crate::config::Config;
+use crate::setup::cursor::{self, Undo, SETTINGS_LOCATIONS};
+
+#[derive(Debug, Subcommand)]
+pub enum SetupTarget {
+    /// Point Cursor at the proxy: sets http.proxy, http.proxySupport,
+    /// cursor.general.disableHttp2 (and keeps certificate checks on) in its user settings.json,
+    /// keeping comments and formatting; a timestamped backup is written first.
+    Cursor(CursorArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct CursorArgs {
+    /// Cursor's settings.json (default: the per-OS location of Cursor's user settings).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// Restore the settings as they were before cursor-byok changed them.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub undo: bool,
+    /// Show what would change (a diff) without writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn run(target: SetupTarget, config: &Config) -> anyhow::Result<()> {
+    let SetupTarget::Cursor(args) = target;
+    let path = match args.settings {
+        Some(p) => p,
+        None => cursor::default_settings_path().map_err(|e| {
+            let places: Vec<String> = SETTINGS_LOCATIONS
+                .iter()
+                .map(|(os, p)| format!("{os}: {p}"))
+                .collect();
+            anyhow::anyhow!("{e} (Cursor keeps it at {})", places.join("; "))
+        })?,
+    };
+    if args.undo {
+        return undo(&path);
+    }
+    wire(
+        &path,
+        config.listen,
+        args.dry_run,
+        config.proxy_auth.is_some(),
+    )
+}
+
+fn wire(path: &Path, listen: SocketAddr, dry_run: bool, proxy_auth: bool) -> anyhow::Result<()> {
+    let desired = cursor::desired_settings(listen);
+    let plan = cursor::plan(path, &desired)?;
+    println!("Cursor settings: {}", path.display());
+    if !plan.changes() {
+        println!(
+            "Already wired to {}; nothing to change.",
+            cursor::proxy_url(listen)
+        );
+        return Ok(());
+    }
+    if dry_run {
+        print!("{}", plan.diff());
+        println!("(dry run: nothing was written)");
+        return Ok(());
+    }
+    if let Some(backup) = cursor::apply(&plan)? {
+        println!("backup:  {}", backup.display());
+    }
+    for (key, value) in &desired {
+        println!("set      \"{key}\": {value}");
+    }
+    println!();
+    println!("Restart Cursor (or run \"Developer: Reload Window\") so the proxy settings apply.");
+    println!("Not done yet? Trust the CA once: `cursor-byok ca trust`. Check it all: `cursor-byok doctor`.");
+    println!("Undo: `cursor-byok setup cursor --undo`.");
+    if proxy_auth {
+        println!();
+        println!(
+            "warning: proxy_auth is set, so Cursor must send credentials: add \
+             \"http.proxyAuthorization\": \"Basic <base64 of user:password>\" to the settings \
+             yourself (cursor-byok never writes secrets into them)."
+        );
+    }
+    Ok(())
+}
+
+fn undo(path: &Path) -> anyhow::Result<()> {
+    match cursor::undo(path)? {
+        Undo::Restored { backup } => {
+            println!("Restored {} from {}.", path.display(), backup.display());
+        }
+        Undo::RestoredSettings { backup, safety } => {
+            println!(
+                "{} was edited after wiring: put back only the proxy settings as {} had them;",
+                path.display(),
+                backup.display()
+            );
+            println!(
+                "your other edits stay. The file as it was: {}",
+                safety.display()
+            );
+        }
+        Undo::Nothing { backup } => {
+            println!(
+                "{} already matches {}; nothing to undo.",
+                path.display(),
+                backup.display()
+            );
+        }
+    }
+    println!("Restart Cursor so the change applies.");
+    Ok(())
+}

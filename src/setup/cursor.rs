@@ -1,0 +1,537 @@
+//! Wiring Cursor to the proxy through its user `settings.json` (JSONC).
+//!
+//! Every write is preceded by a timestamped backup next to the file
+//! (`settings.json.cursor-byok-<UTC>.bak`, or `….absent` when there was no file), edits keep
+//! comments and formatting (see [`super::jsonc`]), running it again changes nothing, and a file
+//! that does not parse is refused untouched. [`undo`] puts the original back byte for byte.
+
+use std::fs;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::diff;
+use super::jsonc::{Document, ParseError};
+
+/// Marks our backups: `<file name>.cursor-byok-<timestamp>.bak` / `.absent`.
+const BACKUP_TAG: &str = ".cursor-byok-";
+const BAK: &str = ".bak";
+const ABSENT: &str = ".absent";
+
+/// Where Cursor keeps its user settings, per OS (for messages and docs).
+pub const SETTINGS_LOCATIONS: [(&str, &str); 3] = [
+    (
+        "macOS",
+        "~/Library/Application Support/Cursor/User/settings.json",
+    ),
+    ("Windows", "%APPDATA%\\Cursor\\User\\settings.json"),
+    (
+        "Linux",
+        "~/.config/Cursor/User/settings.json ($XDG_CONFIG_HOME)",
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{path}: cannot read it: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: cannot write it: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not UTF-8 text; refusing to edit it (nothing was changed)")]
+    NotUtf8 { path: PathBuf },
+    #[error(
+        "{path}: cannot parse it as JSON with comments ({error}); refusing to edit it, nothing \
+         was changed. Fix the file (in Cursor: \"Preferences: Open User Settings (JSON)\") and \
+         run this again"
+    )]
+    Parse { path: PathBuf, error: ParseError },
+    #[error(
+        "{dir} does not exist: start Cursor once so it creates its settings, or pass \
+         --settings FILE"
+    )]
+    NoDir { dir: PathBuf },
+    #[error("no cursor-byok backup of {path} to restore")]
+    NoBackup { path: PathBuf },
+    #[error("cannot tell where Cursor keeps its settings on this system: pass --settings FILE")]
+    NoDefaultPath,
+}
+
+/// Cursor's user `settings.json` for this OS and user (`dirs::config_dir()` is
+/// `~/Library/Application Support`, `%APPDATA%`, or `$XDG_CONFIG_HOME`/`~/.config`).
+pub fn default_settings_path() -> Result<PathBuf, SetupError> {
+    dirs::config_dir()
+        .map(|d| d.join("Cursor").join("User").join("settings.json"))
+        .ok_or(SetupError::NoDefaultPath)
+}
+
+/// The URL Cursor should use for the proxy listening on `listen` (a wildcard address is
+/// reached through loopback).
+pub fn proxy_url(listen: SocketAddr) -> String {
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, listen.port()))
+}
+
+/// The settings the proxy needs, in the order they are added.
+pub fn desired_settings(listen: SocketAddr) -> Vec<(&'static str, Value)> {
+    vec![
+        // Every request goes through us; we decrypt only *.cursor.sh and tunnel the rest.
+        ("http.proxy", json!(proxy_url(listen))),
+        // Extensions and Cursor's own services use the proxy too.
+        ("http.proxySupport", json!("override")),
+        // The desktop's HTTP/2 agent client ignores `http.proxy`; HTTP/1.1 honours it.
+        ("cursor.general.disableHttp2", json!(true)),
+        // Keep certificate checks on: our CA is trusted, nothing else changes.
+        ("http.proxyStrictSSL", json!(true)),
+        // Let Cursor's Node side trust certificates from the OS store (where our CA goes).
+        ("http.systemCertificates", json!(true)),
+    ]
+}
+
+/// A setting that does not hold the value the proxy needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    pub key: String,
+    pub have: Option<Value>,
+    pub want: Value,
+}
+
+/// What in `text` differs from `desired`.
+pub fn mismatches(
+    text: &str,
+    desired: &[(&'static str, Value)],
+) -> Result<Vec<Mismatch>, ParseError> {
+    let doc = Document::parse(text)?;
+    Ok(desired
+        .iter()
+        .filter(|(k, v)| doc.get(k) != Some(v))
+        .map(|(k, v)| Mismatch {
+            key: k.to_string(),
+            have: doc.get(k).cloned(),
+            want: v.clone(),
+        })
+        .collect())
+}
+
+/// What wiring would do to one file.
+#[derive(Debug, Clone)]
+pub struct WirePlan {
+    pub path: PathBuf,
+    /// The current text; `None` when the file does not exist.
+    pub before: Option<String>,
+    pub after: String,
+}
+
+impl WirePlan {
+    pub fn changes(&self) -> bool {
+        self.before.as_deref() != Some(self.after.as_str())
+    }
+
+    pub fn diff(&self) -> String {
+        let name = self.path.display().to_string();
+        match &self.before {
+            Some(before) => diff::unified(before, &self.after, &name, &format!("{name} (wired)")),
+            None => diff::unified("", &self.after, "(no file)", &name),
+        }
+    }
+}
+
+/// Read `path` and work out the wired text. Nothing is written.
+pub fn plan(path: &Path, desired: &[(&'static str, Value)]) -> Result<WirePlan, SetupError> {
+    let before = read_settings(path)?;
+    let after = match &before {
+        Some(text) => parse(path, text)?.with_values(desired),
+        None => Document::parse("")
+            .map_err(|error| parse_err(path, error))?
+            .with_values(desired),
+    };
+    // Defence in depth: never write what we could not read back with the values set.
+    match mismatches(&after, desired) {
+        Ok(m) if m.is_empty() => {}
+        Ok(m) => {
+            return Err(parse_err(
+                path,
+                ParseError {
+                    line: 1,
+                    column: 1,
+                    reason: format!("internal: `{}` did not take its value", m[0].key),
+                },
+            ))
+        }
+        Err(error) => return Err(parse_err(path, error)),
+    }
+    Ok(WirePlan {
+        path: path.to_path_buf(),
+        before,
+        after,
+    })
+}
+
+/// Back up the file, then write the plan. Returns the backup, or `None` when there was nothing
+/// to change.
+pub fn apply(plan: &WirePlan) -> Result<Option<PathBuf>, SetupError> {
+    if !plan.changes() {
+        return Ok(None);
+    }
+    let backup = write_backup(&plan.path, plan.before.as_deref())?;
+    write(&plan.path, plan.after.as_bytes())?;
+    Ok(Some(backup))
+}
+
+/// What [`undo`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Undo {
+    /// The file is byte for byte the backup again (or gone again, when there was none).
+    Restored { backup: PathBuf },
+    /// The file was edited after wiring: only our settings were put back as the backup had
+    /// them; the file as it was first went to `safety`.
+    RestoredSettings { backup: PathBuf, safety: PathBuf },
+    /// It already matches the backup.
+    Nothing { backup: PathBuf },
+}
+
+/// Put back the settings as they were before cursor-byok wired them.
+///
+/// The backup used is the newest one that is not itself wired (so wiring twice, e.g. for a new
+/// port, still undoes to the original). When the file is exactly what wiring that backup
+/// produces, the backup's bytes are restored; when the user changed it since, only the settings
+/// we set are restored (or removed), and their other edits stay.
+pub fn undo(path: &Path) -> Result<Undo, SetupError> {
+    let backups = backups(path)?;
+    let mut chosen = None;
+    for b in backups.iter().rev() {
+        let content = read_backup(b)?;
+        if !looks_wired(content.as_deref()) {
+            chosen = Some((b.clone(), content));
+            break;
+        }
+    }
+    let (backup, original) = match chosen {
+        Some(c) => c,
+        None => match backups.first() {
+            Some(b) => (b.clone(), read_backup(b)?),
+            None => {
+                return Err(SetupError::NoBackup {
+                    path: path.to_path_buf(),
+                })
+            }
+        },
+    };
+    let current = read_settings(path)?;
+    if current == original {
+        return Ok(Undo::Nothing { backup });
+    }
+    let Some(current) = current else {
+        // Deleted since: recreate the original.
+        if let Some(text) = &original {
+            write(path, text.as_bytes())?;
+        }
+        return Ok(Undo::Restored { backup });
+    };
+    if wired_from(&current, original.as_deref()) {
+        match &original {
+            Some(text) => write(path, text.as_bytes())?,
+            None => fs::remove_file(path).map_err(|source| SetupError::Write {
+                path: path.to_path_buf(),
+                source,
+            })?,
+        }
+        return Ok(Undo::Restored { backup });
+    }
+    // Edited after wiring: restore only our keys.
+    let keys: Vec<&str> = desired_settings(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let original_doc = match &original {
+        Some(text) => Some(parse(&backup, text)?),
+        None => None,
+    };
+    let restore: Vec<(&str, String)> = keys
+        .iter()
+        .filter_map(|k| {
+            let raw = original_doc.as_ref()?.raw(k)?;
+            Some((*k, raw.to_string()))
+        })
+        .collect();
+    let remove: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| !restore.iter().any(|(r, _)| r == k))
+        .collect();
+    let step = parse(path, &current)?.with_raw(&restore);
+    let result = parse(path, &step)?.without(&remove);
+    parse(path, &result)?;
+    let safety = write_backup(path, Some(&current))?;
+    write(path, result.as_bytes())?;
+    Ok(Undo::RestoredSettings { backup, safety })
+}
+
+/// Our backups of `path`, oldest first.
+pub fn backups(path: &Path) -> Result<Vec<PathBuf>, SetupError> {
+    let (dir, name) = split(path);
+    let prefix = format!("{name}{BACKUP_TAG}");
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(SetupError::Read { path: dir, source }),
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && (n.ends_with(BAK) || n.ends_with(ABSENT))
+        })
+        .map(|e| e.path())
+        .collect();
+    // The timestamp has a fixed width, so names sort by time.
+    found.sort();
+    Ok(found)
+}
+
+/// Was `current` produced by wiring `original` (for whatever port it names)?
+fn wired_from(current: &str, original: Option<&str>) -> bool {
+    let Ok(doc) = Document::parse(current) else {
+        return false;
+    };
+    let Some(proxy) = doc.get("http.proxy").and_then(Value::as_str) else {
+        return false;
+    };
+    let Some(listen) = proxy
+        .strip_prefix("http://")
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+    else {
+        return false;
+    };
+    let desired = desired_settings(listen);
+    let rewired = match Document::parse(original.unwrap_or("")) {
+        Ok(d) => d.with_values(&desired),
+        Err(_) => return false,
+    };
+    rewired == current
+}
+
+/// Does this text already carry our wiring (a loopback proxy, HTTP/2 off)?
+fn looks_wired(text: Option<&str>) -> bool {
+    let Some(Ok(doc)) = text.map(Document::parse) else {
+        return false;
+    };
+    let loopback = doc
+        .get("http.proxy")
+        .and_then(Value::as_str)
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .is_some_and(|a| a.ip().is_loopback());
+    loopback
+        && doc.get("http.proxySupport") == Some(&json!("override"))
+        && doc.get("cursor.general.disableHttp2") == Some(&json!(true))
+}
+
+fn split(path: &Path) -> (PathBuf, String) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let name = path.file_name().map_or_else(
+        || "settings.json".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    (dir, name)
+}
+
+fn parse<'a>(path: &Path, text: &'a str) -> Result<Document<'a>, SetupError> {
+    Document::parse(text).map_err(|error| parse_err(path, error))
+}
+
+fn parse_err(path: &Path, error: ParseError) -> SetupError {
+    SetupError::Parse {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// The file's text, `None` when it does not exist; an error when its folder does not either.
+fn read_settings(path: &Path) -> Result<Option<String>, SetupError> {
+    match fs::read(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| SetupError::NotUtf8 {
+                path: path.to_path_buf(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (dir, _) = split(path);
+            if dir.is_dir() {
+                Ok(None)
+            } else {
+                Err(SetupError::NoDir { dir })
+            }
+        }
+        Err(source) => Err(SetupError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// A backup's content; `None` for an "absent" marker.
+fn read_backup(path: &Path) -> Result<Option<String>, SetupError> {
+    if path.to_string_lossy().ends_with(ABSENT) {
+        return Ok(None);
+    }
+    let bytes = fs::read(path).map_err(|source| SetupError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| SetupError::NotUtf8 {
+            path: path.to_path_buf(),
+        })
+}
+
+/// Write `content` (or an "absent" marker) to a new, never-overwritten backup file.
+fn write_backup(path: &Path, content: Option<&str>) -> Result<PathBuf, SetupError> {
+    let (dir, name) = split(path);
+    let ext = if content.is_some() { BAK } else { ABSENT };
+    let mut last_err = None;
+    // Timestamps are to the millisecond; a clash (two runs in one millisecond) waits a tick.
+    for _ in 0..100 {
+        let backup = dir.join(format!("{name}{BACKUP_TAG}{}{ext}", timestamp()));
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        match opts.open(&backup) {
+            Ok(mut f) => {
+                let written = f
+                    .write_all(content.unwrap_or("").as_bytes())
+                    .and_then(|()| f.sync_all());
+                return match written {
+                    Ok(()) => Ok(backup),
+                    Err(source) => Err(SetupError::Write {
+                        path: backup,
+                        source,
+                    }),
+                };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last_err = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(source) => {
+                return Err(SetupError::Write {
+                    path: backup,
+                    source,
+                })
+            }
+        }
+    }
+    Err(SetupError::Write {
+        path: dir,
+        source: last_err.unwrap_or_else(|| std::io::Error::other("no free backup name")),
+    })
+}
+
+/// Written in place (not renamed over), so a symlinked settings file stays a symlink.
+fn write(path: &Path, bytes: &[u8]) -> Result<(), SetupError> {
+    fs::write(path, bytes).map_err(|source| SetupError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `20260130T142501.123Z`: UTC, fixed width so names sort by time.
+fn timestamp() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listen() -> SocketAddr {
+        "127.0.0.1:8787".parse().unwrap()
+    }
+
+    #[test]
+    fn proxy_urls() {
+        assert_eq!(proxy_url(listen()), "http://127.0.0.1:8787");
+        assert_eq!(
+            proxy_url("0.0.0.0:9000".parse().unwrap()),
+            "http://127.0.0.1:9000"
+        );
+        assert_eq!(proxy_url("[::]:9000".parse().unwrap()), "http://[::1]:9000");
+    }
+
+    #[test]
+    fn wire_twice_then_undo_to_the_original() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let original = "{\n  // mine\n  \"editor.fontSize\": 13,\n}\n";
+        fs::write(&path, original).unwrap();
+        apply(&plan(&path, &desired_settings(listen())).unwrap()).unwrap();
+        let other: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        apply(&plan(&path, &desired_settings(other)).unwrap()).unwrap();
+        assert_eq!(backups(&path).unwrap().len(), 2);
+        assert!(matches!(undo(&path).unwrap(), Undo::Restored { .. }));
+        assert_eq!(fs::read_to_string(&path).unwrap(), original);
+        assert!(matches!(undo(&path).unwrap(), Undo::Nothing { .. }));
+    }
+
+    #[test]
+    fn undo_after_user_edits_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let original = "{\n    \"http.proxy\": \"http://corp:3128\",\n    \"a\": 1\n}\n";
+        fs::write(&path, original).unwrap();
+        apply(&plan(&path, &desired_settings(listen())).unwrap()).unwrap();
+        let wired = fs::read_to_string(&path).unwrap();
+        fs::write(&path, wired.replace("\"a\": 1", "\"a\": 2")).unwrap();
+        assert!(matches!(
+            undo(&path).unwrap(),
+            Undo::RestoredSettings { .. }
+        ));
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            "{\n    \"http.proxy\": \"http://corp:3128\",\n    \"a\": 2\n}\n"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_created_and_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let p = plan(&path, &desired_settings(listen())).unwrap();
+        assert!(p
+            .diff()
+            .contains("+    \"http.proxy\": \"http://127.0.0.1:8787\""));
+        apply(&p).unwrap();
+        assert!(path.exists());
+        assert!(matches!(undo(&path).unwrap(), Undo::Restored { .. }));
+        assert!(!path.exists());
+        let nowhere = dir.path().join("no/such/dir/settings.json");
+        assert!(matches!(
+            plan(&nowhere, &desired_settings(listen())),
+            Err(SetupError::NoDir { .. })
+        ));
+    }
+}

@@ -1,0 +1,478 @@
+//! `cursor-byok doctor`: one check per thing that must hold for a working set-up, each failure
+//! with the fix. The same checks feed the start-up banner's warnings.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::cursor;
+use super::trust::{self, CaFiles};
+use crate::config::{Config, ProviderConfig};
+use crate::provider::{
+    Message, ProviderClient, ProviderErrorKind, ProviderEvent, ProviderRequest, ProviderSettings,
+    RequestOptions, RetryPolicy,
+};
+use crate::status::{StatusSnapshot, SNAPSHOT_PATH};
+use crate::tls::CertificateAuthority;
+
+/// A probe gets this long in all (connect, first byte, the few tokens).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Enough for every API's minimum (OpenAI Responses refuses fewer than 16), still negligible.
+const PROBE_MAX_TOKENS: u32 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+    /// Could not be checked here.
+    Skip,
+}
+
+/// One line of the checklist.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub level: Level,
+    /// What was checked, e.g. "provider `openai`".
+    pub subject: String,
+    /// What was found.
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn new(level: Level, subject: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check {
+            level,
+            subject: subject.into(),
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn fix(mut self, fix: impl Into<String>) -> Check {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.level {
+            Level::Ok => "[ok]  ",
+            Level::Warn => "[warn]",
+            Level::Fail => "[FAIL]",
+            Level::Skip => "[skip]",
+        };
+        write!(f, "{tag} {}: {}", self.subject, self.detail)?;
+        // The fix stays on the failing line, so a grep or a screenshot keeps both together.
+        if let Some(fix) = &self.fix {
+            write!(f, " -> fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The CA in `data_dir`, checked without creating it.
+pub fn check_ca(data_dir: &Path) -> (Check, Option<CertificateAuthority>) {
+    let subject = "CA";
+    // File names as written by `tls::ca` (the tests pin them too).
+    let (cert, key) = (data_dir.join("ca.pem"), data_dir.join("ca.key.pem"));
+    if !cert.exists() || !key.exists() {
+        let check = Check::new(
+            Level::Fail,
+            subject,
+            format!("no CA in {}", data_dir.display()),
+        )
+        .fix("run `cursor-byok ca` to create it, then `cursor-byok ca trust`");
+        return (check, None);
+    }
+    match CertificateAuthority::load_or_create(data_dir) {
+        Ok((ca, _)) => {
+            let check = Check::new(
+                Level::Ok,
+                subject,
+                format!(
+                    "{} (SHA-256 {}), key readable by you only",
+                    ca.cert_path().display(),
+                    ca.fingerprint()
+                ),
+            );
+            (check, Some(ca))
+        }
+        Err(e) => {
+            let fix = if e.to_string().contains("chmod") {
+                format!("chmod 600 \"{}\"", key.display())
+            } else {
+                format!(
+                    "move {} aside and run `cursor-byok ca` for a new CA (then trust it again)",
+                    data_dir.display()
+                )
+            };
+            (
+                Check::new(Level::Fail, subject, e.to_string()).fix(fix),
+                None,
+            )
+        }
+    }
+}
+
+/// Is the proxy running on `listen`, and is it us?
+pub async fn check_listener(config: &Config) -> Check {
+    let base = cursor::proxy_url(config.listen);
+    let subject = "listener";
+    let client = match reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => return Check::new(Level::Skip, subject, format!("cannot check: {e}")),
+    };
+    let mut req = client.get(format!("{base}{SNAPSHOT_PATH}"));
+    if let Some(auth) = &config.proxy_auth {
+        req = req.basic_auth(&auth.username, Some(auth.password.expose()));
+    }
+    match req.send().await {
+        Ok(resp) if resp.status().is_success() => match resp.json::<StatusSnapshot>().await {
+            Ok(s) if s.service == "cursor-byok" => Check::new(
+                Level::Ok,
+                subject,
+                format!(
+                    "cursor-byok {} answers on {base} (up {}s, {} active run(s), status page \
+                     {base}/__cursor-byok/status)",
+                    s.version,
+                    s.uptime_secs,
+                    s.active.len()
+                ),
+            ),
+            _ => other_program(subject, &base),
+        },
+        Ok(resp) => other_program(subject, &base).detail_suffix(&format!("HTTP {}", resp.status())),
+        Err(e) if e.is_connect() => {
+            Check::new(Level::Fail, subject, format!("nothing answers on {base}"))
+                .fix("start the proxy (`cursor-byok`, with the same --config) and leave it running")
+        }
+        Err(e) => Check::new(
+            Level::Fail,
+            subject,
+            format!("{base} did not answer: {}", e.without_url()),
+        )
+        .fix("restart the proxy; if it persists, run it with -v and look at its log"),
+    }
+}
+
+fn other_program(subject: &str, base: &str) -> Check {
+    Check::new(
+        Level::Fail,
+        subject,
+        format!("something other than cursor-byok answers on {base}"),
+    )
+    .fix("stop that program, or set `listen` to a free port (then re-run `cursor-byok setup cursor`)")
+}
+
+impl Check {
+    fn detail_suffix(mut self, s: &str) -> Check {
+        self.detail = format!("{} ({s})", self.detail);
+        self
+    }
+}
+
+/// Provider settings from the config, as the agent builds them (see `agent::provider_settings`),
+/// with no retries so a probe fails fast. `None` when the provider has no key.
+pub fn probe_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
+    let key = p.resolve_api_key()?;
+    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
+    s.name = Some(name.to_string());
+    s.auth = p.auth;
+    s.extra_headers = p
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    s.idle_timeout = PROBE_TIMEOUT;
+    s.connect_timeout = config.upstream.connect_timeout();
+    s.retry = RetryPolicy {
+        max_retries: 0,
+        ..RetryPolicy::default()
+    };
+    Some(s)
+}
+
+/// One check per provider: a minimal streamed request to its first model, with the latency to
+/// the first event.
+pub async fn check_providers(config: &Config) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (name, p) in &config.providers {
+        checks.push(check_provider(name, p, config).await);
+    }
+    if config.usable_models().next().is_none() {
+        checks.push(
+            Check::new(Level::Fail, "models", "no configured model has an API key")
+                .fix("set the key variable of at least one provider (see the lines above)"),
+        );
+    }
+    checks
+}
+
+async fn check_provider(name: &str, p: &ProviderConfig, config: &Config) -> Check {
+    let base = p.base_url().to_string();
+    let model = config.models.iter().find(|m| m.provider == name);
+    let subject = format!(
+        "provider `{name}` ({}, {base}{})",
+        p.kind,
+        model
+            .map(|m| format!(", model {}", m.model))
+            .unwrap_or_default()
+    );
+    let key_hint = match (&p.api_key_env, &p.api_key) {
+        (Some(var), _) => format!("${var}"),
+        (None, Some(_)) => format!("`api_key` of [providers.{name}]"),
+        (None, None) => format!("[providers.{name}]"),
+    };
+    let Some(settings) = probe_settings(name, p, config) else {
+        let level = if model.is_some() {
+            Level::Warn
+        } else {
+            Level::Skip
+        };
+        return Check::new(level, subject, "no API key, so its models are hidden")
+            .fix(format!("set {key_hint} to use it"));
+    };
+    let Some(model) = model else {
+        return Check::new(Level::Skip, subject, "no model uses it; not probed");
+    };
+    let client = match ProviderClient::new(settings) {
+        Ok(c) => c,
+        Err(e) => {
+            return Check::new(Level::Fail, subject, e.to_string())
+                .fix(format!("correct [providers.{name}] in the config"))
+        }
+    };
+    let req = ProviderRequest {
+        model: model.model.clone(),
+        messages: vec![Message::user_text("Reply with the single word: ok")],
+        options: RequestOptions {
+            max_output_tokens: Some(PROBE_MAX_TOKENS),
+            ..RequestOptions::default()
+        },
+        ..ProviderRequest::default()
+    };
+    let started = Instant::now();
+    let mut stream = client.stream(req, CancellationToken::new());
+    let mut first: Option<Duration> = None;
+    let mut failure = None;
+    let outcome = tokio::time::timeout(PROBE_TIMEOUT, async {
+        while let Some(event) = stream.recv().await {
+            first.get_or_insert_with(|| started.elapsed());
+            if let ProviderEvent::Error(e) = event {
+                failure = Some(e);
+            }
+        }
+    })
+    .await;
+    if outcome.is_err() {
+        return Check::new(
+            Level::Fail,
+            subject,
+            format!("no complete answer within {}s", PROBE_TIMEOUT.as_secs()),
+        )
+        .fix(format!(
+            "check providers.{name}.base_url and your network (behind a corporate proxy, set \
+             HTTPS_PROXY for cursor-byok)"
+        ));
+    }
+    if let Some(e) = failure {
+        let fix = match e.kind {
+            ProviderErrorKind::Auth => format!(
+                "put a valid API key for this endpoint in {key_hint} (it is sent as {})",
+                match p.auth() {
+                    crate::provider::AuthMode::Bearer => "Authorization: Bearer",
+                    crate::provider::AuthMode::ApiKey => "api-key",
+                    crate::provider::AuthMode::XApiKey => "x-api-key",
+                }
+            ),
+            ProviderErrorKind::NotFound => format!(
+                "check `model = \"{}\"` (model `{}`) and providers.{name}.base_url",
+                model.model, model.id
+            ),
+            ProviderErrorKind::RateLimited { .. } => {
+                "wait, or check the plan and quota of this key".into()
+            }
+            ProviderErrorKind::Network | ProviderErrorKind::Timeout => format!(
+                "check providers.{name}.base_url and your network (behind a corporate proxy, \
+                 set HTTPS_PROXY for cursor-byok)"
+            ),
+            ProviderErrorKind::InvalidRequest => format!(
+                "the endpoint refused a minimal request: check providers.{name}.kind and \
+                 model `{}`",
+                model.id
+            ),
+            ProviderErrorKind::Config => format!("correct [providers.{name}] in the config"),
+            _ => "try again later; if it persists, check the provider's status page".into(),
+        };
+        return Check::new(Level::Fail, subject, e.to_string()).fix(fix);
+    }
+    let ms = first.unwrap_or_else(|| started.elapsed()).as_millis();
+    Check::new(
+        Level::Ok,
+        subject,
+        format!(
+            "answered in {ms} ms (first byte), {} ms in all",
+            started.elapsed().as_millis()
+        ),
+    )
+}
+
+/// Does Cursor's settings file carry the wiring for `listen`?
+pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
+    let subject = "Cursor settings";
+    // The command that fixes it names the same file the check read.
+    let setup = match path {
+        Some(p) => format!("cursor-byok setup cursor --settings \"{}\"", p.display()),
+        None => "cursor-byok setup cursor".to_string(),
+    };
+    let path: PathBuf = match path {
+        Some(p) => p.to_path_buf(),
+        None => match cursor::default_settings_path() {
+            Ok(p) => p,
+            Err(e) => return Check::new(Level::Skip, subject, e.to_string()),
+        },
+    };
+    let text = match std::fs::read(&path) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Check::new(
+                Level::Fail,
+                subject,
+                format!("{} not found", path.display()),
+            )
+            .fix(format!(
+                "run `{setup}` (with the same --config), or pass --cursor-settings FILE"
+            ))
+        }
+        Err(e) => {
+            return Check::new(
+                Level::Fail,
+                subject,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        }
+    };
+    match cursor::mismatches(&text, &cursor::desired_settings(listen)) {
+        Ok(m) if m.is_empty() => Check::new(
+            Level::Ok,
+            subject,
+            format!("{} points at {}", path.display(), cursor::proxy_url(listen)),
+        ),
+        Ok(m) => {
+            let what: Vec<String> = m
+                .iter()
+                .map(|m| match &m.have {
+                    Some(v) => format!("{} is {v}, needs {}", m.key, m.want),
+                    None => format!("{} is not set", m.key),
+                })
+                .collect();
+            Check::new(
+                Level::Fail,
+                subject,
+                format!("{}: {}", path.display(), what.join("; ")),
+            )
+            .fix(format!(
+                "run `{setup}` (with the same --config), then restart Cursor"
+            ))
+        }
+        Err(e) => Check::new(
+            Level::Fail,
+            subject,
+            format!("{} does not parse: {e}", path.display()),
+        )
+        .fix("fix the file in Cursor (\"Preferences: Open User Settings (JSON)\")"),
+    }
+}
+
+/// Whether the OS (and on Linux the NSS database) trusts the CA, where that can be checked.
+pub fn check_trust(ca: &CertificateAuthority) -> Vec<Check> {
+    let files = CaFiles::of(ca);
+    let mut checks = Vec::new();
+    match trust::os_store_trusts(ca.cert_der().as_ref()) {
+        Ok(true) => checks.push(Check::new(
+            Level::Ok,
+            "CA trust",
+            "the OS store trusts the CA",
+        )),
+        Ok(false) => checks.push(
+            Check::new(
+                Level::Fail,
+                "CA trust",
+                "the OS store does not trust the CA",
+            )
+            .fix("run `cursor-byok ca trust` (or `ca trust --apply`), then restart Cursor"),
+        ),
+        Err(e) => checks.push(Check::new(
+            Level::Skip,
+            "CA trust",
+            format!("cannot read the OS store: {e}"),
+        )),
+    }
+    match trust::nss_trusts(&files, ca.cert_pem()) {
+        Some(Ok(true)) => checks.push(Check::new(
+            Level::Ok,
+            "CA trust (NSS)",
+            "the NSS database Cursor reads on Linux has the CA",
+        )),
+        Some(Ok(false)) => checks.push(
+            Check::new(
+                Level::Fail,
+                "CA trust (NSS)",
+                "~/.pki/nssdb (read by Cursor on Linux) lacks the CA",
+            )
+            .fix("run `cursor-byok ca trust --apply` (needs certutil: libnss3-tools)"),
+        ),
+        Some(Err(e)) => checks.push(Check::new(Level::Skip, "CA trust (NSS)", e)),
+        None if trust::Os::current() == Some(trust::Os::Linux) => checks.push(Check::new(
+            Level::Skip,
+            "CA trust (NSS)",
+            "certutil not installed (libnss3-tools), cannot check ~/.pki/nssdb",
+        )),
+        None => {}
+    }
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_carry_the_fix() {
+        let c = Check::new(Level::Fail, "provider `x`", "rejected").fix("set $X");
+        assert_eq!(
+            c.to_string(),
+            "[FAIL] provider `x`: rejected -> fix: set $X"
+        );
+        let c = Check::new(Level::Ok, "CA", "fine");
+        assert_eq!(c.to_string(), "[ok]   CA: fine");
+    }
+
+    #[test]
+    fn settings_check_names_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let listen: SocketAddr = "127.0.0.1:8787".parse().unwrap();
+        std::fs::write(&path, "{\"http.proxy\": \"http://127.0.0.1:1\"}").unwrap();
+        let c = check_cursor_settings(Some(&path), listen);
+        assert_eq!(c.level, Level::Fail);
+        assert!(
+            c.detail.contains("http.proxy is \"http://127.0.0.1:1\""),
+            "{c}"
+        );
+        assert!(c.to_string().contains("cursor-byok setup cursor"));
+        let plan = cursor::plan(&path, &cursor::desired_settings(listen)).unwrap();
+        cursor::apply(&plan).unwrap();
+        assert_eq!(check_cursor_settings(Some(&path), listen).level, Level::Ok);
+    }
+}

@@ -1,0 +1,527 @@
+//! What the proxy is doing, for the live status page: active and recent agent runs, provider
+//! latency, totals since start.
+//!
+//! [`Status`] is a cheap-to-clone handle on one registry per server. A run registers itself with
+//! [`Status::run_started`] and gets a [`RunTicket`]; the ticket records the run's end when
+//! [`RunTicket::finish`] is called, or as `abandoned` when it is dropped without that (a panic,
+//! a task killed at shutdown), so a run can never stay "active" for ever.
+//!
+//! Nothing secret is stored: model and provider names, token counts, outcome and error text
+//! (which is scrubbed of anything shaped like a key before it is kept).
+//!
+//! ```
+//! use cursor_byok::status::{RunStart, Status};
+//! let status = Status::new();
+//! let ticket = status.run_started(RunStart {
+//!     request_id: "req-1".into(),
+//!     model: "byok-gpt-5.1".into(),
+//!     provider: "OpenAI".into(),
+//!     transport: "RunSSE".into(),
+//! });
+//! ticket.tokens(1200, 0);
+//! status.provider_latency("OpenAI", 420);
+//! ticket.finish("ok", None, None);
+//! assert_eq!(status.snapshot().totals.finished, 1);
+//! ```
+
+mod page;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::provider::Usage;
+
+pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
+
+/// Finished runs kept for the page; older ones only count in the totals.
+pub const RECENT_RUNS: usize = 100;
+/// Error text kept per run (the page is a summary; the log has the rest).
+const MAX_ERROR_CHARS: usize = 600;
+
+/// What a run says about itself when it starts. No secrets: these are shown on the page.
+#[derive(Debug, Clone, Default)]
+pub struct RunStart {
+    /// Cursor's request id for the run.
+    pub request_id: String,
+    /// The model id Cursor sees (`byok-…`).
+    pub model: String,
+    /// The provider's display name.
+    pub provider: String,
+    /// `Run` (HTTP/2 bidi) or `RunSSE` (HTTP/1.1), or empty when unknown.
+    pub transport: String,
+}
+
+/// The live registry. Cheap to clone; every clone sees the same runs.
+#[derive(Clone)]
+pub struct Status {
+    inner: Arc<Inner>,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status::new()
+    }
+}
+
+impl std::fmt::Debug for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.inner.lock();
+        f.debug_struct("Status")
+            .field("active", &state.active.len())
+            .field("recent", &state.recent.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    started: Instant,
+    started_unix_ms: u64,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+impl Inner {
+    /// A poisoned lock only means a panic elsewhere mid-update; the counters stay usable.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    active: BTreeMap<u64, Active>,
+    recent: VecDeque<RunRecord>,
+    providers: HashMap<String, LatencyStats>,
+    totals: Totals,
+}
+
+struct Active {
+    start: RunStart,
+    started: Instant,
+    started_unix_ms: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+impl Active {
+    fn record(&self, now: Instant) -> RunRecord {
+        RunRecord {
+            request_id: self.start.request_id.clone(),
+            model: self.start.model.clone(),
+            provider: self.start.provider.clone(),
+            transport: self.start.transport.clone(),
+            started_unix_ms: self.started_unix_ms,
+            duration_ms: millis(now.saturating_duration_since(self.started)),
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: 0,
+            outcome: None,
+            error: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LatencyStats {
+    last_ms: u64,
+    min_ms: u64,
+    max_ms: u64,
+    total_ms: u64,
+    samples: u64,
+    last_unix_ms: u64,
+}
+
+/// One run as the page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub request_id: String,
+    pub model: String,
+    pub provider: String,
+    pub transport: String,
+    pub started_unix_ms: u64,
+    /// So far, for an active run.
+    pub duration_ms: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    /// `None` while the run is active; then `ok`, `error`, `canceled`, `abandoned`, …
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Latency of one provider, as reported by runs (time to the first streamed byte).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderLatency {
+    pub provider: String,
+    pub last_ms: u64,
+    pub avg_ms: u64,
+    pub min_ms: u64,
+    pub max_ms: u64,
+    pub samples: u64,
+    pub last_unix_ms: u64,
+}
+
+/// Since the server started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    pub started: u64,
+    pub finished: u64,
+    pub ok: u64,
+    /// Finished with any outcome other than `ok`.
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Finished runs per outcome.
+    pub by_outcome: BTreeMap<String, u64>,
+}
+
+/// Everything the page shows, as served at [`SNAPSHOT_PATH`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusSnapshot {
+    /// Always `cursor-byok`: lets `doctor` tell our listener from another program's.
+    pub service: String,
+    pub version: String,
+    pub now_unix_ms: u64,
+    pub started_unix_ms: u64,
+    pub uptime_secs: u64,
+    /// Oldest first.
+    pub active: Vec<RunRecord>,
+    /// Newest first, at most [`RECENT_RUNS`].
+    pub recent: Vec<RunRecord>,
+    /// By provider name.
+    pub providers: Vec<ProviderLatency>,
+    pub totals: Totals,
+}
+
+impl Status {
+    pub fn new() -> Status {
+        Status {
+            inner: Arc::new(Inner {
+                started: Instant::now(),
+                started_unix_ms: unix_ms(),
+                next_id: AtomicU64::new(1),
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// Register a run; keep the ticket for its whole life.
+    pub fn run_started(&self, start: RunStart) -> RunTicket {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.inner.lock();
+        state.totals.started += 1;
+        state.active.insert(
+            id,
+            Active {
+                start,
+                started: Instant::now(),
+                started_unix_ms: unix_ms(),
+                input_tokens: 0,
+                output_tokens: 0,
+            },
+        );
+        RunTicket {
+            status: self.clone(),
+            id,
+            done: false,
+        }
+    }
+
+    /// A run that failed before it could start (unknown model, provider without a key): shown
+    /// among the recent runs with its reason, without ever being active.
+    pub fn run_refused(&self, start: RunStart, error: String) {
+        self.run_started(start).finish("error", Some(error), None);
+    }
+
+    /// One latency sample for `provider` (e.g. time until its first streamed byte).
+    pub fn provider_latency(&self, provider: &str, ms: u64) {
+        let mut state = self.inner.lock();
+        let s = state.providers.entry(provider.to_string()).or_default();
+        s.min_ms = if s.samples == 0 { ms } else { s.min_ms.min(ms) };
+        s.max_ms = s.max_ms.max(ms);
+        s.last_ms = ms;
+        s.total_ms = s.total_ms.saturating_add(ms);
+        s.samples += 1;
+        s.last_unix_ms = unix_ms();
+    }
+
+    pub fn snapshot(&self) -> StatusSnapshot {
+        let now = Instant::now();
+        let state = self.inner.lock();
+        let mut providers: Vec<ProviderLatency> = state
+            .providers
+            .iter()
+            .map(|(name, s)| ProviderLatency {
+                provider: name.clone(),
+                last_ms: s.last_ms,
+                avg_ms: s.total_ms.checked_div(s.samples).unwrap_or(0),
+                min_ms: s.min_ms,
+                max_ms: s.max_ms,
+                samples: s.samples,
+                last_unix_ms: s.last_unix_ms,
+            })
+            .collect();
+        providers.sort_by(|a, b| a.provider.cmp(&b.provider));
+        StatusSnapshot {
+            service: "cursor-byok".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            now_unix_ms: unix_ms(),
+            started_unix_ms: self.inner.started_unix_ms,
+            uptime_secs: now.saturating_duration_since(self.inner.started).as_secs(),
+            active: state.active.values().map(|a| a.record(now)).collect(),
+            recent: state.recent.iter().rev().cloned().collect(),
+            providers,
+            totals: state.totals.clone(),
+        }
+    }
+
+    fn update(&self, id: u64, f: impl FnOnce(&mut Active)) {
+        if let Some(active) = self.inner.lock().active.get_mut(&id) {
+            f(active);
+        }
+    }
+
+    fn finish(&self, id: u64, outcome: &str, error: Option<String>, usage: Option<Usage>) {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        let Some(active) = state.active.remove(&id) else {
+            return;
+        };
+        let mut record = active.record(now);
+        if let Some(u) = usage {
+            record.input_tokens = u.input;
+            record.output_tokens = u.output;
+            record.cache_read_tokens = u.cache_read;
+        }
+        record.outcome = Some(outcome.to_string());
+        record.error = error.map(|e| scrub(&e));
+        let t = &mut state.totals;
+        t.finished += 1;
+        if outcome == "ok" {
+            t.ok += 1;
+        } else {
+            t.failed += 1;
+        }
+        t.input_tokens = t.input_tokens.saturating_add(record.input_tokens);
+        t.output_tokens = t.output_tokens.saturating_add(record.output_tokens);
+        *t.by_outcome.entry(outcome.to_string()).or_default() += 1;
+        if state.recent.len() == RECENT_RUNS {
+            state.recent.pop_front();
+        }
+        state.recent.push_back(record);
+    }
+}
+
+/// A registered run. Report token counts as they change; end with [`RunTicket::finish`].
+/// Dropping it unfinished records the run as `abandoned`.
+#[must_use = "dropping the ticket ends the run as `abandoned`"]
+pub struct RunTicket {
+    status: Status,
+    id: u64,
+    done: bool,
+}
+
+impl std::fmt::Debug for RunTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunTicket").field("id", &self.id).finish()
+    }
+}
+
+impl RunTicket {
+    /// The run's token counts so far (cumulative, not increments).
+    pub fn tokens(&self, input: u64, output: u64) {
+        self.progress().tokens(input, output);
+    }
+
+    /// A cloneable handle for the code that streams the run (tokens, provider latency), while
+    /// the ticket itself stays with whoever reports the end.
+    pub fn progress(&self) -> RunProgress {
+        let provider = self
+            .status
+            .inner
+            .lock()
+            .active
+            .get(&self.id)
+            .map(|a| a.start.provider.clone())
+            .unwrap_or_default();
+        RunProgress {
+            status: self.status.clone(),
+            id: self.id,
+            provider: provider.into(),
+        }
+    }
+
+    /// Record the end: `outcome` is `ok`, `error`, `canceled`…; `error` is the user-facing
+    /// reason; `usage`, when given, replaces the counts reported through [`RunTicket::tokens`].
+    pub fn finish(mut self, outcome: &str, error: Option<String>, usage: Option<Usage>) {
+        self.done = true;
+        self.status.finish(self.id, outcome, error, usage);
+    }
+}
+
+/// Progress reports for one run; cheap to clone. Reports after the run ended are ignored.
+#[derive(Clone)]
+pub struct RunProgress {
+    status: Status,
+    id: u64,
+    provider: Arc<str>,
+}
+
+impl std::fmt::Debug for RunProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunProgress").field("id", &self.id).finish()
+    }
+}
+
+impl RunProgress {
+    /// The run's token counts so far (cumulative, not increments).
+    pub fn tokens(&self, input: u64, output: u64) {
+        self.status.update(self.id, |a| {
+            a.input_tokens = input;
+            a.output_tokens = output;
+        });
+    }
+
+    /// One latency sample for the run's provider (e.g. time to the first streamed event).
+    pub fn provider_latency(&self, latency: Duration) {
+        self.status
+            .provider_latency(&self.provider, millis(latency));
+    }
+}
+
+impl Drop for RunTicket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.status.finish(
+                self.id,
+                "abandoned",
+                Some("the run ended without reporting an outcome".into()),
+                None,
+            );
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Error text as kept for the page: bounded, one line, and with anything shaped like a
+/// credential masked (a provider may echo a key back in its message).
+fn scrub(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut mask_next = false;
+    for word in text.split_whitespace() {
+        let bare = word.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+        let keyish = bare.len() >= 12
+            && ["sk-", "sk_", "sk-ant-", "xai-", "gsk_", "AIza", "key-"]
+                .iter()
+                .any(|p| bare.starts_with(p));
+        if mask_next || keyish {
+            out.push("[redacted]".to_string());
+        } else {
+            out.push(word.to_string());
+        }
+        mask_next = word.eq_ignore_ascii_case("bearer");
+    }
+    let joined = out.join(" ");
+    match joined.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}…", &joined[..cut]),
+        None => joined,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(id: &str) -> RunStart {
+        RunStart {
+            request_id: id.into(),
+            model: "byok-m".into(),
+            provider: "P".into(),
+            transport: "Run".into(),
+        }
+    }
+
+    #[test]
+    fn runs_move_from_active_to_recent() {
+        let status = Status::new();
+        let a = status.run_started(start("a"));
+        let b = status.run_started(start("b"));
+        let progress = a.progress();
+        progress.tokens(10, 2);
+        progress.provider_latency(Duration::from_millis(40));
+        status.run_refused(start("c"), "model `x` is not configured".into());
+        let snap = status.snapshot();
+        assert_eq!(snap.active.len(), 2);
+        assert_eq!(snap.active[0].request_id, "a");
+        assert_eq!(snap.active[0].input_tokens, 10);
+        assert_eq!(snap.active[0].outcome, None);
+
+        a.finish(
+            "ok",
+            None,
+            Some(Usage {
+                input: 100,
+                output: 7,
+                ..Usage::default()
+            }),
+        );
+        drop(b);
+        let snap = status.snapshot();
+        assert!(snap.active.is_empty());
+        progress.tokens(99, 99); // after the end: ignored
+        assert_eq!(snap.providers[0].provider, "P");
+        assert_eq!(snap.providers[0].last_ms, 40);
+        assert_eq!(snap.recent[0].request_id, "b");
+        assert_eq!(snap.recent[0].outcome.as_deref(), Some("abandoned"));
+        assert_eq!(snap.recent[1].input_tokens, 100);
+        assert_eq!(snap.recent[2].request_id, "c");
+        assert_eq!(snap.totals.started, 3);
+        assert_eq!(snap.totals.ok, 1);
+        assert_eq!(snap.totals.failed, 2);
+        assert_eq!(snap.totals.input_tokens, 100);
+        assert_eq!(snap.totals.by_outcome["abandoned"], 1);
+    }
+
+    #[test]
+    fn keeps_a_bounded_history_and_latency() {
+        let status = Status::new();
+        for i in 0..(RECENT_RUNS + 5) {
+            status
+                .run_started(start(&i.to_string()))
+                .finish("error", Some("boom".into()), None);
+        }
+        status.provider_latency("P", 30);
+        status.provider_latency("P", 10);
+        let snap = status.snapshot();
+        assert_eq!(snap.recent.len(), RECENT_RUNS);
+        assert_eq!(snap.recent[0].request_id, (RECENT_RUNS + 4).to_string());
+        assert_eq!(snap.totals.finished, (RECENT_RUNS + 5) as u64);
+        let p = &snap.providers[0];
+        assert_eq!((p.last_ms, p.avg_ms, p.min_ms, p.max_ms), (10, 20, 10, 30));
+    }
+
+    #[test]
+    fn error_text_is_scrubbed_and_bounded() {
+        let s = scrub("Incorrect API key provided: sk-proj-abcdef123456789. Header Bearer abc.def");
+        assert!(!s.contains("abcdef123456789"), "{s}");
+        assert!(!s.contains("abc.def"), "{s}");
+        assert!(s.contains("Incorrect API key provided"));
+        let long = "x ".repeat(2000);
+        assert!(scrub(&long).chars().count() <= MAX_ERROR_CHARS + 1);
+    }
+}
