@@ -145,6 +145,16 @@ impl Agent {
     /// Start a run for its first message. The caller has already decided the run is ours;
     /// a model that turns out not to be configured ends the stream with a clear error.
     pub fn start_run(&self, first: pb::AgentRunRequest, request_id: String) -> RunHandle {
+        self.start_run_on(first, request_id, "")
+    }
+
+    /// [`Agent::start_run`], naming the transport (`Run`, `RunSSE`) for the status page.
+    pub fn start_run_on(
+        &self,
+        first: pb::AgentRunRequest,
+        request_id: String,
+        transport: &str,
+    ) -> RunHandle {
         let (in_tx, in_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (out_tx, out_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
@@ -161,7 +171,7 @@ impl Agent {
                     request_id,
                     model: run.model.config.cursor_id(),
                     provider: run.provider.name().to_string(),
-                    transport: String::new(),
+                    transport: transport.to_string(),
                 });
                 run.spawn(first, in_rx, out_tx, cancel, failure, ticket)
             }

@@ -354,7 +354,9 @@ fn start(
             return Ok(());
         }
     };
-    let handle = t.agent().start_run(run_request, entry.request_id.clone());
+    let handle = t
+        .agent()
+        .start_run_on(run_request, entry.request_id.clone(), "RunSSE");
     st.input = Some(handle.input);
     st.cancel = Some(handle.cancel);
     let out = entry.out.clone();
