@@ -15,30 +15,22 @@ pub struct ResolvedModel {
 
 /// The model id a run names: `requested_model.model_id`, else `model_details.model_id`.
 pub fn requested_model_id(req: &pb::AgentRunRequest) -> Option<&str> {
-    req.requested_model
-        .as_ref()
-        .map(|m| m.model_id.as_str())
-        .filter(|id| !id.is_empty())
-        .or_else(|| {
-            req.model_details
-                .as_ref()
-                .map(|m| m.model_id.as_str())
-                .filter(|id| !id.is_empty())
-        })
+    model_id_of(req.requested_model.as_ref(), req.model_details.as_ref())
 }
 
 /// Same for a prewarm request.
 pub fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
-    req.requested_model
-        .as_ref()
-        .map(|m| m.model_id.as_str())
-        .filter(|id| !id.is_empty())
-        .or_else(|| {
-            req.model_details
-                .as_ref()
-                .map(|m| m.model_id.as_str())
-                .filter(|id| !id.is_empty())
-        })
+    model_id_of(req.requested_model.as_ref(), req.model_details.as_ref())
+}
+
+fn model_id_of<'a>(
+    requested: Option<&'a pb::RequestedModel>,
+    details: Option<&'a pb::ModelDetails>,
+) -> Option<&'a str> {
+    let non_empty = |id: &'a str| (!id.is_empty()).then_some(id);
+    requested
+        .and_then(|m| non_empty(&m.model_id))
+        .or_else(|| details.and_then(|m| non_empty(&m.model_id)))
 }
 
 /// Split `byok-x:high` into (`byok-x`, Some(`high`)). The bracket form Cursor also sends,
