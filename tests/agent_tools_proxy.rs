@@ -1,0 +1,732 @@
+//! Issue 6 through the real proxy: a Connect client plays Cursor (through the CONNECT door, over
+//! TLS) and runs the server's execs against a temporary workspace ([`FakeCursor`]), while a
+//! scripted fake provider asks for tools. The same scenarios as `agent_run.rs`, but on the
+//! wire: HTTP/2 `Run`, and `RunSSE` + `BidiAppend` over HTTP/1.1.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use common::agent_client::{
+    cancel, frame, run_request, text_of, updates, Bidi, Door, H2Run, Received, ServerStream, API,
+};
+use common::client;
+use common::cursor_upstream::{FakeUpstream, AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND};
+use common::fake_cursor::FakeCursor;
+use common::fake_provider::{FakeProvider, Reply};
+use cursor_byok::config::Config;
+use cursor_byok::connect::{Code, EndStream};
+use cursor_byok::proto::agent::v1 as pb;
+use cursor_byok::proxy::Server;
+use cursor_byok::tls::CertificateAuthority;
+use pb::agent_server_message::Message as Out;
+use pb::exec_server_message::Message as X;
+use pb::interaction_update::Message as Update;
+use rustls::pki_types::CertificateDer;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+/// Our configured model as Cursor names it.
+const OURS: &str = "byok-fake-model";
+const PROVIDER_KEY: &str = "sk-test-agent-tools-proxy";
+
+// ---- harness (as in `agent_proxy.rs`) ----
+
+struct Harness {
+    upstream: FakeUpstream,
+    provider: FakeProvider,
+    server: Server,
+    our_ca: CertificateDer<'static>,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(replies: Vec<Reply>) -> Harness {
+    harness_with(replies, |_| {}).await
+}
+
+/// The proxy with its CONNECT door, our model on the fake provider, and the fake Cursor
+/// upstream behind `api2.cursor.sh`; `tweak`ed before binding. Each harness has its own (empty)
+/// data directory, so a second one is a "restarted" proxy.
+async fn harness_with(replies: Vec<Reply>, tweak: impl FnOnce(&mut Config)) -> Harness {
+    let upstream = FakeUpstream::start(&[API]).await;
+    let provider = FakeProvider::start(replies).await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+[agent]
+heartbeat_secs = 5
+kv_timeout_secs = 3
+provider_max_retries = 0
+provider_idle_timeout_secs = 5
+[providers.fake]
+kind = "openai-chat"
+base_url = "{}"
+api_key = "{PROVIDER_KEY}"
+[[models]]
+id = "fake-model"
+display_name = "Fake Model"
+provider = "fake"
+model = "gpt-fake"
+"#,
+        provider.base_url()
+    );
+    let mut config = Config::from_toml(&text, "agent_tools_proxy test").unwrap();
+    config.data_dir = Some(dir.path().to_path_buf());
+    config.upstream.resolve.insert(API.into(), upstream.addr);
+    config.upstream.extra_roots = Some(upstream.ca_pem_path.clone());
+    tweak(&mut config);
+    let (ca, _) = CertificateAuthority::load_or_create(&dir.path().join("ca")).unwrap();
+    let pem = std::fs::read(ca.cert_path()).unwrap();
+    let our_ca = rustls_pemfile::certs(&mut pem.as_slice())
+        .next()
+        .unwrap()
+        .unwrap();
+    let server = Server::builder(config, ca).bind().await.unwrap();
+    Harness {
+        upstream,
+        provider,
+        server,
+        our_ca,
+        _dir: dir,
+    }
+}
+
+impl Harness {
+    fn door(&self) -> Door {
+        Door::Connect {
+            proxy: self.server.proxy_addr(),
+            roots: client::roots(&[&self.our_ca]),
+        }
+    }
+
+    /// Nothing about agent runs reached Cursor's servers.
+    fn assert_nothing_relayed(&self) {
+        for path in [AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND] {
+            assert!(
+                self.upstream.recorded_on(path).is_empty(),
+                "{path} reached the upstream"
+            );
+        }
+    }
+
+    /// The Chat `tool` messages of the provider's `n`-th request: (tool_call_id, content).
+    fn tool_results(&self, n: usize) -> Vec<(String, String)> {
+        self.provider.requests()[n].json()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                (
+                    m["tool_call_id"].as_str().unwrap_or_default().to_string(),
+                    m["content"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+// ---- scripted provider replies ----
+
+/// A Chat Completions stream asking for `calls` (id, name, JSON arguments).
+fn tool_sse(calls: &[(&str, &str, &str)]) -> Reply {
+    let mut s = String::new();
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
+        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
+        s += &format!("data: {start}\n\ndata: {body}\n\n");
+    }
+    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
+    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
+    Reply::sse(s)
+}
+
+fn text_sse(text: &str) -> Reply {
+    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
+    Reply::sse(format!(
+        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
+         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
+    ))
+}
+
+// ---- the client side: Cursor over one of the two transports ----
+
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    /// HTTP/2 `Run` through the CONNECT door.
+    H2,
+    /// `RunSSE` + `BidiAppend` over HTTP/1.1 through the CONNECT door.
+    Sse,
+}
+
+/// One run as the client holds it: the server stream and where answers go.
+struct Conn {
+    stream: ServerStream,
+    sink: SinkKind,
+    /// Keep a shell exec's stream open (send its start, not its `stream_close`): the command is
+    /// still running. `FakeCursor`'s `shell_gate` alone still closes the exec stream.
+    hold_shell_close: bool,
+}
+
+enum SinkKind {
+    /// The `Run` request body.
+    H2(mpsc::Sender<Bytes>),
+    Bidi(Bidi),
+}
+
+impl Conn {
+    async fn open(
+        h: &Harness,
+        transport: Transport,
+        request_id: &str,
+        first: &pb::AgentClientMessage,
+    ) -> Conn {
+        let door = h.door();
+        match transport {
+            Transport::H2 => {
+                let H2Run { tx, stream } = H2Run::open(&door, request_id, first).await;
+                assert_eq!(stream.status, http::StatusCode::OK);
+                assert_eq!(stream.headers["content-type"], "application/connect+proto");
+                Conn {
+                    stream,
+                    sink: SinkKind::H2(tx),
+                    hold_shell_close: false,
+                }
+            }
+            Transport::Sse => {
+                let bidi = Bidi::new(&door, request_id);
+                let sse = {
+                    let b = bidi.clone();
+                    tokio::spawn(async move { b.open_sse().await })
+                };
+                bidi.send(first).await;
+                let stream = sse.await.unwrap();
+                assert_eq!(stream.status, http::StatusCode::OK);
+                assert_eq!(stream.headers["content-type"], "text/event-stream");
+                Conn {
+                    stream,
+                    sink: SinkKind::Bidi(bidi),
+                    hold_shell_close: false,
+                }
+            }
+        }
+    }
+
+    async fn send(&self, msg: &pb::AgentClientMessage) {
+        match &self.sink {
+            // The run may have ended already (then the request body is gone): ignore.
+            SinkKind::H2(tx) => {
+                let _ = tx.send(frame(msg)).await;
+            }
+            SinkKind::Bidi(b) => b.send(msg).await,
+        }
+    }
+
+    /// Read server messages, answer each through `client`, until the end frame (`Some`) or
+    /// until `stop` accepts a message (`None`, after its answers went out).
+    async fn drive(
+        &mut self,
+        client: &mut FakeCursor,
+        messages: &mut Vec<pb::AgentServerMessage>,
+        mut stop: impl FnMut(&pb::AgentServerMessage) -> bool,
+    ) -> Option<EndStream> {
+        loop {
+            match self.stream.next().await {
+                None => panic!("the stream ended without an end frame after {messages:?}"),
+                Some(Received::End(end)) => return Some(end),
+                Some(Received::Message(m)) => {
+                    let hold = self.hold_shell_close && is_shell_exec(&m);
+                    for answer in client.respond(&m) {
+                        if hold && is_stream_close(&answer) {
+                            continue;
+                        }
+                        self.send(&answer).await;
+                    }
+                    let done = stop(&m);
+                    messages.push(*m);
+                    if done {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// To the end frame.
+    async fn finish(
+        &mut self,
+        client: &mut FakeCursor,
+    ) -> (Vec<pb::AgentServerMessage>, EndStream) {
+        let mut messages = Vec::new();
+        let end = self.drive(client, &mut messages, |_| false).await.unwrap();
+        (messages, end)
+    }
+}
+
+/// One whole turn on `transport`.
+async fn turn(
+    h: &Harness,
+    transport: Transport,
+    request_id: &str,
+    first: &pb::AgentClientMessage,
+    client: &mut FakeCursor,
+) -> (Vec<pb::AgentServerMessage>, EndStream) {
+    let mut conn = Conn::open(h, transport, request_id, first).await;
+    conn.finish(client).await
+}
+
+fn is_shell_exec(m: &pb::AgentServerMessage) -> bool {
+    matches!(&m.message, Some(Out::ExecServerMessage(e)) if matches!(e.message, Some(X::ShellStreamArgs(_))))
+}
+
+fn is_stream_close(m: &pb::AgentClientMessage) -> bool {
+    matches!(&m.message, Some(pb::agent_client_message::Message::ExecClientControlMessage(c))
+        if matches!(c.message, Some(pb::exec_client_control_message::Message::StreamClose(_))))
+}
+
+fn is_turn_ended(m: &pb::AgentServerMessage) -> bool {
+    matches!(&m.message, Some(Out::InteractionUpdate(u)) if matches!(u.message, Some(Update::TurnEnded(_))))
+}
+
+fn tool_events(messages: &[pb::AgentServerMessage]) -> Vec<(&'static str, String)> {
+    updates(messages)
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::ToolCallStarted(t) => Some(("started", t.call_id.clone())),
+            Update::ToolCallCompleted(t) => Some(("completed", t.call_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn get_blob_asks(messages: &[pb::AgentServerMessage]) -> usize {
+    messages
+        .iter()
+        .filter(|m| matches!(&m.message, Some(Out::KvServerMessage(k)) if matches!(k.message, Some(pb::kv_server_message::Message::GetBlobArgs(_)))))
+        .count()
+}
+
+/// Every `set_blob` the server sent names its data's SHA-256.
+fn assert_set_blobs_are_sha256(messages: &[pb::AgentServerMessage]) -> usize {
+    let mut n = 0;
+    for m in messages {
+        if let Some(Out::KvServerMessage(k)) = &m.message {
+            if let Some(pb::kv_server_message::Message::SetBlobArgs(s)) = &k.message {
+                assert_eq!(
+                    Sha256::digest(&s.blob_data).as_slice(),
+                    &s.blob_id[..],
+                    "blob id = SHA-256(data)"
+                );
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+// ---- the scenarios ----
+
+async fn read_edit_shell_then_answer(transport: Transport) {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("hello.txt"), "hello world\n").unwrap();
+    let h = harness(vec![
+        tool_sse(&[("call_1", "read_file", r#"{"path":"hello.txt"}"#)]),
+        tool_sse(&[(
+            "call_2",
+            "search_replace",
+            r#"{"path":"hello.txt","old_string":"world","new_string":"byok"}"#,
+        )]),
+        tool_sse(&[(
+            "call_3",
+            "run_terminal_cmd",
+            r#"{"command":"cat hello.txt; echo done >&2"}"#,
+        )]),
+        text_sse("All set."),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-tools", "fix the greeting", false);
+    let (messages, end) = turn(
+        &h,
+        transport,
+        &format!("req-tools-{transport:?}"),
+        &first,
+        &mut client,
+    )
+    .await;
+    assert!(end.error.is_none(), "{transport:?}: {:?}", end.error);
+
+    // The directory really changed.
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("hello.txt")).unwrap(),
+        "hello byok\n"
+    );
+    assert!(text_of(&messages).ends_with("All set."), "{messages:?}");
+    // The client was asked for read, write (the edit) and shell, in that order.
+    let mut kinds: Vec<&str> = client
+        .execs
+        .iter()
+        .filter_map(|e| match e.message {
+            Some(X::ReadArgs(_)) => Some("read"),
+            Some(X::WriteArgs(_)) => Some("write"),
+            Some(X::ShellStreamArgs(_)) => Some("shell"),
+            _ => None,
+        })
+        .collect();
+    // (The edit reads the file before writing it back.)
+    kinds.dedup();
+    assert_eq!(kinds, ["read", "write", "shell"]);
+
+    // Each call: started then completed, same call id.
+    let events = tool_events(&messages);
+    assert_eq!(events.len(), 6, "{events:?}");
+    for pair in events.chunks(2) {
+        assert_eq!((pair[0].0, pair[1].0), ("started", "completed"));
+        assert_eq!(pair[0].1, pair[1].1);
+    }
+    // The shell's output streamed to the client as tool_call_delta.
+    let deltas: Vec<String> = updates(&messages)
+        .into_iter()
+        .filter(|u| matches!(u, Update::ToolCallDelta(_)))
+        .map(|u| format!("{u:?}"))
+        .collect();
+    assert!(
+        deltas.iter().any(|d| d.contains("hello byok")),
+        "shell stdout streamed: {deltas:?}"
+    );
+
+    // The provider received the right tool results, on the right call ids.
+    assert_eq!(h.provider.requests().len(), 4);
+    let r1 = h.tool_results(1);
+    assert_eq!(r1.len(), 1);
+    assert_eq!(r1[0].0, "call_1");
+    assert!(r1[0].1.contains("hello world"), "{r1:?}");
+    let r2 = h.tool_results(2);
+    assert_eq!(r2[1].0, "call_2");
+    assert!(!r2[1].1.to_lowercase().starts_with("error"), "{r2:?}");
+    let r3 = h.tool_results(3);
+    assert_eq!(r3[2].0, "call_3");
+    assert!(
+        r3[2].1.contains("hello byok") && r3[2].1.contains("done"),
+        "{r3:?}"
+    );
+
+    // Blobs: SHA-256 ids, all held by the client; the checkpoint after the last set_blob (and
+    // so after its ack, which the client sends before reading on), before turn_ended.
+    assert!(assert_set_blobs_are_sha256(&messages) > 0);
+    assert!(client.blob_ids_are_sha256());
+    let checkpoint = client.checkpoint.clone().expect("a checkpoint");
+    assert_eq!(checkpoint.turns.len(), 1);
+    assert!(client.blobs.contains_key(checkpoint.turns[0].as_ref()));
+    let last_kv = messages
+        .iter()
+        .rposition(|m| matches!(m.message, Some(Out::KvServerMessage(_))))
+        .unwrap();
+    let cp = messages
+        .iter()
+        .position(|m| matches!(m.message, Some(Out::ConversationCheckpointUpdate(_))))
+        .unwrap();
+    let te = messages.iter().position(is_turn_ended).unwrap();
+    assert!(last_kv < cp && cp < te, "{last_kv} < {cp} < {te}");
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_edit_shell_then_answer_over_h2_run() {
+    read_edit_shell_then_answer(Transport::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_edit_shell_then_answer_over_run_sse_and_bidi_append() {
+    read_edit_shell_then_answer(Transport::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_a_failing_edit_and_an_unknown_tool_reach_the_model() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(ws.path().join("b.txt"), "beta\n").unwrap();
+    let h = harness(vec![
+        tool_sse(&[
+            ("p1", "Read", r#"{"file_path":"a.txt"}"#),
+            ("p2", "read_file", r#"{"path":"b.txt"}"#),
+            (
+                "p3",
+                "search_replace",
+                r#"{"path":"a.txt","old_string":"missing","new_string":"x"}"#,
+            ),
+            ("p4", "teleport", r#"{}"#),
+        ]),
+        text_sse("ok"),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-par", "look", false);
+    let (messages, end) = turn(&h, Transport::H2, "req-par", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(text_of(&messages).ends_with("ok"));
+    let results = h.tool_results(1);
+    let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["p1", "p2", "p3", "p4"]);
+    assert!(results[0].1.contains("alpha"), "{results:?}");
+    assert!(results[1].1.contains("beta"), "{results:?}");
+    assert!(results[2].1.contains("not found"), "{}", results[2].1);
+    assert!(results[3].1.contains("Unknown tool"), "{}", results[3].1);
+    // The failing edit did not touch the file.
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    // Both reads went to the client.
+    let reads = client
+        .execs
+        .iter()
+        .filter(|e| matches!(e.message, Some(X::ReadArgs(_))))
+        .count();
+    assert!(reads >= 2, "{:?}", client.execs);
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throw_from_the_client_is_a_tool_error_not_the_end() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    let h = harness(vec![
+        tool_sse(&[("t1", "read_file", r#"{"path":"a.txt"}"#)]),
+        text_sse("sorry"),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.throw_execs = true;
+    let first = run_request(OURS, "conv-throw", "look", false);
+    let (messages, end) = turn(&h, Transport::H2, "req-throw", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(text_of(&messages).ends_with("sorry"));
+    let results = h.tool_results(1);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "t1");
+    assert!(results[0].1.contains("EACCES"), "{results:?}");
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_shell_exec_aborts_it_then_ends_canceled_over_h2_run() {
+    cancel_during_a_shell_exec(Transport::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_shell_exec_aborts_it_then_ends_canceled_over_run_sse() {
+    cancel_during_a_shell_exec(Transport::Sse).await;
+}
+
+async fn cancel_during_a_shell_exec(transport: Transport) {
+    let ws = tempfile::tempdir().unwrap();
+    let h = harness(vec![tool_sse(&[(
+        "s1",
+        "run_terminal_cmd",
+        r#"{"command":"sleep 100"}"#,
+    )])])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.shell_gate = Some(ws.path().join("never"));
+    let first = run_request(OURS, "conv-cancel", "run it", false);
+    let mut conn = Conn::open(&h, transport, &format!("req-cancel-{transport:?}"), &first).await;
+    conn.hold_shell_close = true;
+    let mut messages = Vec::new();
+    // Answer until the shell exec went out (the client answers only its start), then cancel.
+    let end = conn.drive(&mut client, &mut messages, is_shell_exec).await;
+    assert!(end.is_none(), "ended before the shell exec: {messages:?}");
+    conn.send(&cancel()).await;
+    let seen = messages.len();
+    let end = conn
+        .drive(&mut client, &mut messages, |_| false)
+        .await
+        .unwrap();
+    let err = end.error.expect("an error end frame");
+    assert_eq!(err.code, Code::Canceled, "{transport:?}: {err:?}");
+    let shell_id = client
+        .execs
+        .iter()
+        .find(|e| matches!(e.message, Some(X::ShellStreamArgs(_))))
+        .unwrap()
+        .id;
+    // The abort for that exec came before the end.
+    assert_eq!(client.aborted, vec![shell_id], "{:?}", &messages[seen..]);
+    assert!(messages[seen..].iter().any(|m| matches!(
+        &m.message,
+        Some(Out::ExecServerControlMessage(c))
+            if matches!(&c.message, Some(pb::exec_server_control_message::Message::Abort(a)) if a.id == shell_id)
+    )));
+    assert!(!messages.iter().any(is_turn_ended));
+    assert_eq!(h.provider.requests().len(), 1);
+    h.assert_nothing_relayed();
+}
+
+/// What the provider must see on the second turn: the first turn's user text, tool call and
+/// result, answer, then the new question.
+fn assert_history(h: &Harness, n: usize) {
+    let body = h.provider.requests()[n].json();
+    let msgs = body["messages"].as_array().unwrap().clone();
+    let text = serde_json::to_string(&msgs).unwrap();
+    assert!(text.contains("what is in n.txt?"), "{text}");
+    assert!(
+        text.contains("forty-two\\n"),
+        "tool result replayed: {text}"
+    );
+    assert!(text.contains("It says forty-two."), "{text}");
+    assert!(
+        msgs.iter().any(|m| m["role"] == "tool"
+            && m["tool_call_id"] == "r1"
+            && m["content"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("forty-two")),
+        "{text}"
+    );
+    assert_eq!(msgs.last().unwrap()["content"], "are you sure?");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_turn_rebuilds_history_from_the_cache_and_after_a_restart_from_the_client() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("n.txt"), "forty-two\n").unwrap();
+    let h = harness(vec![
+        tool_sse(&[("r1", "read_file", r#"{"path":"n.txt"}"#)]),
+        text_sse("It says forty-two."),
+        text_sse("Yes."),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-multi", "what is in n.txt?", false);
+    let (messages, end) = turn(&h, Transport::H2, "req-multi-1", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(text_of(&messages).ends_with("It says forty-two."));
+    assert!(client.blob_ids_are_sha256());
+    let checkpoint = client.checkpoint.clone().expect("a checkpoint");
+    assert_eq!(checkpoint.turns.len(), 1);
+
+    let second = |state: pb::ConversationStateStructure| {
+        let mut m = run_request(OURS, "conv-multi", "are you sure?", false);
+        if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut m.message {
+            r.conversation_state = Some(state);
+        }
+        m
+    };
+
+    // Same proxy: the blobs come from its cache; the client is not asked for any.
+    let gets = client.gets;
+    let (messages, end) = turn(
+        &h,
+        Transport::H2,
+        "req-multi-2",
+        &second(checkpoint.clone()),
+        &mut client,
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(text_of(&messages), "Yes.");
+    assert_history(&h, 2);
+    assert_eq!(client.gets, gets, "served from the cache");
+    assert_eq!(get_blob_asks(&messages), 0);
+    assert_eq!(client.checkpoint.as_ref().unwrap().turns.len(), 2);
+
+    // A "restarted" proxy (empty data dir): the client serves the blobs through get_blob.
+    let restarted = harness(vec![text_sse("Still yes.")]).await;
+    let (messages, end) = turn(
+        &restarted,
+        Transport::H2,
+        "req-multi-3",
+        &second(checkpoint),
+        &mut client,
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(text_of(&messages), "Still yes.");
+    assert!(
+        get_blob_asks(&messages) > 0,
+        "the client was asked for blobs"
+    );
+    assert!(client.gets > gets);
+    assert_history(&restarted, 0);
+    assert_eq!(client.checkpoint.as_ref().unwrap().turns.len(), 2);
+    h.assert_nothing_relayed();
+    restarted.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_blob_ack_ends_the_run_with_a_clear_error_over_h2_run() {
+    a_missing_blob_ack(Transport::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_blob_ack_ends_the_run_with_a_clear_error_over_run_sse() {
+    a_missing_blob_ack(Transport::Sse).await;
+}
+
+async fn a_missing_blob_ack(transport: Transport) {
+    let h = harness_with(vec![text_sse("hi")], |c| c.agent.kv_timeout_secs = 1).await;
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.withhold_acks = true;
+    let first = run_request(OURS, "conv-noack", "hi", false);
+    let started = std::time::Instant::now();
+    let (messages, end) = turn(
+        &h,
+        transport,
+        &format!("req-noack-{transport:?}"),
+        &first,
+        &mut client,
+    )
+    .await;
+    let err = end.error.expect("an error end frame");
+    assert_eq!(err.code, Code::DeadlineExceeded, "{transport:?}: {err:?}");
+    assert!(err.message.contains("blobs"), "{}", err.message);
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert!(
+        assert_set_blobs_are_sha256(&messages) > 0,
+        "blobs were sent"
+    );
+    // No checkpoint naming unacknowledged blobs, and no turn_ended.
+    assert!(client.checkpoint.is_none());
+    assert!(!messages
+        .iter()
+        .any(|m| matches!(m.message, Some(Out::ConversationCheckpointUpdate(_)))));
+    assert!(!messages.iter().any(is_turn_ended));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_question_round_trip_reaches_the_model() {
+    let h = harness(vec![
+        tool_sse(&[(
+            "q1",
+            "ask_question",
+            r#"{"question":"Which colour?","options":["red","blue"]}"#,
+        )]),
+        text_sse("Blue it is."),
+    ])
+    .await;
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-ask", "pick", false);
+    let (messages, end) = turn(&h, Transport::H2, "req-ask", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let asked = messages.iter().find_map(|m| match &m.message {
+        Some(Out::InteractionQuery(q)) => Some(q),
+        _ => None,
+    });
+    let asked = format!("{:?}", asked.expect("an interaction query"));
+    assert!(asked.contains("Which colour?"), "{asked}");
+    assert_eq!(text_of(&messages), "Blue it is.");
+    let results = h.tool_results(1);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "q1");
+    let answer = results[0].1.to_lowercase();
+    assert!(
+        answer.contains("red") || answer.contains("blue"),
+        "{answer}"
+    );
+    h.assert_nothing_relayed();
+}
