@@ -666,3 +666,60 @@ async fn finished_runs_reach_the_status_registry() {
     assert_eq!(failed.outcome.as_deref(), Some("error"));
     assert!(failed.error.as_deref().unwrap_or_default().contains("401"));
 }
+
+#[tokio::test]
+async fn a_history_too_long_for_the_context_window_is_summarised() {
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("Noted the long file.")),
+        Reply::sse(text_sse(
+            "SUMMARY: the user pasted a long file about llamas.",
+        )),
+        Reply::sse(text_sse("Yes, llamas.")),
+    ])
+    .await;
+    let mut cfg = (*config(&provider.base_url(), 5)).clone();
+    // Room for about 500 tokens of history: the first turn alone is more.
+    cfg.models[0].context_window = 9_000;
+    cfg.models[0].max_output_tokens = 500;
+    let agent = Agent::new(Arc::new(cfg)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let long = format!("remember this: {}", "llamas ".repeat(1_000));
+    let mut run = agent.start_run(run_request(&long, false), "req-c1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+
+    let mut second = run_request("was it llamas?", false);
+    second.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(second, "req-c2".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let kinds: Vec<&str> = updates(&messages)
+        .iter()
+        .filter_map(|u| match u {
+            Update::SummaryStarted(_) => Some("started"),
+            Update::Summary(_) => Some("summary"),
+            Update::SummaryCompleted(_) => Some("completed"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["started", "summary", "completed"]);
+
+    // The summary request carried the old turn; the answer request carried the summary, not it.
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(serde_json::to_string(&requests[1].json())
+        .unwrap()
+        .contains("llamas llamas"));
+    let last = serde_json::to_string(&requests[2].json()["messages"]).unwrap();
+    assert!(
+        last.contains("[Summary of the earlier conversation]"),
+        "{last}"
+    );
+    assert!(last.contains("SUMMARY: the user pasted"), "{last}");
+    assert!(!last.contains("llamas llamas llamas"), "{last}");
+    // The checkpoint keeps every turn and records the summary.
+    let cp = client.checkpoint.clone().unwrap();
+    assert_eq!(cp.turns.len(), 2);
+    assert!(cp.summary.is_some());
+}
