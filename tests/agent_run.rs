@@ -723,3 +723,32 @@ async fn a_history_too_long_for_the_context_window_is_summarised() {
     assert_eq!(cp.turns.len(), 2);
     assert!(cp.summary.is_some());
 }
+
+#[tokio::test]
+async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "a\n").unwrap();
+    let provider = FakeProvider::start(vec![Reply::sse(tool_sse(&[(
+        "l1",
+        "read_file",
+        r#"{"path":"a.txt"}"#,
+    )]))])
+    .await;
+    let mut cfg = (*config(&provider.base_url(), 5)).clone();
+    cfg.agent.max_tool_rounds = 1;
+    let agent = Agent::new(Arc::new(cfg)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("loop", false), "req-l1".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(
+        text_of(&messages).contains("max_tool_rounds"),
+        "{}",
+        text_of(&messages)
+    );
+    assert_eq!(provider.requests().len(), 1);
+    assert!(updates(&messages)
+        .iter()
+        .any(|u| matches!(u, Update::TurnEnded(_))));
+    assert!(client.checkpoint.is_some());
+}
