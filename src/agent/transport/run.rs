@@ -20,6 +20,23 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
+    // Only Connect's binary codec carries `AgentClientMessage` frames we can read; anything
+    // else (JSON codec, a wrong type) is not ours to judge: pass it on untouched.
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
+        debug!(
+            content_type,
+            "Run with a content type we do not decode: relayed"
+        );
+        return t
+            .upstream()
+            .forward(&ctx, Request::from_parts(parts, boxed(body)))
+            .await;
+    }
     let encoding = match Encoding::from_header(
         parts
             .headers
@@ -86,7 +103,7 @@ async fn serve_ours(
             return streaming_response(full(end_frame(&enc, &EndStream::ok())));
         }
     };
-    let handle = t.agent().start_run(run_request, request_id);
+    let handle = t.agent().start_run_on(run_request, request_id, "Run");
     let input = handle.input.clone();
     let failer = handle.failer();
     // The client's later frames feed the run; the task ends with the request body.

@@ -1,0 +1,436 @@
+//! Fault injection through the real proxy: broken providers, silent or vanishing clients, an
+//! unreachable upstream, oversized and malformed input. Every case ends with a clear Connect
+//! error (or a clear HTTP error before streaming) and the proxy then serves a normal run.
+//! Each case prints `OUTCOME | case | code | message` for the issue note.
+
+mod common;
+#[path = "common/harness.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use common::agent_client::{
+    frame, play, play_until, run_request, text_of, Bidi, H2Run, Sink, Store,
+};
+use common::fake_provider::{After, Reply};
+use cursor_byok::connect::{Code, ConnectError};
+use cursor_byok::proto::agent::v1 as pb;
+use harness::{
+    closed_port, end_error, h2_conn, harness, partial, run_with_headers, silent, CURSORS, OURS,
+    TEXT, TEXT_SSE,
+};
+use http::StatusCode;
+
+fn outcome(case: &str, code: &str, message: &str) {
+    eprintln!("OUTCOME | {case} | {code} | {message}");
+}
+
+fn record(case: &str, err: &ConnectError) {
+    outcome(case, err.code.as_str(), &err.message);
+}
+
+fn first_text(m: &pb::AgentServerMessage) -> bool {
+    !text_of(std::slice::from_ref(m)).is_empty()
+}
+
+/// Play a run for our model on HTTP/2 (request context inline) to its end.
+async fn h2_turn(h: &harness::Harness, tag: &str) -> common::agent_client::Transcript {
+    let store = Store::default();
+    let door = h.connect_door();
+    let first = run_request(OURS, &format!("conv-{tag}"), "hi", true);
+    let mut run = H2Run::open(&door, &format!("req-{tag}"), &first).await;
+    assert_eq!(run.stream.status, StatusCode::OK);
+    play(&mut run.stream, Sink::H2(&run.tx), &store).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_cut_mid_stream_ends_unavailable() {
+    let h = harness(vec![Reply::sse(partial("half")).then(After::Cut)], |_| {}).await;
+    let t = h2_turn(&h, "cut").await;
+    assert_eq!(t.text(), "half");
+    let err = end_error(&t);
+    record("provider cut mid-stream", &err);
+    assert_eq!(err.code, Code::Unavailable, "{err:?}");
+    assert!(err.message.contains("Fake Model"), "{}", err.message);
+    h.normal_run_succeeds("after-cut").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_stall_hits_the_idle_timeout() {
+    let h = harness(vec![Reply::sse(partial("wait")).then(After::Stall)], |c| {
+        c.agent.provider_idle_timeout_secs = 1;
+    })
+    .await;
+    let started = Instant::now();
+    let t = h2_turn(&h, "stall").await;
+    let err = end_error(&t);
+    record("provider stall (idle 1 s)", &err);
+    assert_eq!(err.code, Code::Unavailable, "{err:?}");
+    assert!(err.message.contains("timed out"), "{}", err.message);
+    assert!(started.elapsed() < Duration::from_secs(6));
+    assert!(
+        h.provider.wait_hangups(1, Duration::from_secs(5)).await,
+        "the stalled provider request was not closed"
+    );
+    h.normal_run_succeeds("after-stall").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_500_then_success_is_retried() {
+    let body = r#"{"error":{"message":"boom","type":"server_error"}}"#;
+    let h = harness(vec![Reply::json(500, body), Reply::sse(TEXT_SSE)], |c| {
+        c.agent.provider_max_retries = 1;
+    })
+    .await;
+    let t = h2_turn(&h, "retry").await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), TEXT);
+    assert_eq!(h.provider.requests().len(), 2, "one retry");
+    outcome("provider 500 then 200", "ok (retried once)", &t.text());
+    h.normal_run_succeeds("after-retry").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_malformed_event_ends_with_a_clear_error() {
+    let body = format!("{}data: {{\"choices\": [oops not json\n\n", partial("x"));
+    let h = harness(vec![Reply::sse(body).then(After::Stall)], |_| {}).await;
+    let started = Instant::now();
+    let t = h2_turn(&h, "malformed").await;
+    let err = end_error(&t);
+    record("provider malformed event", &err);
+    assert!(started.elapsed() < Duration::from_secs(4), "no idle wait");
+    assert!(err.message.contains("Fake Model"), "{}", err.message);
+    h.normal_run_succeeds("after-malformed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_vanishing_mid_run_cancels_the_provider_request() {
+    let reply = Reply::sse(partial("going")).then(After::Trickle(Duration::from_millis(50)));
+    let h = harness(vec![reply], |_| {}).await;
+    let store = Store::default();
+    let door = h.connect_door();
+    let first = run_request(OURS, "conv-vanish", "hi", true);
+    let mut run = H2Run::open(&door, "req-vanish", &first).await;
+    let t = play_until(&mut run.stream, Sink::H2(&run.tx), &store, first_text).await;
+    assert_eq!(t.text(), "going");
+    let started = Instant::now();
+    drop(run);
+    assert!(
+        h.provider.wait_hangups(1, Duration::from_secs(5)).await,
+        "the provider request was not closed"
+    );
+    assert!(
+        h.wait_no_active_runs(Duration::from_secs(5)).await,
+        "a run was left behind: {:?}",
+        h.server.status().snapshot().active
+    );
+    let recent = h.server.status().snapshot().recent;
+    let rec = recent
+        .iter()
+        .find(|r| r.request_id == "req-vanish")
+        .expect("the run is recorded");
+    outcome(
+        "client disappears mid-run",
+        rec.outcome.as_deref().unwrap_or("?"),
+        &format!(
+            "provider hung up after {:?}; error: {:?}",
+            started.elapsed(),
+            rec.error
+        ),
+    );
+    h.normal_run_succeeds("after-vanish").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_answers_502_with_the_reason() {
+    let dead = closed_port().await;
+    let h = harness(vec![], |c| {
+        c.upstream
+            .resolve
+            .insert(common::agent_client::API.into(), dead);
+    })
+    .await;
+    let door = h.connect_door();
+    let first = frame(&run_request(CURSORS, "conv-relay", "hi", true));
+    let run = H2Run::open_raw(&door, "req-relay-dead", first).await;
+    assert_eq!(run.stream.status, StatusCode::BAD_GATEWAY);
+    let body = run.stream.raw_to_end().await;
+    let err = ConnectError::from_unary_json(&body).expect("a Connect JSON error");
+    record("upstream unreachable (passthrough Run)", &err);
+    assert_eq!(err.code, Code::Unavailable);
+    assert!(
+        err.message.contains("api2.cursor.sh") || err.message.contains("refused"),
+        "{}",
+        err.message
+    );
+    h.normal_run_succeeds("after-502").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_ack_that_never_arrives_ends_deadline_exceeded() {
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |c| c.agent.kv_timeout_secs = 1).await;
+    let door = h.connect_door();
+    let first = run_request(OURS, "conv-kv", "hi", true);
+    let mut run = H2Run::open(&door, "req-kv", &first).await;
+    let started = Instant::now();
+    let t = silent(&mut run.stream).await;
+    let err = end_error(&t);
+    record("KV ack never arrives (1 s)", &err);
+    assert_eq!(err.code, Code::DeadlineExceeded, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(6));
+    assert!(
+        t.messages.iter().any(|m| matches!(
+            m.message,
+            Some(pb::agent_server_message::Message::KvServerMessage(_))
+        )),
+        "a blob write was asked for"
+    );
+    // No checkpoint that names blobs the client never acked.
+    assert!(!t.messages.iter().any(|m| matches!(
+        m.message,
+        Some(pb::agent_server_message::Message::ConversationCheckpointUpdate(_))
+    )));
+    h.normal_run_succeeds("after-kv").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_that_never_closes_ends_deadline_exceeded() {
+    let h = harness(vec![], |c| c.agent.kv_timeout_secs = 1).await;
+    let door = h.connect_door();
+    // No request context: the proxy asks for it with an exec nobody answers.
+    let first = run_request(OURS, "conv-exec", "hi", false);
+    let mut run = H2Run::open(&door, "req-exec", &first).await;
+    let t = silent(&mut run.stream).await;
+    assert_eq!(t.request_context_asks(), 1);
+    let err = end_error(&t);
+    record("exec never answered/closed (1 s)", &err);
+    assert_eq!(err.code, Code::DeadlineExceeded, "{err:?}");
+    assert!(h.provider.requests().is_empty());
+    h.normal_run_succeeds("after-exec").await;
+}
+
+/// A frame header announcing `len` bytes, with `body` after it.
+fn raw_frame(len: u32, body: &[u8]) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_u8(0);
+    b.put_u32(len);
+    b.put_slice(body);
+    b.freeze()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_are_refused() {
+    let reply = Reply::sse(partial("long")).then(After::Trickle(Duration::from_millis(50)));
+    let h = harness(vec![reply], |c| c.limits.max_frame_bytes = 64 * 1024).await;
+    let door = h.connect_door();
+    // As the first frame: refused before streaming.
+    let big = run_request(OURS, "conv-big", &"x".repeat(100 * 1024), true);
+    let run = H2Run::open(&door, "req-big-first", &big).await;
+    let status = run.stream.status;
+    let body = run.stream.raw_to_end().await;
+    let err = ConnectError::from_unary_response(status.as_u16(), &body);
+    outcome(
+        "oversized first frame on Run (limit 64 KiB)",
+        &format!("HTTP {} / {}", status.as_u16(), err.code.as_str()),
+        &err.message,
+    );
+    assert!(status.is_client_error(), "{status}");
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert!(h.provider.requests().is_empty());
+    // Mid-run: the header alone announces too much; the run ends with an error end frame.
+    let store = Store::default();
+    let first = run_request(OURS, "conv-big-mid", "hi", true);
+    let mut run = H2Run::open(&door, "req-big-mid", &first).await;
+    let t = play_until(&mut run.stream, Sink::H2(&run.tx), &store, first_text).await;
+    assert_eq!(t.text(), "long");
+    run.tx.send(raw_frame(10 << 20, b"xx")).await.unwrap();
+    let t = silent(&mut run.stream).await;
+    let err = end_error(&t);
+    record("oversized frame mid-run (limit 64 KiB)", &err);
+    assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
+    assert!(err.message.contains("exceeds the limit"), "{}", err.message);
+    assert!(
+        h.provider.wait_hangups(1, Duration::from_secs(5)).await,
+        "the provider request was not closed"
+    );
+    // An oversized BidiAppend body.
+    let bidi = Bidi::new(&h.connect_door(), "req-big-append");
+    let answer = bidi.append_body(bidi.append_bytes(0, &big)).await;
+    let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
+    outcome(
+        "oversized BidiAppend body",
+        &format!("HTTP {} / {}", answer.status.as_u16(), err.code.as_str()),
+        &err.message,
+    );
+    assert!(answer.status.is_client_error(), "{answer:?}");
+    h.normal_run_succeeds("after-oversized").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_gzip_is_refused_or_relayed_without_harm() {
+    let h = harness(vec![], |_| {}).await;
+    let door = h.connect_door();
+    // BidiAppend with `content-encoding: gzip` and garbage: not decodable as ours, so it is
+    // Cursor's, relayed untouched.
+    let bidi = Bidi::new(&door, "req-bad-gzip");
+    let garbage = Bytes::from_static(b"\x1f\x8b\x08\x00garbage, not deflate");
+    let mut conn = common::client::Sender::handshake(
+        tokio::net::TcpStream::connect(h.server.http_addr().unwrap())
+            .await
+            .unwrap(),
+        common::client::Alpn::H1,
+    )
+    .await;
+    let mut req = common::agent_client::connect_request(
+        common::agent_client::BIDI_APPEND,
+        "application/proto",
+        &bidi.request_id,
+        common::client::full(garbage.clone()),
+    );
+    req.headers_mut()
+        .insert("content-encoding", http::HeaderValue::from_static("gzip"));
+    let resp = conn
+        .send(&h.server.http_addr().unwrap().to_string(), req)
+        .await
+        .unwrap();
+    let status = resp.status();
+    let relayed = resp.headers().get("x-fake-upstream").is_some();
+    let _ = common::client::collect(resp).await;
+    outcome(
+        "bad gzip BidiAppend",
+        &format!("HTTP {}", status.as_u16()),
+        if relayed {
+            "relayed to Cursor untouched (not an agent append)"
+        } else {
+            "answered locally"
+        },
+    );
+    assert!(relayed && status == StatusCode::OK, "{status}");
+    let recorded = h.upstream.recorded_on(common::cursor_upstream::BIDI_APPEND);
+    assert_eq!(recorded.last().unwrap().body, garbage);
+
+    // Run with `connect-content-encoding: gzip` and a "compressed" first frame of garbage.
+    let conn = h2_conn(&door).await;
+    let mut first = BytesMut::new();
+    first.put_u8(1);
+    first.put_u32(16);
+    first.put_slice(b"not gzip at all!");
+    let run = run_with_headers(
+        &conn,
+        &door,
+        "req-bad-gzip-run",
+        &[("connect-content-encoding", "gzip")],
+        first.freeze(),
+    )
+    .await;
+    let status = run.stream.status;
+    let body = run.stream.raw_to_end().await;
+    let err = ConnectError::from_unary_response(status.as_u16(), &body);
+    outcome(
+        "bad gzip frame on Run",
+        &format!("HTTP {} / {}", status.as_u16(), err.code.as_str()),
+        &err.message,
+    );
+    assert!(status.is_client_error(), "{status}");
+    h.normal_run_succeeds("after-gzip").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_content_type_on_run_is_not_decoded_as_ours() {
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |_| {}).await;
+    let door = h.connect_door();
+    let conn = h2_conn(&door).await;
+    let first = frame(&run_request(OURS, "conv-ct", "hi", true));
+    let run = run_with_headers(
+        &conn,
+        &door,
+        "req-ct",
+        &[("content-type", "application/json")],
+        first.clone(),
+    )
+    .await;
+    let H2Run { tx, stream } = run;
+    drop(tx);
+    let status = stream.status;
+    let relayed = stream.headers.get("x-fake-upstream").is_some();
+    let _ = stream.raw_to_end().await;
+    outcome(
+        "wrong content type on Run (application/json)",
+        &format!("HTTP {}", status.as_u16()),
+        if relayed {
+            "not decoded as ours: relayed to Cursor untouched (Cursor answers)"
+        } else {
+            "answered locally"
+        },
+    );
+    assert!(relayed, "relayed upstream");
+    let recorded = h
+        .upstream
+        .wait_recorded(
+            common::cursor_upstream::AGENT_RUN,
+            1,
+            common::agent_client::STEP,
+        )
+        .await;
+    assert_eq!(recorded[0].body, first);
+    assert!(h.provider.requests().is_empty(), "never run as ours");
+    h.normal_run_succeeds("after-content-type").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_defaults_hold() {
+    // Loopback unless configured otherwise.
+    let default = cursor_byok::config::Config::embedded_default();
+    assert!(default.listen.ip().is_loopback(), "{}", default.listen);
+
+    // A host outside the intercept patterns is tunnelled even when the TLS inside names an
+    // intercepted host: the client sees the far server's own certificate, never ours.
+    let other = common::cursor_upstream::FakeUpstream::start(&[common::agent_client::API]).await;
+    let other_addr = other.addr;
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |c| {
+        c.upstream
+            .resolve
+            .insert("elsewhere.example".into(), other_addr);
+    })
+    .await;
+    let stream = common::client::tunnel(h.server.proxy_addr(), "elsewhere.example:443").await;
+    let roots = common::client::roots(&[&h.our_ca, &other.ca.cert_der]);
+    let tls = common::client::tls(
+        stream,
+        common::agent_client::API,
+        roots,
+        common::client::Alpn::H2,
+    )
+    .await
+    .unwrap();
+    let presented = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    assert_eq!(Some(presented), other.cert_der.clone(), "not terminated");
+    outcome(
+        "CONNECT elsewhere.example with SNI api2.cursor.sh",
+        "tunnelled",
+        "the far server's own certificate; no TLS termination",
+    );
+
+    // After a full turn, no private key in the data dir is readable by group or others.
+    h.normal_run_succeeds("security").await;
+    let mut stack = vec![h.data_dir()];
+    let mut keys = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.contains("PRIVATE KEY") {
+                keys += 1;
+                use std::os::unix::fs::PermissionsExt;
+                let mode = entry.metadata().unwrap().permissions().mode();
+                assert_eq!(mode & 0o077, 0, "{} is mode {mode:o}", path.display());
+            }
+        }
+    }
+    assert!(keys >= 1, "the CA key is in the data dir");
+}
