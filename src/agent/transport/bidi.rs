@@ -87,9 +87,12 @@ impl Entry {
         }
     }
 
+    /// A run whose every frame was delivered is done with (its routing pin stays, so late
+    /// appends are still recognised); anything else is kept until the TTL.
     fn expired(&self) -> bool {
         let b = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        self.created.elapsed() > ENTRY_TTL && (b.ended || b.frames.is_empty())
+        (b.ended && b.delivered == b.total() && !b.reader_active)
+            || self.created.elapsed() > ENTRY_TTL
     }
 
     async fn decision(&self) -> Option<Decision> {
@@ -201,6 +204,16 @@ pub(super) async fn run_sse(
             t.upstream().forward(&ctx, req).await
         }
         Decision::Ours { .. } => {
+            if entry.state.lock().await.decision.is_none() {
+                // Pinned ours, but this entry never saw its run: the run finished and was
+                // forgotten before this (late) reconnect. Say so instead of waiting forever.
+                let end = EndStream::from_error(ConnectError::new(
+                    Code::NotFound,
+                    "cursor-byok: this agent run has already finished",
+                ));
+                let enc = FrameEncoder::new(Encoding::Identity);
+                return super::run::streaming_response(full(end_frame(&enc, &end)));
+            }
             let reader = SseBody::attach(entry);
             let mut resp = Response::new(boxed(reader));
             resp.headers_mut().insert(
@@ -257,6 +270,16 @@ pub(super) async fn append(
     };
     let seqno = append.append_seqno;
     let entry = t.inner.bidi.entry(&request_id);
+    if seqno != 0
+        && entry.decision().await.is_none()
+        && matches!(
+            t.inner.routes.request(&request_id),
+            Some(Decision::Ours { .. })
+        )
+    {
+        // A late append (e.g. a heartbeat) for one of our runs that has already finished.
+        return ok_response();
+    }
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
     match accept(t, &entry, seqno, message).instrument(span).await {
         Ok(Accepted::Ours) => ok_response(),
@@ -454,6 +477,9 @@ impl HttpBody for SseBody {
             return Poll::Ready(Some(Ok(Frame::data(frame))));
         }
         if b.ended {
+            // Everything delivered: the frames are no longer needed for a resume.
+            b.base = b.total();
+            b.frames.clear();
             self.finished = true;
             return Poll::Ready(None);
         }
