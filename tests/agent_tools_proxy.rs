@@ -4,102 +4,60 @@
 //! wire: HTTP/2 `Run`, and `RunSSE` + `BidiAppend` over HTTP/1.1.
 
 mod common;
+#[path = "common/harness.rs"]
+mod shared;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use common::agent_client::{
-    cancel, frame, run_request, text_of, updates, Bidi, Door, H2Run, Received, ServerStream, API,
+    cancel, frame, run_request, text_of, updates, Bidi, Door, H2Run, Received, ServerStream,
 };
-use common::client;
-use common::cursor_upstream::{FakeUpstream, AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND};
+use common::cursor_upstream::{AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND};
 use common::fake_cursor::FakeCursor;
-use common::fake_provider::{FakeProvider, Reply};
+use common::fake_provider::Reply;
 use cursor_byok::config::Config;
 use cursor_byok::connect::{Code, EndStream};
 use cursor_byok::proto::agent::v1 as pb;
-use cursor_byok::proxy::Server;
-use cursor_byok::tls::CertificateAuthority;
 use pb::agent_server_message::Message as Out;
 use pb::exec_server_message::Message as X;
 use pb::interaction_update::Message as Update;
-use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
+use shared::Harness;
 use tokio::sync::mpsc;
 
 /// Our configured model as Cursor names it.
 const OURS: &str = "byok-fake-model";
 const PROVIDER_KEY: &str = "sk-test-agent-tools-proxy";
 
-// ---- harness (as in `agent_proxy.rs`) ----
-
-struct Harness {
-    upstream: FakeUpstream,
-    provider: FakeProvider,
-    server: Server,
-    our_ca: CertificateDer<'static>,
-    _dir: tempfile::TempDir,
-}
+// ---- harness: the shared one, with a quieter heartbeat ----
 
 async fn harness(replies: Vec<Reply>) -> Harness {
     harness_with(replies, |_| {}).await
 }
 
-/// The proxy with its CONNECT door, our model on the fake provider, and the fake Cursor
-/// upstream behind `api2.cursor.sh`; `tweak`ed before binding. Each harness has its own (empty)
-/// data directory, so a second one is a "restarted" proxy.
+/// The proxy with our model on the fake provider and the fake Cursor upstream behind
+/// `api2.cursor.sh`; `tweak`ed before binding. Each harness has its own (empty) data directory,
+/// so a second one is a "restarted" proxy.
 async fn harness_with(replies: Vec<Reply>, tweak: impl FnOnce(&mut Config)) -> Harness {
-    let upstream = FakeUpstream::start(&[API]).await;
-    let provider = FakeProvider::start(replies).await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-[agent]
-heartbeat_secs = 5
-kv_timeout_secs = 3
-provider_max_retries = 0
-provider_idle_timeout_secs = 5
-[providers.fake]
-kind = "openai-chat"
-base_url = "{}"
-api_key = "{PROVIDER_KEY}"
-[[models]]
-id = "fake-model"
-display_name = "Fake Model"
-provider = "fake"
-model = "gpt-fake"
-"#,
-        provider.base_url()
-    );
-    let mut config = Config::from_toml(&text, "agent_tools_proxy test").unwrap();
-    config.data_dir = Some(dir.path().to_path_buf());
-    config.upstream.resolve.insert(API.into(), upstream.addr);
-    config.upstream.extra_roots = Some(upstream.ca_pem_path.clone());
-    tweak(&mut config);
-    let (ca, _) = CertificateAuthority::load_or_create(&dir.path().join("ca")).unwrap();
-    let pem = std::fs::read(ca.cert_path()).unwrap();
-    let our_ca = rustls_pemfile::certs(&mut pem.as_slice())
-        .next()
-        .unwrap()
-        .unwrap();
-    let server = Server::builder(config, ca).bind().await.unwrap();
-    Harness {
-        upstream,
-        provider,
-        server,
-        our_ca,
-        _dir: dir,
-    }
+    shared::harness_keyed(replies, PROVIDER_KEY, |c| {
+        c.agent.heartbeat_secs = 5;
+        tweak(c)
+    })
+    .await
 }
 
-impl Harness {
+/// What these tests ask of the shared harness.
+trait ToolsHarness {
+    fn door(&self) -> Door;
+    fn assert_nothing_relayed(&self);
+    fn tool_results(&self, n: usize) -> Vec<(String, String)>;
+}
+
+impl ToolsHarness for Harness {
     fn door(&self) -> Door {
-        Door::Connect {
-            proxy: self.server.proxy_addr(),
-            roots: client::roots(&[&self.our_ca]),
-        }
+        self.connect_door()
     }
 
     /// Nothing about agent runs reached Cursor's servers.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::decode::{DecodeCtx, Machine};
-use super::error::{ProviderError, ProviderErrorKind};
+use super::error::ProviderError;
 use super::sse::SseEvent;
 use super::types::*;
 
@@ -451,10 +451,8 @@ impl Machine for AnthropicMachine {
         if self.stop_reason.is_some() {
             self.complete(out);
         } else {
-            out.push(ProviderEvent::Error(ProviderError::new(
-                ProviderErrorKind::Network,
+            out.push(ProviderEvent::Error(ProviderError::truncated(
                 &self.ctx.name,
-                "the stream ended before the response finished",
             )));
         }
     }
@@ -463,6 +461,7 @@ impl Machine for AnthropicMachine {
 #[cfg(test)]
 mod tests {
     use super::super::decode::decode_all;
+    use super::super::error::ProviderErrorKind;
     use super::super::ProviderKind;
     use super::*;
 

@@ -111,6 +111,15 @@ impl ProviderError {
         }
     }
 
+    /// The stream ended before the response finished (no finish event).
+    pub fn truncated(provider: &str) -> Self {
+        Self::new(
+            ProviderErrorKind::Network,
+            provider,
+            "the stream ended before the response finished",
+        )
+    }
+
     pub fn canceled(provider: &str) -> Self {
         Self::new(ProviderErrorKind::Canceled, provider, "canceled")
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{json, Map, Value};
 
 use super::decode::{DecodeCtx, Machine};
-use super::error::{ProviderError, ProviderErrorKind};
+use super::error::ProviderError;
 use super::sse::SseEvent;
 use super::types::*;
 
@@ -430,10 +430,8 @@ impl Machine for ChatMachine {
         if self.finish.is_some() {
             self.complete(out);
         } else {
-            out.push(ProviderEvent::Error(ProviderError::new(
-                ProviderErrorKind::Network,
+            out.push(ProviderEvent::Error(ProviderError::truncated(
                 &self.ctx.name,
-                "the stream ended before the response finished",
             )));
         }
     }
@@ -442,6 +440,7 @@ impl Machine for ChatMachine {
 #[cfg(test)]
 mod tests {
     use super::super::decode::StreamDecoder;
+    use super::super::error::ProviderErrorKind;
     use super::super::ProviderKind;
     use super::*;
 

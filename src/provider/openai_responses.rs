@@ -403,10 +403,8 @@ impl Machine for ResponsesMachine {
     }
 
     fn on_eof(&mut self, out: &mut Vec<ProviderEvent>) {
-        out.push(ProviderEvent::Error(ProviderError::new(
-            ProviderErrorKind::Network,
+        out.push(ProviderEvent::Error(ProviderError::truncated(
             &self.ctx.name,
-            "the stream ended before the response finished",
         )));
     }
 }
