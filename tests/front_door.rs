@@ -674,6 +674,56 @@ async fn client_disconnect_cancels_the_upstream_stream() {
     }
 }
 
+/// Each client connection gets its own upstream connection (HTTP/2 streams share it), it is
+/// redialled when the origin closes it, and it closes when the client's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_upstream_connection_per_client_connection() {
+    let h = harness().await;
+    let wait_open = |n: usize| {
+        let upstream = &h.upstream;
+        async move {
+            let deadline = Instant::now() + STEP;
+            while upstream.connections_open() != n {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} upstream connections open, expected {n}",
+                    upstream.connections_open()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    for alpn in Alpn::both() {
+        let before = h.upstream.connections_accepted();
+        let mut a = h.client(alpn).await;
+        let mut b = h.client(alpn).await;
+        for i in 0..4 {
+            let resp = a
+                .send(API, post("/echo", client::full(format!("a{i}"))))
+                .await;
+            assert_eq!(client::collect(resp.unwrap()).await, format!("a{i}"));
+        }
+        let resp = b.send(API, post("/echo", client::full("b"))).await.unwrap();
+        assert_eq!(client::collect(resp).await, "b");
+        assert_eq!(
+            h.upstream.connections_accepted() - before,
+            2,
+            "{alpn:?}: one upstream connection per client connection"
+        );
+        if alpn == Alpn::H1 {
+            // The origin closes after this answer: the next request goes out on a new one.
+            let resp = a.send(API, get("/close")).await.unwrap();
+            assert_eq!(client::collect(resp).await, "closing");
+            let resp = a.send(API, post("/echo", client::full("again"))).await;
+            assert_eq!(client::collect(resp.unwrap()).await, "again");
+            assert_eq!(h.upstream.connections_accepted() - before, 3);
+        }
+        drop(a);
+        drop(b);
+        wait_open(0).await;
+    }
+}
+
 #[test]
 fn leaf_certificates_are_well_formed() {
     use x509_parser::prelude::*;

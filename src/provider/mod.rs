@@ -347,6 +347,10 @@ impl ProviderClient {
     }
 }
 
+/// Idle connections kept per provider host. A burst of parallel runs opens as many connections
+/// as it needs; afterwards only these stay warm (each holds buffers and TLS state).
+const POOL_MAX_IDLE_PER_HOST: usize = 8;
+
 /// The shared HTTP client: pooled, TCP_NODELAY (token streams are many tiny writes), no overall
 /// timeout (streams are long; the idle timeout guards them instead).
 pub fn build_http_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
@@ -354,6 +358,7 @@ pub fn build_http_client(connect_timeout: Duration) -> reqwest::Result<reqwest::
         .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
         .build()
 }
 

@@ -16,6 +16,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::server::State;
 use crate::router::RequestContext;
+use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -68,11 +69,17 @@ pub(crate) async fn serve_http<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let router = state.router.clone();
+    // This connection's own upstream connection, dialled on its first passthrough request.
+    let link = Arc::new(Link::new());
     let service = service_fn(move |req: Request<Incoming>| {
         let router = router.clone();
+        let link = link.clone();
         let mut ctx = base.clone();
         ctx.client_version = req.version();
-        async move { Ok::<_, Infallible>(router.handle(ctx, req).await) }
+        async move {
+            let resp = router.handle_linked(Some(&link), ctx, req).await;
+            Ok::<_, Infallible>(resp)
+        }
     });
     let conn = http_builder(alpn)
         .serve_connection_with_upgrades(io, service)

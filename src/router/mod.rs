@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::agent::transport::AgentTransports;
 use crate::cursor::{self, CursorRpc, CursorServices};
-use crate::upstream::Upstream;
+use crate::upstream::{Link, Upstream};
 
 pub use body::{boxed, empty, full, Body, BodyError};
 
@@ -123,6 +123,17 @@ impl Router {
 
     /// Answer one request. Never fails: errors become responses that say what went wrong.
     pub async fn handle(&self, ctx: RequestContext, req: Request<Incoming>) -> Response<Body> {
+        self.handle_linked(None, ctx, req).await
+    }
+
+    /// [`Router::handle`] for a request on a client connection that owns `link`, its own
+    /// upstream connection for passthrough.
+    pub async fn handle_linked(
+        &self,
+        link: Option<&Link>,
+        ctx: RequestContext,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let span = tracing::debug_span!(
             "request",
@@ -135,18 +146,22 @@ impl Router {
         match route(&ctx, &parts) {
             Route::Upstream => {
                 let req = Request::from_parts(parts, boxed(body));
-                self.upstream.forward(&ctx, req).instrument(span).await
+                self.upstream
+                    .forward_via(link, &ctx, req)
+                    .instrument(span)
+                    .await
             }
             Route::Cursor(rpc) => {
                 let req = Request::from_parts(parts, boxed(body));
-                self.cursor
-                    .handle(rpc, &ctx, req, &self.upstream)
+                // Boxed, like the agent arm: every request's future is as large as its largest
+                // arm, and hyper moves it on each request; passthrough stays small and hot.
+                Box::pin(self.cursor.handle(rpc, &ctx, req, &self.upstream))
                     .instrument(span)
                     .await
             }
             Route::Agent => {
                 let req = Request::from_parts(parts, body);
-                self.agent.handle(ctx, req).instrument(span).await
+                Box::pin(self.agent.handle(ctx, req)).instrument(span).await
             }
             Route::Own => crate::status::local_only_answer(),
         }

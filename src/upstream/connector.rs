@@ -82,7 +82,7 @@ impl Connector {
         }
     }
 
-    async fn connect(self, uri: Uri) -> Result<TokioIo<Stream>, UpstreamError> {
+    pub(super) async fn connect(self, uri: Uri) -> Result<TokioIo<Stream>, UpstreamError> {
         let host = uri.host().unwrap_or_default().to_string();
         let https = uri.scheme_str() == Some("https");
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });

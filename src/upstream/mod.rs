@@ -1,15 +1,17 @@
-//! Passthrough: a pooled client to the real origin.
+//! Passthrough: the client to the real origin.
 //!
-//! Two pools: HTTP/2 requests go upstream over HTTP/2 (a bidi stream stays bidi), HTTP/1.1
-//! requests over HTTP/1.1 (WebSocket upgrades included). Bodies stream both ways without
-//! buffering; hop-by-hop headers stop here; everything else (authorization, x-cursor-*,
-//! connect-*, trailers) passes. Our dials honour `upstream.resolve`, `upstream.proxy` and never
-//! reach our own listeners.
+//! A decrypted client connection's passthrough requests go over its own upstream connection
+//! ([`Link`], same HTTP version: a bidi stream stays bidi). WebSocket upgrades, absolute-form
+//! requests and the handlers that talk to Cursor themselves use two pools (HTTP/2 and
+//! HTTP/1.1). Bodies stream both ways without buffering; hop-by-hop headers stop here;
+//! everything else (authorization, x-cursor-*, connect-*, trailers) passes. Our dials honour
+//! `upstream.resolve`, `upstream.proxy` and never reach our own listeners.
 
 mod connector;
 mod dial;
 mod error;
 mod headers;
+mod link;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,12 +31,15 @@ use connector::Connector;
 
 pub use dial::Dialer;
 pub use error::{Side, UpstreamError};
+pub use link::Link;
 
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 /// HTTP/2 flow-control windows: large enough that one stream can fill a fast link.
 const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
+/// HTTP/2 pings on idle upstream connections, so a dead one is noticed.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
 /// Copy buffer for spliced WebSocket and tunnel bytes.
 pub(crate) const SPLICE_BUF: usize = 64 * 1024;
 
@@ -48,6 +53,9 @@ struct Inner {
     dialer: Arc<Dialer>,
     h1: Client<Connector, Body>,
     h2: Client<Connector, Body>,
+    /// The same dialers, for per-connection links.
+    h1_connector: Connector,
+    h2_connector: Connector,
     /// Cancelled when the server closes for good: spliced upgrades end with it.
     closing: CancellationToken,
 }
@@ -64,10 +72,12 @@ impl Upstream {
         let roots = connector::root_store(config.extra_roots.as_deref())?;
         let h1_tls = connector::client_config(roots.clone(), b"http/1.1")?;
         let h2_tls = connector::client_config(roots, b"h2")?;
+        let h1_connector = Connector::new(dialer.clone(), h1_tls);
+        let h2_connector = Connector::new(dialer.clone(), h2_tls);
         let h1 = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
-            .build(Connector::new(dialer.clone(), h1_tls));
+            .build(h1_connector.clone());
         let h2 = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
@@ -75,13 +85,15 @@ impl Upstream {
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONN_WINDOW)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .build(Connector::new(dialer.clone(), h2_tls));
+            .http2_keep_alive_interval(KEEP_ALIVE)
+            .build(h2_connector.clone());
         Ok(Upstream {
             inner: Arc::new(Inner {
                 dialer,
                 h1,
                 h2,
+                h1_connector,
+                h2_connector,
                 closing,
             }),
         })
@@ -104,11 +116,26 @@ impl Upstream {
     }
 
     /// Passthrough: the origin's answer streamed back, or a 502/504 saying why not.
-    pub async fn forward(&self, ctx: &RequestContext, mut req: Request<Body>) -> Response<Body> {
+    pub async fn forward(&self, ctx: &RequestContext, req: Request<Body>) -> Response<Body> {
+        self.forward_via(None, ctx, req).await
+    }
+
+    /// [`Upstream::forward`], over the client connection's own upstream connection when it
+    /// has one (`link`).
+    pub async fn forward_via(
+        &self,
+        link: Option<&Link>,
+        ctx: &RequestContext,
+        mut req: Request<Body>,
+    ) -> Response<Body> {
         let connect_style = is_connect_request(req.headers());
         let websocket = wants_websocket(ctx, req.headers());
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
-        match self.send_prepared(ctx, req, websocket).await {
+        let sent = match link {
+            Some(link) if !websocket => self.send_linked(link, ctx, req).await,
+            _ => self.send_prepared(ctx, req, websocket).await,
+        };
+        match sent {
             Ok(mut resp) => {
                 let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
                 if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
@@ -138,6 +165,21 @@ impl Upstream {
             .request(req)
             .await
             .map_err(|e| UpstreamError::from_client(&ctx.host, &e))
+    }
+
+    async fn send_linked(
+        &self,
+        link: &Link,
+        ctx: &RequestContext,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let h2 = ctx.client_version == Version::HTTP_2 && ctx.scheme == Scheme::HTTPS;
+        headers::strip_hop_by_hop(req.headers_mut(), false);
+        let dialers = link::Dialers {
+            h1: &self.inner.h1_connector,
+            h2: &self.inner.h2_connector,
+        };
+        link::send(link, dialers, ctx, req, h2).await
     }
 
     /// After a 101, join the client's and the origin's upgraded connections.

@@ -114,6 +114,7 @@ pub struct FakeUpstream {
     /// Streams that noticed their client went away.
     cancelled: Arc<AtomicUsize>,
     record: Arc<Recorder>,
+    conns: Arc<ConnCount>,
     _dir: tempfile::TempDir,
     _task: JoinSet<()>,
 }
@@ -157,13 +158,14 @@ impl FakeUpstream {
         let gate = Arc::new(Semaphore::new(0));
         let cancelled = Arc::new(AtomicUsize::new(0));
         let record = Arc::new(Recorder::default());
+        let conns = Arc::new(ConnCount::default());
         let mut task = JoinSet::new();
         let state = Routes {
             gate: gate.clone(),
             cancelled: cancelled.clone(),
             record: record.clone(),
         };
-        task.spawn(accept_loop(listener, tls, state));
+        task.spawn(accept_loop(listener, tls, state, conns.clone()));
         FakeUpstream {
             addr,
             ca,
@@ -172,6 +174,7 @@ impl FakeUpstream {
             gate,
             cancelled,
             record,
+            conns,
             _dir: dir,
             _task: task,
         }
@@ -180,6 +183,16 @@ impl FakeUpstream {
     /// Let `n` more gated stream frames go.
     pub fn release(&self, n: usize) {
         self.gate.add_permits(n);
+    }
+
+    /// Connections accepted so far.
+    pub fn connections_accepted(&self) -> usize {
+        self.conns.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections open right now.
+    pub fn connections_open(&self) -> usize {
+        self.conns.open.load(Ordering::SeqCst)
     }
 
     pub fn cancelled_streams(&self) -> usize {
@@ -228,6 +241,21 @@ pub struct Recorded {
 }
 
 #[derive(Default)]
+struct ConnCount {
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+}
+
+/// Counts a connection open while alive.
+struct OpenGuard(Arc<ConnCount>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Default)]
 struct Recorder {
     list: Mutex<Vec<Recorded>>,
     changed: Notify,
@@ -256,6 +284,7 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     routes: Routes,
+    count: Arc<ConnCount>,
 ) {
     // Connection tasks live in this set: dropping the server aborts them all.
     let mut conns = JoinSet::new();
@@ -266,7 +295,11 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let tls = tls.clone();
         let routes = routes.clone();
+        count.accepted.fetch_add(1, Ordering::SeqCst);
+        count.open.fetch_add(1, Ordering::SeqCst);
+        let guard = OpenGuard(count.clone());
         conns.spawn(async move {
+            let _guard = guard;
             let service = service_fn(move |req| {
                 let routes = routes.clone();
                 async move { Ok::<_, Infallible>(routes.handle(req).await) }
@@ -327,6 +360,13 @@ impl Routes {
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         match req.uri().path() {
             "/echo" => echo(req).await,
+            "/close" => {
+                // HTTP/1.1: this answer ends the connection.
+                let mut resp = Response::new(body("closing"));
+                resp.headers_mut()
+                    .insert("connection", HeaderValue::from_static("close"));
+                resp
+            }
             "/stream" => self.stream(req),
             "/bidi" => bidi(req),
             "/download" => download(),

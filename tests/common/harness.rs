@@ -234,6 +234,19 @@ pub async fn closed_port() -> SocketAddr {
 }
 
 /// Memory in use by this process (VmRSS), in KiB; 0 where /proc is missing.
+/// Threads of this process (tokio's blocking pool grows under load and shrinks after 10 s idle).
+pub fn threads() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Threads:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 pub fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

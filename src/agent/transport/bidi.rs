@@ -45,8 +45,10 @@ const APPEND_DECIDE_WAIT: Duration = Duration::from_secs(5);
 /// Request id → pairing state.
 #[derive(Default)]
 pub(super) struct Registry {
-    entries: Mutex<HashMap<String, Arc<Entry>>>,
+    entries: Entries,
 }
+
+type Entries = Arc<Mutex<HashMap<String, Arc<Entry>>>>;
 
 impl Registry {
     fn entry(&self, request_id: &str) -> Arc<Entry> {
@@ -55,6 +57,21 @@ impl Registry {
         map.entry(request_id.to_string())
             .or_insert_with(|| Arc::new(Entry::new(request_id.to_string())))
             .clone()
+    }
+}
+
+/// Drop `entry` from the registry if it is done with (see [`Entry::expired`]), so a finished
+/// run's state goes with its last reader instead of waiting for the next sweep.
+fn forget_if_done(entries: &Entries, entry: &Arc<Entry>) {
+    if !entry.expired() {
+        return;
+    }
+    let mut map = entries.lock().unwrap_or_else(|p| p.into_inner());
+    if map
+        .get(&entry.request_id)
+        .is_some_and(|e| Arc::ptr_eq(e, entry))
+    {
+        map.remove(&entry.request_id);
     }
 }
 
@@ -71,7 +88,8 @@ struct Entry {
 struct Inbound {
     decision: Option<Decision>,
     next_seqno: i64,
-    waiting: BTreeMap<i64, pb::AgentClientMessage>,
+    /// Boxed: a message is large, and a map node holds room for eleven.
+    waiting: BTreeMap<i64, Box<pb::AgentClientMessage>>,
     input: Option<mpsc::Sender<pb::AgentClientMessage>>,
     cancel: Option<CancellationToken>,
 }
@@ -214,7 +232,7 @@ pub(super) async fn run_sse(
                 let enc = FrameEncoder::new(Encoding::Identity);
                 return super::run::streaming_response(full(end_frame(&enc, &end)));
             }
-            let reader = SseBody::attach(entry);
+            let reader = SseBody::attach(entry, t.inner.bidi.entries.clone());
             let mut resp = Response::new(boxed(reader));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -341,7 +359,7 @@ async fn accept(
             ),
         ));
     }
-    st.waiting.insert(seqno, message);
+    st.waiting.insert(seqno, Box::new(message));
     // Deliver every message that is now in order. Holding the lock keeps the order.
     loop {
         let next = st.next_seqno;
@@ -350,7 +368,7 @@ async fn accept(
         };
         st.next_seqno += 1;
         if let Some(input) = &st.input {
-            if input.send(m).await.is_err() {
+            if input.send(*m).await.is_err() {
                 st.input = None; // the run is over; later appends are answered and dropped
             }
         }
@@ -428,12 +446,13 @@ fn ok_response() -> Response<Body> {
 /// run is canceled.
 struct SseBody {
     entry: Arc<Entry>,
+    entries: Entries,
     generation: u64,
     finished: bool,
 }
 
 impl SseBody {
-    fn attach(entry: Arc<Entry>) -> Self {
+    fn attach(entry: Arc<Entry>, entries: Entries) -> Self {
         let generation = {
             let mut b = entry.out.lock().unwrap_or_else(|p| p.into_inner());
             b.reader += 1;
@@ -445,6 +464,7 @@ impl SseBody {
         };
         SseBody {
             entry,
+            entries,
             generation,
             finished: false,
         }
@@ -501,12 +521,15 @@ impl Drop for SseBody {
             }
             b.ended
         };
-        if ended
-            || !self
-                .entry
-                .out
-                .lock()
-                .is_ok_and(|b| b.reader == self.generation)
+        if ended {
+            forget_if_done(&self.entries, &self.entry);
+            return;
+        }
+        if !self
+            .entry
+            .out
+            .lock()
+            .is_ok_and(|b| b.reader == self.generation)
         {
             return;
         }
