@@ -92,7 +92,7 @@ async fn drive_with(
             RunOutput::Message(m) => {
                 for answer in client.respond(&m) {
                     // The run may be over already; then nobody listens.
-                    let _ = handle.input.send(answer).await;
+                    let _ = handle.input.send(Box::new(answer)).await;
                 }
                 messages.push(*m);
             }
@@ -251,7 +251,7 @@ async fn cancel_mid_stream_stops_the_provider_and_ends_canceled() {
             },
         )),
     };
-    run.input.send(cancel).await.unwrap();
+    run.input.send(Box::new(cancel)).await.unwrap();
     let (_, end) = drive(&mut run).await;
     assert_eq!(end.error.expect("canceled").code, Code::Canceled);
     assert!(
@@ -276,7 +276,7 @@ async fn a_slow_provider_gets_heartbeats_and_client_heartbeats_are_answered() {
             pb::ClientHeartbeat {},
         )),
     };
-    run.input.send(beat).await.unwrap();
+    run.input.send(Box::new(beat)).await.unwrap();
     let (messages, end) = drive(&mut run).await;
     assert!(end.error.is_none());
     let first_text = messages
@@ -494,7 +494,7 @@ async fn cancel_during_a_shell_exec_aborts_it_then_ends_canceled() {
         };
         let is_shell = matches!(&m.message, Some(Server::ExecServerMessage(e)) if matches!(e.message, Some(pb::exec_server_message::Message::ShellStreamArgs(_))));
         for a in client.respond(&m) {
-            run.input.send(a).await.unwrap();
+            run.input.send(Box::new(a)).await.unwrap();
         }
         if is_shell {
             break;
@@ -510,7 +510,7 @@ async fn cancel_during_a_shell_exec_aborts_it_then_ends_canceled() {
             },
         )),
     };
-    run.input.send(cancel).await.unwrap();
+    run.input.send(Box::new(cancel)).await.unwrap();
     let (messages, end) = drive_with(&mut run, &mut client).await;
     assert_eq!(end.error.unwrap().code, Code::Canceled);
     let shell_id = client

@@ -45,7 +45,8 @@ pub enum RunOutput {
 pub struct RunHandle {
     /// Client messages after the first (exec results, heartbeats, cancel…). Dropping it means
     /// the client will send nothing more.
-    pub input: mpsc::Sender<pb::AgentClientMessage>,
+    /// Boxed: the message type is several KiB, and a channel allocates room for 32 at once.
+    pub input: mpsc::Sender<Box<pb::AgentClientMessage>>,
     /// Server messages, then exactly one `RunOutput::End`.
     pub output: mpsc::Receiver<RunOutput>,
     /// Cancel the run (the client went away for good): ends with `canceled`.

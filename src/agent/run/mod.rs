@@ -106,7 +106,7 @@ impl Run {
     pub(super) fn spawn(
         self,
         first: pb::AgentRunRequest,
-        inbox: mpsc::Receiver<pb::AgentClientMessage>,
+        inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
         out: mpsc::Sender<RunOutput>,
         cancel: CancellationToken,
         failure: Arc<std::sync::Mutex<Option<String>>>,
@@ -159,7 +159,9 @@ impl Run {
             last_call: Usage::default(),
             progress: ticket.progress(),
         };
-        let work = tokio::spawn(state.execute(first).instrument(span.clone()));
+        // Boxed: the request is several KiB, and the run's future would otherwise carry copies
+        // of it in every state for the run's whole life.
+        let work = tokio::spawn(state.execute(Box::new(first)).instrument(span.clone()));
         tokio::spawn(
             async move {
                 let result = match work.await {
@@ -219,7 +221,7 @@ impl Run {
 
 /// Answers client heartbeats, turns a cancel action into cancellation, forwards the rest.
 async fn pump_inbox(
-    mut inbox: mpsc::Receiver<pb::AgentClientMessage>,
+    mut inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
     events: mpsc::Sender<ClientEvent>,
     out: Outbox,
     cancel: CancellationToken,
@@ -310,7 +312,7 @@ struct ModelCall {
 }
 
 impl RunState {
-    async fn execute(mut self, req: pb::AgentRunRequest) -> Result<RunSummary, RunError> {
+    async fn execute(mut self, req: Box<pb::AgentRunRequest>) -> Result<RunSummary, RunError> {
         let result = self.turn(req).await;
         if result.is_err() {
             self.abort_open_execs().await;

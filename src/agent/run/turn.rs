@@ -46,7 +46,7 @@ fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
 }
 
 impl RunState {
-    pub(super) async fn turn(&mut self, req: pb::AgentRunRequest) -> Result<(), RunError> {
+    pub(super) async fn turn(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
         let input = turn_input(&req);
         let request_context = match input.request_context {
             Some(ctx) => Some(ctx),

@@ -90,7 +90,7 @@ struct Inbound {
     next_seqno: i64,
     /// Boxed: a message is large, and a map node holds room for eleven.
     waiting: BTreeMap<i64, Box<pb::AgentClientMessage>>,
-    input: Option<mpsc::Sender<pb::AgentClientMessage>>,
+    input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
     cancel: Option<CancellationToken>,
 }
 
@@ -368,7 +368,7 @@ async fn accept(
         };
         st.next_seqno += 1;
         if let Some(input) = &st.input {
-            if input.send(*m).await.is_err() {
+            if input.send(m).await.is_err() {
                 st.input = None; // the run is over; later appends are answered and dropped
             }
         }

@@ -113,7 +113,7 @@ async fn serve_ours(
                 match peek.next(&mut body, false).await {
                     Ok(Some(frame)) => match pb::AgentClientMessage::decode(frame) {
                         Ok(m) => {
-                            if input.send(m).await.is_err() {
+                            if input.send(Box::new(m)).await.is_err() {
                                 return;
                             }
                         }
