@@ -19,6 +19,9 @@ mod common;
 #[path = "../tests/common/harness.rs"]
 mod harness;
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,28 +45,14 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use support::{env_or, epoch, now_ns, percentile};
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 const MANY: usize = 5_000;
 const SLOW_EVERY: Duration = Duration::from_millis(10);
 const SLOW_FOR: Duration = Duration::from_secs(3);
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 // ---------------------------------------------------------------------------------------------
 // The fake provider: OpenAI Chat Completions streams, picked by a marker in the prompt.
@@ -148,22 +137,16 @@ async fn start_provider() -> Arc<Provider> {
     let state = Arc::new(Provider::default());
     state.addr.set(listener.local_addr().unwrap()).unwrap();
     let st = state.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let st = st.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let st = st.clone();
-                    async move { Ok::<_, Infallible>(answer(st, req).await) }
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+    support::spawn_accept_loop(listener, move |stream| {
+        let st = st.clone();
+        async move {
+            let service = service_fn(move |req| {
+                let st = st.clone();
+                async move { Ok::<_, Infallible>(answer(st, req).await) }
             });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         }
     });
     state
@@ -248,15 +231,7 @@ model = "gpt-fake"
     /// The proxy process's resident set, KiB.
     fn rss_kib(&self) -> u64 {
         let pid = self.child.id().expect("the proxy is running");
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse().ok())
-            })
-            .unwrap_or(0)
+        harness::proc_status(&pid.to_string(), "VmRSS:")
     }
 }
 
@@ -346,14 +321,50 @@ async fn many_direct(client: &ProviderClient) -> Duration {
     took
 }
 
-fn percentile(values: &[u64], p: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_unstable();
-    if v.is_empty() {
-        return f64::NAN;
+/// `n` samples of each, alternating which goes first so neither always runs warm.
+async fn interleave<T>(
+    n: usize,
+    mut a: impl AsyncFnMut() -> T,
+    mut b: impl AsyncFnMut() -> T,
+) -> (Vec<T>, Vec<T>) {
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        if i % 2 == 0 {
+            xs.push(a().await);
+            ys.push(b().await);
+        } else {
+            ys.push(b().await);
+            xs.push(a().await);
+        }
     }
-    let i = ((v.len() - 1) as f64 * p).round() as usize;
-    v[i] as f64
+    (xs, ys)
+}
+
+/// `n` HTTP/2 connections through the proxy.
+async fn connections(door: &Door, n: usize) -> Vec<Sender> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(door.connect(Alpn::H2).await);
+    }
+    v
+}
+
+/// `n` runs with `prompt` spread over `conns`, each played by its own task like Cursor would.
+async fn spawn_runs(
+    conns: &[Sender],
+    door: &Door,
+    prompt: &str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<common::agent_client::Transcript>> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut run = open_run(&conns[i % conns.len()], door, prompt).await;
+        tasks.push(tokio::spawn(async move {
+            let store = Store::default();
+            play(&mut run.stream, Sink::H2(&run.tx), &store).await
+        }));
+    }
+    tasks
 }
 
 fn median(values: &[Duration]) -> Duration {
@@ -365,12 +376,7 @@ fn median(values: &[Duration]) -> Duration {
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, _) = support::runtime();
     rt.block_on(run());
 }
 
@@ -401,49 +407,28 @@ async fn run() {
     }
 
     // 1. First delta, interleaved.
-    let (mut via, mut dir) = (Vec::new(), Vec::new());
-    for i in 0..first_samples {
-        if i % 2 == 0 {
-            via.push(first_via_proxy(&conn, &door).await);
-            dir.push(first_direct(&direct).await);
-        } else {
-            dir.push(first_direct(&direct).await);
-            via.push(first_via_proxy(&conn, &door).await);
-        }
-    }
+    let (via, dir) = interleave(
+        first_samples,
+        async || first_via_proxy(&conn, &door).await,
+        async || first_direct(&direct).await,
+    )
+    .await;
     eprintln!("first delta done");
 
     // 2. 5,000 deltas, interleaved.
-    let (mut many_via, mut many_dir) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        if round % 2 == 0 {
-            many_via.push(many_via_proxy(&conn, &door).await);
-            many_dir.push(many_direct(&direct).await);
-        } else {
-            many_dir.push(many_direct(&direct).await);
-            many_via.push(many_via_proxy(&conn, &door).await);
-        }
-    }
+    let (many_via, many_dir) = interleave(
+        rounds,
+        async || many_via_proxy(&conn, &door).await,
+        async || many_direct(&direct).await,
+    )
+    .await;
     eprintln!("5,000 deltas done");
 
     // 3. Memory of the proxy process.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let baseline = proxy.rss_kib();
-    let active_conns: Vec<Sender> = {
-        let mut v = Vec::new();
-        for _ in 0..2 {
-            v.push(door.connect(Alpn::H2).await);
-        }
-        v
-    };
-    let mut active = Vec::new();
-    for i in 0..active_runs {
-        let mut run = open_run(&active_conns[i % active_conns.len()], &door, "BENCH-SLOW").await;
-        active.push(tokio::spawn(async move {
-            let store = Store::default();
-            play(&mut run.stream, Sink::H2(&run.tx), &store).await
-        }));
-    }
+    let active_conns = connections(&door, 2).await;
+    let active = spawn_runs(&active_conns, &door, "BENCH-SLOW", active_runs).await;
     tokio::time::sleep(SLOW_FOR / 2).await;
     let with_active = proxy.rss_kib();
     for task in active {
@@ -457,21 +442,8 @@ async fn run() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Idle runs are measured from here: what the active runs freed is reused first.
     let before_idle = proxy.rss_kib();
-    let conns: Vec<Sender> = {
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(door.connect(Alpn::H2).await);
-        }
-        v
-    };
-    let mut idle = Vec::new();
-    for i in 0..idle_runs {
-        let mut run = open_run(&conns[i % conns.len()], &door, "BENCH-IDLE").await;
-        idle.push(tokio::spawn(async move {
-            let store = Store::default();
-            play(&mut run.stream, Sink::H2(&run.tx), &store).await
-        }));
-    }
+    let conns = connections(&door, 4).await;
+    let idle = spawn_runs(&conns, &door, "BENCH-IDLE", idle_runs).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while provider.idle_arrived.load(Ordering::SeqCst) < idle_runs {
         assert!(

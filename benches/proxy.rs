@@ -20,6 +20,9 @@
 //! `BENCH_ONLY=cursor-byok[,hudsucker,…]` (direct plus these), `BENCH_NO_MITMDUMP=1`,
 //! `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::net::SocketAddr;
@@ -46,6 +49,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use support::{env_or, epoch, now_ns, percentile};
+
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
@@ -57,22 +62,6 @@ const UNARY_BODY: &[u8] = &[b'x'; 64];
 const BULK_CHUNK: usize = 64 * 1024;
 const SLOW_CHUNKS: usize = 20;
 const SLOW_PAUSE: Duration = Duration::from_millis(50);
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -138,27 +127,22 @@ async fn start_upstream(dir: &std::path::Path, bulk_len: u64) -> Upstream {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+    support::spawn_accept_loop(listener, move |stream| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
             };
-            let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let mut builder = auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http2()
-                    .initial_stream_window_size(2 * 1024 * 1024)
-                    .initial_connection_window_size(4 * 1024 * 1024);
-                let service = service_fn(move |req| async move {
-                    Ok::<_, Infallible>(upstream_route(req, bulk_len))
-                });
-                let _ = builder.serve_connection(TokioIo::new(tls), service).await;
-            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http2()
+                .initial_stream_window_size(2 * 1024 * 1024)
+                .initial_connection_window_size(4 * 1024 * 1024);
+            let service =
+                service_fn(
+                    move |req| async move { Ok::<_, Infallible>(upstream_route(req, bulk_len)) },
+                );
+            let _ = builder.serve_connection(TokioIo::new(tls), service).await;
         }
     });
     Upstream {
@@ -519,16 +503,6 @@ impl Unary {
     }
 }
 
-fn percentile(values: &[u64], p: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = values.to_vec();
-    v.sort_unstable();
-    let idx = ((v.len() - 1) as f64 * p).round() as usize;
-    v[idx] as f64
-}
-
 /// `conc` requests in flight for `secs`: one connection per worker on HTTP/1.1, one shared
 /// connection on HTTP/2.
 async fn unary_round(senders: &mut Vec<Sender>, conc: usize, secs: f64) -> Unary {
@@ -632,12 +606,7 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, threads) = support::runtime();
     rt.block_on(run(threads));
 }
 

@@ -84,12 +84,13 @@ pub(super) async fn send(
             fresh = true;
         }
         let outcome = match slot.as_mut() {
+            // HTTP/2: a clone of the sender, so other requests need not wait for this one.
             Some(Conn::H2(sender)) => {
-                let mut sender = sender.clone();
+                let mut conn = Conn::H2(sender.clone());
                 drop(slot);
-                attempt_h2(&mut sender, req).await
+                conn.attempt(req).await
             }
-            Some(Conn::H1(sender)) => attempt_h1(sender, req).await,
+            Some(conn) => conn.attempt(req).await,
             // Filled just above when it was not usable.
             None => unreachable!("upstream link slot empty after dialling"),
         };
@@ -117,29 +118,27 @@ enum Outcome {
     Failed(hyper::Error),
 }
 
-async fn attempt_h1(sender: &mut http1::SendRequest<Body>, req: Request<Body>) -> Outcome {
-    if let Err(e) = sender.ready().await {
-        return Outcome::Unsent(req, e);
-    }
-    match sender.try_send_request(req).await {
-        Ok(resp) => Outcome::Done(resp),
-        Err(mut e) => match e.take_message() {
-            Some(req) => Outcome::Unsent(req, e.into_error()),
-            None => Outcome::Failed(e.into_error()),
-        },
-    }
-}
-
-async fn attempt_h2(sender: &mut http2::SendRequest<Body>, req: Request<Body>) -> Outcome {
-    if let Err(e) = sender.ready().await {
-        return Outcome::Unsent(req, e);
-    }
-    match sender.try_send_request(req).await {
-        Ok(resp) => Outcome::Done(resp),
-        Err(mut e) => match e.take_message() {
-            Some(req) => Outcome::Unsent(req, e.into_error()),
-            None => Outcome::Failed(e.into_error()),
-        },
+impl Conn {
+    /// Wait until the connection takes a request, then send `req` on it.
+    async fn attempt(&mut self, req: Request<Body>) -> Outcome {
+        let ready = match self {
+            Conn::H1(s) => s.ready().await,
+            Conn::H2(s) => s.ready().await,
+        };
+        if let Err(e) = ready {
+            return Outcome::Unsent(req, e);
+        }
+        let sent = match self {
+            Conn::H1(s) => s.try_send_request(req).await,
+            Conn::H2(s) => s.try_send_request(req).await,
+        };
+        match sent {
+            Ok(resp) => Outcome::Done(resp),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Outcome::Unsent(req, e.into_error()),
+                None => Outcome::Failed(e.into_error()),
+            },
+        }
     }
 }
 

@@ -234,27 +234,24 @@ pub async fn closed_port() -> SocketAddr {
 }
 
 /// Memory in use by this process (VmRSS), in KiB; 0 where /proc is missing.
-/// Threads of this process (tokio's blocking pool grows under load and shrinks after 10 s idle).
-pub fn threads() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// A number field (`VmRSS:` in KiB, `Threads:`) of `/proc/<pid>/status`; 0 when unreadable.
+pub fn proc_status(pid: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("Threads:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
 }
 
+/// Threads of this process (tokio's blocking pool grows under load and shrinks after 10 s idle).
+pub fn threads() -> u64 {
+    proc_status("self", "Threads:")
+}
+
 pub fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_status("self", "VmRSS:")
 }
