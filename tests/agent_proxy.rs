@@ -3,37 +3,32 @@
 //! behind `api2.cursor.sh`. Assertions are on decoded messages and on bytes.
 
 mod common;
+#[path = "common/harness.rs"]
+mod harness;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::agent_client::{
     cancel, client_heartbeat, frame, play, play_until, prewarm_request, resume_request,
-    run_request, text_of, updates, Bidi, Door, H2Run, Received, Sink, Store, Transcript, API,
-    EXEC_OS, STEP,
+    run_request, text_of, updates, Bidi, H2Run, Received, Sink, Store, Transcript, API, EXEC_OS,
+    STEP,
 };
 use common::client::{self, Alpn};
 use common::cursor_upstream::{
-    self, capture_models_raw, relay_reply, relay_reply_bytes, FakeUpstream, AGENT_RUN,
-    AGENT_RUN_SSE, AVAILABLE_MODELS, BIDI_APPEND, GET_SERVER_CONFIG,
+    self, capture_models_raw, relay_reply, relay_reply_bytes, AGENT_RUN, AGENT_RUN_SSE,
+    AVAILABLE_MODELS, BIDI_APPEND, GET_SERVER_CONFIG,
 };
-use common::fake_provider::{After, FakeProvider, Reply};
+use common::fake_provider::{After, Reply};
 use cursor_byok::config::Config;
 use cursor_byok::connect::{Code, EndStream};
 use cursor_byok::proto::agent::v1 as pb;
 use cursor_byok::proto::aiserver::v1 as ai;
-use cursor_byok::proxy::Server;
-use cursor_byok::tls::CertificateAuthority;
+use harness::{closed_port, Harness, CURSORS, OURS};
 use http::{Method, Request, StatusCode, Version};
 use prost::Message;
-use rustls::pki_types::CertificateDer;
 
-/// Our configured model as Cursor names it.
-const OURS: &str = "byok-fake-model";
-/// A model of Cursor's own.
-const CURSORS: &str = "claude-4.5-sonnet";
 const PROVIDER_KEY: &str = "sk-test-agent-proxy-secret";
 
 const TEXT_SSE: &str = concat!(
@@ -77,108 +72,18 @@ fn one_event_per_write(texts: &[&str]) -> (String, usize) {
     (body, len)
 }
 
-struct Harness {
-    upstream: FakeUpstream,
-    provider: FakeProvider,
-    server: Server,
-    our_ca: CertificateDer<'static>,
-    _dir: tempfile::TempDir,
-}
-
 async fn harness(replies: Vec<Reply>) -> Harness {
     harness_with(replies, |_| {}).await
 }
 
-/// The proxy with every door open, our model on the fake provider, and the fake Cursor
-/// upstream behind `api2.cursor.sh`; `tweak`ed before binding.
+/// The shared harness (every door open, the fake provider, the fake Cursor upstream), with
+/// one provider retry and this file's key; `tweak`ed before binding.
 async fn harness_with(replies: Vec<Reply>, tweak: impl FnOnce(&mut Config)) -> Harness {
-    let upstream = FakeUpstream::start(&[API]).await;
-    let provider = FakeProvider::start(replies).await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-[direct]
-tls_listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-[agent]
-heartbeat_secs = 1
-kv_timeout_secs = 3
-provider_max_retries = 1
-provider_idle_timeout_secs = 5
-[providers.fake]
-kind = "openai-chat"
-base_url = "{}"
-api_key = "{PROVIDER_KEY}"
-[[models]]
-id = "fake-model"
-display_name = "Fake Model"
-provider = "fake"
-model = "gpt-fake"
-"#,
-        provider.base_url()
-    );
-    let mut config = Config::from_toml(&text, "agent_proxy test").unwrap();
-    config.data_dir = Some(dir.path().to_path_buf());
-    config.upstream.resolve.insert(API.into(), upstream.addr);
-    config.upstream.extra_roots = Some(upstream.ca_pem_path.clone());
-    tweak(&mut config);
-    let (ca, _) = CertificateAuthority::load_or_create(&dir.path().join("ca")).unwrap();
-    let pem = std::fs::read(ca.cert_path()).unwrap();
-    let our_ca = rustls_pemfile::certs(&mut pem.as_slice())
-        .next()
-        .unwrap()
-        .unwrap();
-    let server = Server::builder(config, ca).bind().await.unwrap();
-    Harness {
-        upstream,
-        provider,
-        server,
-        our_ca,
-        _dir: dir,
-    }
-}
-
-impl Harness {
-    fn connect_door(&self) -> Door {
-        Door::Connect {
-            proxy: self.server.proxy_addr(),
-            roots: client::roots(&[&self.our_ca]),
-        }
-    }
-
-    fn tls_door(&self) -> Door {
-        Door::DirectTls {
-            addr: self.server.tls_addr().unwrap(),
-            roots: client::roots(&[&self.our_ca]),
-        }
-    }
-
-    fn http_door(&self) -> Door {
-        Door::DirectHttp {
-            addr: self.server.http_addr().unwrap(),
-        }
-    }
-
-    /// The system prompt of the `i`-th provider request.
-    fn system_prompt(&self, i: usize) -> String {
-        let requests = self.provider.requests();
-        let body = requests[i].json();
-        body["messages"][0]["content"]
-            .as_str()
-            .expect("a system message")
-            .to_string()
-    }
-
-    /// Nothing about agent runs reached Cursor's servers.
-    fn assert_nothing_relayed(&self) {
-        for path in [AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND] {
-            assert!(
-                self.upstream.recorded_on(path).is_empty(),
-                "{path} reached the upstream"
-            );
-        }
-    }
+    harness::harness_keyed(replies, PROVIDER_KEY, |c| {
+        c.agent.provider_max_retries = 1;
+        tweak(c);
+    })
+    .await
 }
 
 /// The whole `TEXT_SSE` turn, as the client decodes it, written back to the client's store.
@@ -233,11 +138,6 @@ fn proto_post(path: &str, body: Vec<u8>) -> Request<client::Body> {
         .header("accept-encoding", "gzip")
         .body(client::full(body))
         .unwrap()
-}
-
-async fn closed_port() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use crate::common::agent_client::{
     Transcript, API, RUN, STEP,
 };
 use crate::common::client::{self, Alpn, Sender};
-use crate::common::cursor_upstream::FakeUpstream;
+use crate::common::cursor_upstream::{FakeUpstream, AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND};
 use crate::common::fake_provider::{FakeProvider, Reply};
 
 /// Our configured model as Cursor names it.
@@ -149,6 +149,26 @@ impl Harness {
         assert!(t.end().error.is_none(), "{tag}: {:?}", t.end().error);
         assert_eq!(t.text(), TEXT, "{tag}");
         assert!(t.turn_ended().is_some(), "{tag}");
+    }
+
+    /// The system prompt of the `i`-th provider request.
+    pub fn system_prompt(&self, i: usize) -> String {
+        let requests = self.provider.requests();
+        let body = requests[i].json();
+        body["messages"][0]["content"]
+            .as_str()
+            .expect("a system message")
+            .to_string()
+    }
+
+    /// Nothing about agent runs reached Cursor's servers.
+    pub fn assert_nothing_relayed(&self) {
+        for path in [AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND] {
+            assert!(
+                self.upstream.recorded_on(path).is_empty(),
+                "{path} reached the upstream"
+            );
+        }
     }
 
     /// Wait until no run is active on the status page; false on timeout.
