@@ -191,10 +191,27 @@ pub struct H2Run {
 impl H2Run {
     /// Open a `Run` whose request body starts with `first` (raw frame bytes).
     pub async fn open_raw(door: &Door, request_id: &str, first: Bytes) -> H2Run {
-        let mut conn = door.connect(Alpn::H2).await;
+        let conn = door.connect(Alpn::H2).await;
+        Self::open_on(conn, door, request_id, &[], first).await
+    }
+
+    /// Open a `Run` on `conn` (HTTP/2), with extra / replaced headers.
+    pub async fn open_on(
+        mut conn: Sender,
+        door: &Door,
+        request_id: &str,
+        headers: &[(&str, &str)],
+        first: Bytes,
+    ) -> H2Run {
         let (tx, body) = client::channel_body();
         tx.send(first).await.unwrap();
-        let req = connect_request(RUN, "application/connect+proto", request_id, body);
+        let mut req = connect_request(RUN, "application/connect+proto", request_id, body);
+        for (k, v) in headers {
+            req.headers_mut().insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
         let resp = tokio::time::timeout(STEP, conn.send(&door.authority(), req))
             .await
             .expect("the Run answer's head within the step timeout")

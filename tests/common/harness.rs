@@ -16,8 +16,7 @@ use http::StatusCode;
 use rustls::pki_types::CertificateDer;
 
 use crate::common::agent_client::{
-    connect_request, play, run_request, Door, H2Run, Received, ServerStream, Sink, Store,
-    Transcript, API, RUN, STEP,
+    play, run_request, Door, H2Run, Received, ServerStream, Sink, Store, Transcript, API,
 };
 use crate::common::client::{self, Alpn, Sender};
 use crate::common::cursor_upstream::{FakeUpstream, AGENT_RUN, AGENT_RUN_SSE, BIDI_APPEND};
@@ -224,24 +223,7 @@ pub async fn run_with_headers(
     headers: &[(&str, &str)],
     first: Bytes,
 ) -> H2Run {
-    let mut conn = h2_clone(conn);
-    let (tx, body) = client::channel_body();
-    tx.send(first).await.unwrap();
-    let mut req = connect_request(RUN, "application/connect+proto", request_id, body);
-    for (k, v) in headers {
-        req.headers_mut().insert(
-            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-            http::HeaderValue::from_str(v).unwrap(),
-        );
-    }
-    let resp = tokio::time::timeout(STEP, conn.send(&door.authority(), req))
-        .await
-        .expect("the Run answer's head within the step timeout")
-        .expect("the Run request is answered");
-    H2Run {
-        tx,
-        stream: ServerStream::new(resp, Some(conn)),
-    }
+    H2Run::open_on(h2_clone(conn), door, request_id, headers, first).await
 }
 
 pub async fn h2_conn(door: &Door) -> Sender {
