@@ -20,6 +20,9 @@
 //! `BENCH_ONLY=cursor-byok[,hudsucker,…]` (direct plus these), `BENCH_NO_MITMDUMP=1`,
 //! `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
 
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod common;
 #[path = "support/mod.rs"]
 mod support;
 
@@ -41,14 +44,12 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use common::client::read_head;
+use common::cursor_upstream::TestCa;
 use support::{env_or, epoch, now_ns, percentile};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -70,42 +71,6 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 // ---------------------------------------------------------------------------------------------
 // The local upstream.
 
-struct TestCa {
-    cert_der: CertificateDer<'static>,
-    cert_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl TestCa {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::CrlSign,
-        ];
-        let cert = params.self_signed(&key).unwrap();
-        TestCa {
-            cert_der: cert.der().clone(),
-            cert_pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(&self, names: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
-        let key = KeyPair::generate().unwrap();
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(names).unwrap();
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        (cert.der().clone(), key)
-    }
-}
-
 struct Upstream {
     addr: SocketAddr,
     ca: TestCa,
@@ -113,7 +78,7 @@ struct Upstream {
 }
 
 async fn start_upstream(dir: &std::path::Path, bulk_len: u64) -> Upstream {
-    let ca = TestCa::new("bench upstream CA");
+    let ca = TestCa::new();
     let ca_pem_path = dir.join("upstream-ca.pem");
     std::fs::write(&ca_pem_path, &ca.cert_pem).unwrap();
     let (cert, key) = ca.leaf(&[HOST, LOCAL]);
@@ -256,17 +221,6 @@ fn client_config(roots: &rustls::RootCertStore, alpn: Alpn) -> Arc<rustls::Clien
     Arc::new(config)
 }
 
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> String {
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read_u8().await {
-            Ok(b) => head.push(b),
-            Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&head).into_owned()
-}
-
 impl Target {
     /// TCP (+ CONNECT) + TLS, ready for HTTP.
     async fn tls(&self, alpn: Alpn) -> tokio_rustls::client::TlsStream<TcpStream> {
@@ -380,7 +334,7 @@ async fn start_hudsucker(upstream: &Upstream) -> Target {
     use hudsucker::certificate_authority::RcgenAuthority;
     use hyper_util::client::legacy::connect::HttpConnector;
 
-    let ca = TestCa::new("hudsucker bench CA");
+    let ca = TestCa::new();
     let ca_der = ca.cert_der.clone();
     let authority = RcgenAuthority::new(ca.issuer, 1_000, rustls::crypto::ring::default_provider());
     let upstream_roots = roots(&upstream.ca.cert_der);

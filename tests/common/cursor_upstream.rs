@@ -68,7 +68,7 @@ pub fn download_bytes() -> Vec<u8> {
 pub struct TestCa {
     pub cert_der: CertificateDer<'static>,
     pub cert_pem: String,
-    issuer: Issuer<'static, KeyPair>,
+    pub issuer: Issuer<'static, KeyPair>,
 }
 
 impl TestCa {
