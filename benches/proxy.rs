@@ -18,7 +18,7 @@
 //! Knobs (environment): `BENCH_ROUNDS` (default 5), `BENCH_SECS` per unary measurement
 //! (default 0.5), `BENCH_BULK_MIB` (default 256), `BENCH_QUICK=1` (a smoke run),
 //! `BENCH_ONLY=cursor-byok[,hudsucker,…]` (direct plus these), `BENCH_NO_MITMDUMP=1`,
-//! `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
+//! `BENCH_CASES=h1c16[,h2c1,…]` (only these unary cases), `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
 
 #[path = "../tests/common/mod.rs"]
 #[allow(dead_code, unused_imports)]
@@ -644,8 +644,15 @@ async fn run(threads: usize) {
     );
 
     // 1. Unary passthrough.
-    let cases: Vec<(Alpn, usize)> =
+    let mut cases: Vec<(Alpn, usize)> =
         vec![(Alpn::H1, 1), (Alpn::H1, 16), (Alpn::H2, 1), (Alpn::H2, 16)];
+    // `BENCH_CASES=h1c16,h2c1` keeps only these unary cases (for profiling).
+    if let Ok(only) = std::env::var("BENCH_CASES") {
+        cases.retain(|(alpn, conc)| {
+            only.split(',')
+                .any(|c| c == format!("{}c{conc}", alpn.name()))
+        });
+    }
     let mut pools: Vec<Vec<Vec<Sender>>> = Vec::new(); // [case][target]
     for &(alpn, conc) in &cases {
         let mut row = Vec::new();

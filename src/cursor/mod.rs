@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
@@ -328,30 +328,11 @@ fn narrow_accept_encoding(headers: &mut HeaderMap) {
     }
 }
 
-/// Connection-specific headers never travel past us (RFC 9110 §7.6.1).
+/// Connection-specific headers never travel past us (RFC 9110 §7.6.1); nor does `Trailer`,
+/// since the bodies we answer with carry no trailers of upstream's.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
+    crate::upstream::headers::strip_hop_by_hop(headers, false);
+    headers.remove(header::TRAILER);
 }
 
 fn passthrough(mut parts: http::response::Parts, body: Body) -> Response<Body> {

@@ -1,10 +1,12 @@
 //! Serving HTTP (h1 or h2, per ALPN) on a decrypted or direct connection, through the router.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -59,6 +61,15 @@ pub(crate) async fn serve_tls_stream<IO>(
     serve_http(state, TokioIo::new(tls), alpn.as_deref(), base).await;
 }
 
+struct Shared {
+    router: crate::router::Router,
+    link: Link,
+    base: RequestContext,
+}
+
+type ServiceFuture =
+    Pin<Box<dyn Future<Output = Result<Response<crate::router::Body>, Infallible>> + Send>>;
+
 /// Serve HTTP/1.1 or HTTP/2 on `io`; each request goes to the router with `base` as context.
 pub(crate) async fn serve_http<I>(
     state: Arc<State>,
@@ -68,18 +79,28 @@ pub(crate) async fn serve_http<I>(
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let router = state.router.clone();
-    // This connection's own upstream connection, dialled on its first passthrough request.
-    let link = Arc::new(Link::new());
+    // What every request on this connection shares, behind one `Arc`: the router, this
+    // connection's own upstream connection (dialled on its first passthrough request) and
+    // the context the CONNECT (or the listener) gave.
+    let shared = Arc::new(Shared {
+        router: state.router.clone(),
+        link: Link::new(),
+        base,
+    });
     let service = service_fn(move |req: Request<Incoming>| {
-        let router = router.clone();
-        let link = link.clone();
-        let mut ctx = base.clone();
-        ctx.client_version = req.version();
-        async move {
-            let resp = router.handle_linked(Some(&link), ctx, req).await;
+        let shared = shared.clone();
+        // Boxed once here: the request's future is a few KiB and hyper would otherwise move it
+        // by value into its dispatcher (HTTP/1.1) or a stream task (HTTP/2).
+        let fut: ServiceFuture = Box::pin(async move {
+            let mut ctx = shared.base.clone();
+            ctx.client_version = req.version();
+            let resp = shared
+                .router
+                .handle_linked(Some(&shared.link), ctx, req)
+                .await;
             Ok::<_, Infallible>(resp)
-        }
+        });
+        fut
     });
     let conn = http_builder(alpn)
         .serve_connection_with_upgrades(io, service)

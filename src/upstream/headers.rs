@@ -2,14 +2,17 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "transfer-encoding",
-    "upgrade",
+/// Names that only mean something on one connection (RFC 9110 §7.6.1), plus `te`, which
+/// survives only as `te: trailers`. Constants, so a lookup never parses a name.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TE,
 ];
 
 /// Is this an HTTP/1.1 WebSocket upgrade request?
@@ -29,6 +32,10 @@ pub(crate) fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 /// `te: trailers` (the one value HTTP/2 allows). With `keep_upgrade` the `Upgrade` header and
 /// `Connection: upgrade` stay, for a WebSocket handshake.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most requests carry none of them: one pass over the names, no hashing or removal.
+    if !keep_upgrade && !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -41,8 +48,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP {
-        if keep_upgrade && (name == "upgrade" || name == "connection") {
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .any(|v| has_token(v, "trailers"));
+    for name in &HOP_BY_HOP {
+        if keep_upgrade && (name == header::UPGRADE || name == header::CONNECTION) {
             continue;
         }
         headers.remove(name);
@@ -50,11 +61,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    let te_trailers = headers
-        .get_all(header::TE)
-        .iter()
-        .any(|v| has_token(v, "trailers"));
-    headers.remove(header::TE);
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }

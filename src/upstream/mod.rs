@@ -10,14 +10,14 @@
 mod connector;
 mod dial;
 mod error;
-mod headers;
+pub(crate) mod headers;
 mod link;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Scheme;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
@@ -133,7 +133,9 @@ impl Upstream {
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
         let sent = match link {
             Some(link) if !websocket => self.send_linked(link, ctx, req).await,
-            _ => self.send_prepared(ctx, req, websocket).await,
+            // Boxed: the pool's request future is large and this arm is rare (WebSocket,
+            // absolute-form requests); the linked arm's future stays small.
+            _ => Box::pin(self.send_prepared(ctx, req, websocket)).await,
         };
         match sent {
             Ok(mut resp) => {
@@ -260,8 +262,11 @@ fn is_connect_request(headers: &HeaderMap) -> bool {
         .unwrap_or_default();
     content_type.starts_with("application/connect+")
         || content_type.starts_with("application/proto")
-        || headers.contains_key("connect-protocol-version")
+        || headers.contains_key(CONNECT_PROTOCOL_VERSION)
 }
+
+/// A constant, so the lookup on every request never parses the name.
+const CONNECT_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("connect-protocol-version");
 
 /// 502 (504 for a timeout) with the reason: plain text, or Connect's JSON error for Connect
 /// clients.
