@@ -15,10 +15,10 @@
 //! proxied client sends `CONNECT`, then TLS trusting the proxy's CA; the direct client does TLS
 //! to the upstream itself. Targets are interleaved round by round. Output: Markdown tables.
 //!
-//! Knobs (environment): `BENCH_ROUNDS` (default 5), `BENCH_SECS` per unary measurement
+//! Knobs (environment): `BENCH_ROUNDS` (default 8), `BENCH_SECS` per unary measurement
 //! (default 0.5), `BENCH_BULK_MIB` (default 256), `BENCH_QUICK=1` (a smoke run),
 //! `BENCH_ONLY=cursor-byok[,hudsucker,…]` (direct plus these), `BENCH_NO_MITMDUMP=1`,
-//! `BENCH_CASES=h1c16[,h2c1,…]` (only these unary cases), `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
+//! `BENCH_CASES=h1c16[,h2c4,…]` (these unary cases instead), `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
 
 #[path = "../tests/common/mod.rs"]
 #[allow(dead_code, unused_imports)]
@@ -553,6 +553,21 @@ fn fmt_ratio(x: f64) -> String {
 
 // ---------------------------------------------------------------------------------------------
 
+/// `h1c16` → (HTTP/1.1, 16 in flight).
+fn parse_case(case: &str) -> (Alpn, usize) {
+    let (alpn, conc) = case.split_at(2);
+    let alpn = match alpn {
+        "h1" => Alpn::H1,
+        "h2" => Alpn::H2,
+        _ => panic!("BENCH_CASES: {case:?} is not h1cN or h2cN"),
+    };
+    let conc = conc
+        .strip_prefix('c')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("BENCH_CASES: {case:?} is not h1cN or h2cN"));
+    (alpn, conc)
+}
+
 fn main() {
     if let Ok(filter) = std::env::var("BENCH_LOG") {
         tracing_subscriber::fmt()
@@ -561,12 +576,14 @@ fn main() {
             .init();
     }
     let (rt, threads) = support::runtime();
-    rt.block_on(run(threads));
+    // On a worker like every other task: polled from `block_on` the bench client would cross
+    // threads on every wake.
+    rt.block_on(async move { tokio::spawn(run(threads)).await.expect("bench run") });
 }
 
 async fn run(threads: usize) {
     let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
-    let rounds: usize = env_or("BENCH_ROUNDS", if quick { 1 } else { 5 });
+    let rounds: usize = env_or("BENCH_ROUNDS", if quick { 1 } else { 8 });
     let secs: f64 = env_or("BENCH_SECS", if quick { 0.2 } else { 0.5 });
     let bulk_mib: u64 = env_or("BENCH_BULK_MIB", if quick { 16 } else { 256 });
     let _ = epoch();
@@ -644,15 +661,15 @@ async fn run(threads: usize) {
     );
 
     // 1. Unary passthrough.
-    let mut cases: Vec<(Alpn, usize)> =
-        vec![(Alpn::H1, 1), (Alpn::H1, 16), (Alpn::H2, 1), (Alpn::H2, 16)];
-    // `BENCH_CASES=h1c16,h2c1` keeps only these unary cases (for profiling).
-    if let Ok(only) = std::env::var("BENCH_CASES") {
-        cases.retain(|(alpn, conc)| {
-            only.split(',')
-                .any(|c| c == format!("{}c{conc}", alpn.name()))
-        });
-    }
+    // `BENCH_CASES=h1c16,h2c4` runs these unary cases instead (for profiling; empty: none).
+    let cases: Vec<(Alpn, usize)> = match std::env::var("BENCH_CASES") {
+        Ok(list) => list
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(parse_case)
+            .collect(),
+        Err(_) => vec![(Alpn::H1, 1), (Alpn::H1, 16), (Alpn::H2, 1), (Alpn::H2, 16)],
+    };
     let mut pools: Vec<Vec<Vec<Sender>>> = Vec::new(); // [case][target]
     for &(alpn, conc) in &cases {
         let mut row = Vec::new();

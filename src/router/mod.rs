@@ -146,10 +146,13 @@ impl Router {
         match route(&ctx, &parts) {
             Route::Upstream => {
                 let req = Request::from_parts(parts, boxed(body));
-                self.upstream
-                    .forward_via(link, &ctx, req)
-                    .instrument(span)
-                    .await
+                let forward = self.upstream.forward_via(link, &ctx, req);
+                // The hot path: without a subscriber for the span, no wrapper to move and poll.
+                if span.is_disabled() {
+                    forward.await
+                } else {
+                    forward.instrument(span).await
+                }
             }
             Route::Cursor(rpc) => {
                 let req = Request::from_parts(parts, boxed(body));
