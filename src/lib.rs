@@ -4,6 +4,7 @@
 //! agent (`agent`, which calls `provider`); see README.md for the picture.
 
 pub mod agent;
+pub mod cancel;
 pub mod cli;
 pub mod config;
 pub mod connect;

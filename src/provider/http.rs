@@ -154,19 +154,27 @@ async fn attempt_once(
 
     let mut decoder = StreamDecoder::new(r.kind, &r.ctx.origin, name);
     let mut chunks = resp.bytes_stream();
+    // One waiter and one timer for the whole stream, not a fresh pair per chunk and event.
+    let mut canceled = crate::cancel::cancelled(cancel);
+    let idle = tokio::time::sleep(r.idle_timeout);
+    tokio::pin!(idle);
     loop {
+        // The idle clock runs while we wait for the provider, not while a slow client holds
+        // back the events already read.
+        idle.as_mut()
+            .reset(tokio::time::Instant::now() + r.idle_timeout);
         let next = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
-            n = tokio::time::timeout(r.idle_timeout, chunks.next()) => n,
-        };
-        let events = match next {
-            Err(_) => {
+            _ = &mut canceled => return Outcome::Failed(ProviderError::canceled(name)),
+            n = chunks.next() => n,
+            _ = &mut idle => {
                 return Outcome::Failed(idle_timeout(name, r.idle_timeout, "while streaming"))
             }
-            Ok(None) => decoder.finish(),
-            Ok(Some(Err(e))) => return Outcome::Failed(from_reqwest(name, e)),
-            Ok(Some(Ok(bytes))) => {
+        };
+        let events = match next {
+            None => decoder.finish(),
+            Some(Err(e)) => return Outcome::Failed(from_reqwest(name, e)),
+            Some(Ok(bytes)) => {
                 let events = decoder.feed(&bytes);
                 if decoder.pending_bytes() > MAX_PENDING_BYTES {
                     return Outcome::Failed(ProviderError::new(
@@ -185,7 +193,7 @@ async fn attempt_once(
             }
             let terminal = ev.is_terminal();
             tokio::select! {
-                _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
+                _ = &mut canceled => return Outcome::Failed(ProviderError::canceled(name)),
                 sent = tx.send(ev) => if sent.is_err() { return Outcome::Done },
             }
             *emitted = true;

@@ -3,12 +3,7 @@
 use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
-
-use futures_util::task::AtomicWaker;
 
 use hyper_util::server::graceful::GracefulConnection;
 use tokio_util::sync::CancellationToken;
@@ -38,7 +33,7 @@ impl Shutdown {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let hard = WhenWoken::new(self.hard.clone().cancelled_owned());
+        let hard = crate::cancel::cancelled(&self.hard);
         self.tracker.spawn(async move {
             tokio::select! {
                 biased;
@@ -94,7 +89,7 @@ where
     C::Error: Display,
 {
     tokio::pin!(conn);
-    let stopping = WhenWoken::new(graceful.cancelled_owned());
+    let stopping = crate::cancel::cancelled(&graceful);
     let result = tokio::select! {
         biased;
         result = conn.as_mut() => result,
@@ -105,111 +100,5 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
-    }
-}
-
-/// Polls a rarely-ready future (a cancellation) only after its own waker fired, and once at the
-/// start. Beside a busy connection it is otherwise polled on every wake of the task, at the cost
-/// of two lock round-trips each time; this makes it one atomic swap.
-struct WhenWoken<F> {
-    inner: Pin<Box<F>>,
-    signal: Arc<Signal>,
-}
-
-struct Signal {
-    woken: AtomicBool,
-    task: AtomicWaker,
-}
-
-impl Wake for Signal {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.task.wake();
-    }
-}
-
-impl<F: Future> WhenWoken<F> {
-    fn new(inner: F) -> Self {
-        WhenWoken {
-            inner: Box::pin(inner),
-            signal: Arc::new(Signal {
-                woken: AtomicBool::new(true),
-                task: AtomicWaker::new(),
-            }),
-        }
-    }
-}
-
-impl<F: Future> Future for WhenWoken<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Register before checking, so a wake in between is never lost.
-        self.signal.task.register(cx.waker());
-        if !self.signal.woken.swap(false, Ordering::Acquire) {
-            return Poll::Pending;
-        }
-        let waker = Waker::from(self.signal.clone());
-        self.inner.as_mut().poll(&mut Context::from_waker(&waker))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    /// Counts its polls; ready once the token is cancelled.
-    struct Probe {
-        polls: Arc<AtomicUsize>,
-        cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-    }
-
-    impl Future for Probe {
-        type Output = ();
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            self.polls.fetch_add(1, Ordering::Relaxed);
-            self.cancelled.as_mut().poll(cx)
-        }
-    }
-
-    #[tokio::test]
-    async fn polls_inner_only_when_its_waker_fired() {
-        let token = CancellationToken::new();
-        let polls = Arc::new(AtomicUsize::new(0));
-        let mut fut = WhenWoken::new(Probe {
-            polls: polls.clone(),
-            cancelled: Box::pin(token.clone().cancelled_owned()),
-        });
-        let waker = futures_util::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        for _ in 0..10 {
-            assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
-        }
-        assert_eq!(
-            polls.load(Ordering::Relaxed),
-            1,
-            "polled once at the start only"
-        );
-        token.cancel();
-        assert!(Pin::new(&mut fut).poll(&mut cx).is_ready());
-        assert_eq!(polls.load(Ordering::Relaxed), 2);
-    }
-
-    #[tokio::test]
-    async fn a_cancel_wakes_the_task() {
-        let token = CancellationToken::new();
-        let fut = WhenWoken::new(token.clone().cancelled_owned());
-        let task = tokio::spawn(fut);
-        tokio::task::yield_now().await;
-        token.cancel();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the cancel woke the task")
-            .unwrap();
     }
 }

@@ -366,10 +366,12 @@ impl RunState {
         let mut usage = Usage::default();
         let mut partial_names: HashMap<String, String> = HashMap::new();
         let mut first_event = true;
+        // One waiter for the whole stream, not a fresh one per event.
+        let mut canceled = crate::cancel::cancelled(&self.cancel);
         loop {
             let event = tokio::select! {
                 biased;
-                _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+                _ = &mut canceled => return Err(RunError::Canceled),
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {
                     self.dispatch(ev).await?;

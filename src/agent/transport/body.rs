@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -40,6 +40,9 @@ pub(crate) fn end_frame(enc: &FrameEncoder, end: &EndStream) -> Bytes {
         .unwrap_or_else(|_| Bytes::from_static(b"\x02\x00\x00\x00\x02{}"))
 }
 
+/// Queued frames are joined into one body chunk up to this size (a TLS record is 16 KiB).
+const COALESCE_BYTES: usize = 16 * 1024;
+
 /// A run's output as a streaming body. Dropping it before the end (the client went away)
 /// cancels the run.
 pub(crate) struct RunBody {
@@ -50,6 +53,28 @@ pub(crate) struct RunBody {
 }
 
 impl RunBody {
+    /// Append the frames already queued behind `first` (a delta and its token count come in
+    /// pairs, a fast model in bursts): one body chunk is one HTTP/2 DATA frame or HTTP/1.1
+    /// chunk, one TLS record and one write instead of one each per frame. Never waits.
+    fn coalesce(&mut self, first: Bytes) -> Bytes {
+        if self.done {
+            return first;
+        }
+        let mut chunk: Option<BytesMut> = None;
+        while chunk.as_ref().map_or(first.len(), BytesMut::len) < COALESCE_BYTES {
+            let Ok(out) = self.rx.try_recv() else { break };
+            let (bytes, end) = encode_output(&self.enc, out);
+            chunk
+                .get_or_insert_with(|| BytesMut::from(&first[..]))
+                .extend_from_slice(&bytes);
+            if end {
+                self.done = true;
+                break;
+            }
+        }
+        chunk.map_or(first, BytesMut::freeze)
+    }
+
     pub(crate) fn new(
         rx: mpsc::Receiver<RunOutput>,
         enc: FrameEncoder,
@@ -80,7 +105,7 @@ impl HttpBody for RunBody {
             Poll::Ready(Some(out)) => {
                 let (bytes, end) = encode_output(&self.enc, out);
                 self.done = end;
-                Poll::Ready(Some(Ok(Frame::data(bytes))))
+                Poll::Ready(Some(Ok(Frame::data(self.coalesce(bytes)))))
             }
             Poll::Ready(None) => {
                 // The run always sends an End; reaching here means it was lost: say so.
@@ -119,4 +144,52 @@ pub(crate) fn replay(prefix: Bytes, rest: Incoming) -> Body {
     );
     let tail = http_body_util::BodyStream::new(rest.map_err(BodyError::from));
     boxed(http_body_util::StreamBody::new(head.chain(tail)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::{Encoding, Frame as ConnectFrame, FrameDecoder, Limits, StreamKind};
+    use futures_util::FutureExt;
+
+    fn decode_all(chunk: &Bytes) -> Vec<ConnectFrame> {
+        let mut dec =
+            FrameDecoder::new(StreamKind::Response, Encoding::Identity, Limits::default());
+        dec.feed(chunk.clone());
+        std::iter::from_fn(|| dec.next_frame().unwrap()).collect()
+    }
+
+    fn message() -> RunOutput {
+        RunOutput::Message(Box::default())
+    }
+
+    async fn next_chunk(body: &mut RunBody) -> Bytes {
+        body.frame().await.unwrap().unwrap().into_data().unwrap()
+    }
+
+    #[tokio::test]
+    async fn queued_frames_go_out_as_one_chunk_and_none_waits() {
+        let (tx, rx) = mpsc::channel(16);
+        let mut body = RunBody::new(
+            rx,
+            FrameEncoder::new(Encoding::Identity),
+            CancellationToken::new(),
+        );
+        for _ in 0..3 {
+            tx.send(message()).await.unwrap();
+        }
+        assert_eq!(decode_all(&next_chunk(&mut body).await).len(), 3);
+        assert!(
+            body.frame().now_or_never().is_none(),
+            "nothing queued: the body waits for the run"
+        );
+
+        tx.send(message()).await.unwrap();
+        tx.send(RunOutput::End(EndStream::ok())).await.unwrap();
+        tx.send(message()).await.unwrap(); // after the end: never sent
+        let frames = decode_all(&next_chunk(&mut body).await);
+        assert_eq!(frames.len(), 2);
+        assert!(matches!(frames[1], ConnectFrame::End(_)));
+        assert!(body.frame().await.is_none());
+    }
 }
