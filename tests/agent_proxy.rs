@@ -16,6 +16,7 @@ use common::agent_client::{
     STEP,
 };
 use common::client::{self, Alpn};
+use common::closed_port;
 use common::cursor_upstream::{
     self, capture_models_raw, relay_reply, relay_reply_bytes, AGENT_RUN, AGENT_RUN_SSE,
     AVAILABLE_MODELS, BIDI_APPEND, GET_SERVER_CONFIG,
@@ -25,7 +26,7 @@ use cursor_byok::config::Config;
 use cursor_byok::connect::{Code, EndStream};
 use cursor_byok::proto::agent::v1 as pb;
 use cursor_byok::proto::aiserver::v1 as ai;
-use harness::{closed_port, Harness, CURSORS, OURS};
+use harness::{Harness, CURSORS, OURS};
 use http::{Method, Request, StatusCode, Version};
 use prost::Message;
 
@@ -466,9 +467,9 @@ async fn model_list_keeps_upstreams_models_and_appends_ours() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_list_with_upstream_down_is_ours_alone() {
-    let dead = closed_port().await;
+    let dead = closed_port();
     let h = harness_with(vec![], |c| {
-        c.upstream.resolve.insert(API.into(), dead);
+        c.upstream.resolve.insert(API.into(), dead.addr);
     })
     .await;
     let mut c = h.connect_door().connect(Alpn::H2).await;

@@ -340,11 +340,10 @@ async fn ws_probes_get_404_and_never_reach_upstream() {
 #[tokio::test]
 async fn unreachable_upstream_gets_local_answers() {
     let (services, upstream) = setup();
-    // A port nobody listens on.
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    // A port nobody listens on; kept bound (not listening) so no other test's server gets it.
+    let closed = tokio::net::TcpSocket::new_v4().expect("socket");
+    closed.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let port = closed.local_addr().expect("addr").port();
 
     let req = request(
         "/aiserver.v1.AiService/AvailableModels",

@@ -3,12 +3,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use common::client::{self, Alpn, Sender};
+use common::closed_port;
 use common::cursor_upstream::{self, FakeUpstream};
 use cursor_byok::config::{Config, ProxyAuth};
 use cursor_byok::proxy::Server;
@@ -514,17 +514,12 @@ async fn proxy_auth_answers_407_without_credentials() {
     assert_eq!(resp.status(), StatusCode::PROXY_AUTHENTICATION_REQUIRED);
 }
 
-async fn closed_port() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_upstream_answers_502_with_the_reason_quickly() {
-    let dead = closed_port().await;
+    let dead = closed_port();
     let h = harness_with(|c, _| {
-        c.upstream.resolve.insert(API.into(), dead);
-        c.upstream.resolve.insert("gone.example".into(), dead);
+        c.upstream.resolve.insert(API.into(), dead.addr);
+        c.upstream.resolve.insert("gone.example".into(), dead.addr);
     })
     .await;
     for alpn in Alpn::both() {

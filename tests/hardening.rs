@@ -13,12 +13,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 use common::agent_client::{
     frame, play, play_until, run_request, text_of, Bidi, H2Run, Sink, Store,
 };
+use common::closed_port;
 use common::fake_provider::{After, Reply};
 use cursor_byok::connect::{Code, ConnectError};
 use cursor_byok::proto::agent::v1 as pb;
 use harness::{
-    closed_port, end_error, h2_conn, harness, partial, run_with_headers, silent, CURSORS, OURS,
-    TEXT, TEXT_SSE,
+    end_error, h2_conn, harness, partial, run_with_headers, silent, CURSORS, OURS, TEXT, TEXT_SSE,
 };
 use http::StatusCode;
 
@@ -144,11 +144,11 @@ async fn client_vanishing_mid_run_cancels_the_provider_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_answers_502_with_the_reason() {
-    let dead = closed_port().await;
+    let dead = closed_port();
     let h = harness(vec![], |c| {
         c.upstream
             .resolve
-            .insert(common::agent_client::API.into(), dead);
+            .insert(common::agent_client::API.into(), dead.addr);
     })
     .await;
     let door = h.connect_door();

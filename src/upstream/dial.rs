@@ -255,9 +255,10 @@ mod tests {
 
     #[tokio::test]
     async fn refused_names_the_reason() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
+        // Bound but not listening: refused, and no other test can be handed the port.
+        let closed = tokio::net::TcpSocket::new_v4().unwrap();
+        closed.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let addr = closed.local_addr().unwrap();
         let err = dialer(vec![])
             .dial("127.0.0.1", addr.port())
             .await

@@ -3,7 +3,6 @@
 //! next to `mod common;`.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -228,11 +227,6 @@ pub async fn run_with_headers(
 
 pub async fn h2_conn(door: &Door) -> Sender {
     door.connect(Alpn::H2).await
-}
-
-pub async fn closed_port() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
 }
 
 /// Memory in use by this process (VmRSS), in KiB; 0 where /proc is missing.
