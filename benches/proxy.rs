@@ -11,7 +11,9 @@
 //!
 //! Everything runs in this process except mitmdump: a local TLS upstream (HTTP/1.1 + HTTP/2,
 //! its own test CA), cursor-byok's proxy (`cursor_byok::proxy::Server`, the upstream reached
-//! through `upstream.resolve`), optionally hudsucker's no-op MITM proxy, and the clients. A
+//! through `upstream.resolve`), optionally hudsucker's no-op MITM proxy, `tls-relay` (a
+//! reference: TLS terminated and re-opened, bytes copied, no HTTP: the ceiling of any
+//! decrypting proxy here) and the clients. A
 //! proxied client sends `CONNECT`, then TLS trusting the proxy's CA; the direct client does TLS
 //! to the upstream itself. Targets are interleaved round by round. Output: Markdown tables.
 //!
@@ -378,6 +380,61 @@ async fn start_hudsucker(upstream: &Upstream) -> Target {
     }
 }
 
+/// A reference, not a proxy: after CONNECT it terminates TLS with a leaf, opens TLS to the
+/// upstream with the ALPN the client chose and copies bytes both ways, with no HTTP work at all.
+/// Its ratio to direct is the two-TLS-hops ceiling of any decrypting proxy on this machine.
+async fn start_tls_relay(upstream: &Upstream) -> Target {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(&[LOCAL]);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let upstream_roots = roots(&upstream.ca.cert_der);
+    let origin = upstream.addr;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    support::spawn_accept_loop(listener, move |mut stream| {
+        let acceptor = acceptor.clone();
+        let upstream_roots = upstream_roots.clone();
+        async move {
+            read_head(&mut stream).await;
+            if stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.is_err() {
+                return;
+            }
+            let Ok(mut client) = acceptor.accept(stream).await else {
+                return;
+            };
+            let alpn = match client.get_ref().1.alpn_protocol() {
+                Some(b"h2") => Alpn::H2,
+                _ => Alpn::H1,
+            };
+            let tcp = TcpStream::connect(origin).await.unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let name = ServerName::try_from(LOCAL).unwrap();
+            let connector = tokio_rustls::TlsConnector::from(client_config(&upstream_roots, alpn));
+            let Ok(mut server) = connector.connect(name, tcp).await else {
+                return;
+            };
+            let buf = 64 * 1024;
+            let _ =
+                tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, buf, buf).await;
+        }
+    });
+    Target {
+        name: "tls-relay",
+        addr,
+        connect: Some(format!("{LOCAL}:{}", origin.port())),
+        sni: LOCAL,
+        authority: leak(format!("{LOCAL}:{}", origin.port())),
+        roots: roots(&ca.cert_der),
+    }
+}
+
 /// mitmdump as a child process, when it is installed.
 struct Mitmdump {
     child: std::process::Child,
@@ -620,6 +677,8 @@ async fn run(threads: usize) {
     let mut targets = vec![direct.clone(), ours.clone()];
     #[cfg(feature = "bench-hudsucker")]
     targets.push(start_hudsucker(&upstream).await);
+    // The ceiling, for reading the others: TLS both ways and nothing else.
+    targets.push(start_tls_relay(&upstream).await);
     let mut notes = Vec::new();
     if !cfg!(feature = "bench-hudsucker") {
         notes.push("hudsucker: not built (add `--features bench-hudsucker`)".to_string());
@@ -842,6 +901,9 @@ async fn run(threads: usize) {
             let tls = t.tls(Alpn::H2).await;
             handshakes[ti].push(t0.elapsed().as_nanos() as u64);
             drop(tls);
+            // Let the target finish its side (tls-relay dials the upstream after the client's
+            // handshake) before the next one is timed.
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
     println!("### TLS\n");
