@@ -79,11 +79,9 @@ struct Upstream {
     ca_pem_path: PathBuf,
 }
 
-async fn start_upstream(dir: &std::path::Path, bulk_len: u64) -> Upstream {
-    let ca = TestCa::new();
-    let ca_pem_path = dir.join("upstream-ca.pem");
-    std::fs::write(&ca_pem_path, &ca.cert_pem).unwrap();
-    let (cert, key) = ca.leaf(&[HOST, LOCAL]);
+/// A TLS server for `names` (leaf from `ca`) offering HTTP/2 and HTTP/1.1.
+fn acceptor(ca: &TestCa, names: &[&str]) -> tokio_rustls::TlsAcceptor {
+    let (cert, key) = ca.leaf(names);
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -91,7 +89,14 @@ async fn start_upstream(dir: &std::path::Path, bulk_len: u64) -> Upstream {
         .with_single_cert(vec![cert], key)
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+async fn start_upstream(dir: &std::path::Path, bulk_len: u64) -> Upstream {
+    let ca = TestCa::new();
+    let ca_pem_path = dir.join("upstream-ca.pem");
+    std::fs::write(&ca_pem_path, &ca.cert_pem).unwrap();
+    let acceptor = acceptor(&ca, &[HOST, LOCAL]);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     support::spawn_accept_loop(listener, move |stream| {
@@ -385,15 +390,7 @@ async fn start_hudsucker(upstream: &Upstream) -> Target {
 /// Its ratio to direct is the two-TLS-hops ceiling of any decrypting proxy on this machine.
 async fn start_tls_relay(upstream: &Upstream) -> Target {
     let ca = TestCa::new();
-    let (cert, key) = ca.leaf(&[LOCAL]);
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let acceptor = acceptor(&ca, &[LOCAL]);
     let upstream_roots = roots(&upstream.ca.cert_der);
     let origin = upstream.addr;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
