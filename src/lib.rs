@@ -4,7 +4,7 @@
 //! agent (`agent`, which calls `provider`); see README.md for the picture.
 
 pub mod agent;
-pub mod cancel;
+pub(crate) mod cancel;
 pub mod cli;
 pub mod config;
 pub mod connect;
