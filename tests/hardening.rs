@@ -267,6 +267,26 @@ async fn oversized_frames_are_refused() {
     h.normal_run_succeeds("after-oversized").await;
 }
 
+/// A body far past the limit and the socket buffers: the client, still writing it over
+/// HTTP/1.1, must read the refusal, not a reset connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_append_over_http1_gets_the_error_not_a_reset() {
+    let h = harness(vec![], |c| c.limits.max_frame_bytes = 64 * 1024).await;
+    let huge = run_request(OURS, "conv-huge", &"x".repeat(4 << 20), true);
+    let bidi = Bidi::new(&h.connect_door(), "req-huge-append");
+    let answer = bidi.append_body(bidi.append_bytes(0, &huge)).await;
+    let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
+    record("4 MiB BidiAppend body over HTTP/1.1 (limit 64 KiB)", &err);
+    assert!(answer.status.is_client_error(), "{answer:?}");
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message.contains("larger than 65536 bytes"),
+        "{}",
+        err.message
+    );
+    assert!(h.provider.requests().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_gzip_is_refused_or_relayed_without_harm() {
     let h = harness(vec![], |_| {}).await;

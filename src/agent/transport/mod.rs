@@ -191,16 +191,49 @@ impl Peek {
     }
 }
 
+/// After refusing an oversized body, at most this much more of it is read and dropped, for at
+/// most [`DRAIN_TIME`]: an HTTP/1.1 client still sending it then reads our error instead of a
+/// reset connection (closing with unread input makes the kernel answer with a reset).
+const DRAIN_BYTES: usize = 8 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
 /// Reads a whole unary body, bounded.
-async fn read_bounded(body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
-    let limited = http_body_util::Limited::new(body, max);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => Err(ConnectError::new(
-            Code::ResourceExhausted,
-            format!("request body unreadable or larger than {max} bytes: {e}"),
-        )),
+async fn read_bounded(mut body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ConnectError::new(
+                Code::ResourceExhausted,
+                format!("request body unreadable: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing a unary Connect body carries
+        };
+        if buf.len() + data.len() > max {
+            drain(body).await;
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!("request body larger than {max} bytes"),
+            ));
+        }
+        buf.extend_from_slice(&data);
     }
+    Ok(buf.freeze())
+}
+
+/// Read and drop the rest of `body`, bounded by [`DRAIN_BYTES`] and [`DRAIN_TIME`].
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut dropped = 0;
+        while dropped < DRAIN_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => dropped += frame.data_ref().map_or(0, Bytes::len),
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 /// A Connect error as an HTTP response (for unary calls and for failures before streaming).
