@@ -7,6 +7,7 @@ pub mod agent;
 pub(crate) mod cancel;
 pub mod cli;
 pub mod config;
+pub(crate) mod conn_tasks;
 pub mod connect;
 pub mod cursor;
 pub mod proto;

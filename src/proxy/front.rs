@@ -16,6 +16,7 @@ use tracing::instrument;
 use super::server::State;
 use super::{auth, connect, serve};
 use crate::config::host_matches;
+use crate::conn_tasks::LocalExec;
 use crate::router::{boxed, full, Body, Door, RequestContext};
 
 /// Serve proxy-protocol requests on one client connection.
@@ -26,7 +27,7 @@ pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr
         let state = st.clone();
         async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
     });
-    let conn = serve::http_builder(Some(b"http/1.1"))
+    let conn = serve::http_builder(Some(b"http/1.1"), LocalExec::runtime())
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
     state.shutdown.serve(conn).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -17,6 +17,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::server::State;
+use crate::conn_tasks::LocalExec;
 use crate::router::RequestContext;
 use crate::upstream::Link;
 
@@ -79,12 +80,20 @@ pub(crate) async fn serve_http<I>(
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
+    // HTTP/2: the streams' futures and the upstream link run in this task (see `conn_tasks`).
+    let (exec, tasks) = match alpn {
+        Some(b"h2") => {
+            let (exec, tasks) = crate::conn_tasks::new();
+            (exec, Some(tasks))
+        }
+        _ => (LocalExec::runtime(), None),
+    };
     // What every request on this connection shares, behind one `Arc`: the router, this
     // connection's own upstream connection (dialled on its first passthrough request) and
     // the context the CONNECT (or the listener) gave.
     let shared = Arc::new(Shared {
         router: state.router.clone(),
-        link: Link::new(),
+        link: Link::new(exec.clone()),
         base,
     });
     let service = service_fn(move |req: Request<Incoming>| {
@@ -102,10 +111,14 @@ pub(crate) async fn serve_http<I>(
         });
         fut
     });
-    let conn = http_builder(alpn)
+    let conn = http_builder(alpn, exec)
         .serve_connection_with_upgrades(io, service)
         .into_owned();
-    state.shutdown.serve(conn).await;
+    let conn = state.shutdown.serve(conn);
+    match tasks {
+        Some(tasks) => crate::conn_tasks::run(conn, tasks).await,
+        None => conn.await,
+    }
 }
 
 /// hyper's server settings: HTTP/1.1 and HTTP/2, or only the one ALPN chose.
@@ -115,8 +128,8 @@ pub(crate) async fn serve_http<I>(
 /// (hyper arms a fresh one for every request, about 4 % of a unary request's cost, and it
 /// would also close Cursor's idle keep-alive connections after 30 s). TLS handshakes keep
 /// their timeout; the upstream side keeps its pings.
-pub(crate) fn http_builder(alpn: Option<&[u8]>) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+pub(crate) fn http_builder(alpn: Option<&[u8]>, exec: LocalExec) -> auto::Builder<LocalExec> {
+    let mut builder = auto::Builder::new(exec);
     builder.http1().keep_alive(true);
     builder
         .http2()

@@ -5,25 +5,28 @@
 //! client's connection. That mirrors what Cursor does without us (one connection in, one out,
 //! HTTP/2 streams multiplexed the same way) and keeps the shared pool's checkout, locking and
 //! per-request bookkeeping task off the hot path. WebSocket upgrades and requests for another
-//! origin use the pool.
+//! origin use the pool. The upstream connection's future runs on the client connection's
+//! executor: in that connection's own task on HTTP/2 (`conn_tasks`).
 
 use http::header::{self, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::sync::Mutex;
 
 use super::connector::Connector;
 use super::error::{cause_chain, UpstreamError};
 use super::{H2_CONN_WINDOW, H2_STREAM_WINDOW};
+use crate::conn_tasks::LocalExec;
 use crate::router::{Body, RequestContext};
 
 /// One client connection's upstream connection, dialled on first use. Dropping it (with the
 /// client connection) lets the upstream connection close once its last response is read.
-#[derive(Default)]
 pub struct Link {
+    /// The client connection's executor: the upstream connection runs in its task.
+    exec: LocalExec,
     /// Held across `ready` + send on HTTP/1.1 (requests there are sequential anyway); on
     /// HTTP/2 only long enough to clone the sender.
     conn: Mutex<Option<Conn>>,
@@ -48,8 +51,11 @@ impl Conn {
 }
 
 impl Link {
-    pub fn new() -> Self {
-        Link::default()
+    pub(crate) fn new(exec: LocalExec) -> Self {
+        Link {
+            exec,
+            conn: Mutex::new(None),
+        }
     }
 }
 
@@ -80,7 +86,7 @@ pub(super) async fn send(
             *slot = None;
             let connector = if h2 { dialers.h2 } else { dialers.h1 };
             // Boxed: dialling happens once per connection; the per-request future stays small.
-            *slot = Some(Box::pin(dial(connector, ctx, h2)).await?);
+            *slot = Some(Box::pin(dial(&link.exec, connector, ctx, h2)).await?);
             fresh = true;
         }
         let outcome = match slot.as_mut() {
@@ -145,6 +151,7 @@ impl Conn {
 /// Dial the origin and run the HTTP handshake; the connection task ends when the link and the
 /// last response body are gone, or the origin closes.
 async fn dial(
+    exec: &LocalExec,
     connector: &Connector,
     ctx: &RequestContext,
     h2: bool,
@@ -164,7 +171,7 @@ async fn dial(
         reason: cause_chain(&e),
     };
     if h2 {
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        let (sender, conn) = http2::Builder::new(exec.clone())
             .timer(TokioTimer::new())
             .initial_stream_window_size(H2_STREAM_WINDOW)
             .initial_connection_window_size(H2_CONN_WINDOW)
@@ -172,7 +179,7 @@ async fn dial(
             .handshake(io)
             .await
             .map_err(failed)?;
-        tokio::spawn(async move {
+        exec.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream h2 connection ended");
             }
@@ -180,7 +187,7 @@ async fn dial(
         Ok(Conn::H2(sender))
     } else {
         let (sender, conn) = http1::Builder::new().handshake(io).await.map_err(failed)?;
-        tokio::spawn(async move {
+        exec.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream h1 connection ended");
             }
