@@ -148,8 +148,8 @@ impl Conn {
     }
 }
 
-/// Dial the origin and run the HTTP handshake; the connection task ends when the link and the
-/// last response body are gone, or the origin closes.
+/// Dial the origin and run the HTTP handshake; the connection's future (run on `exec`) ends
+/// when the link and the last response body are gone, or the origin closes.
 async fn dial(
     exec: &LocalExec,
     connector: &Connector,
