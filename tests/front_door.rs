@@ -616,29 +616,33 @@ async fn graceful_shutdown_lets_an_inflight_stream_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_period_expiry_closes_stuck_streams() {
-    let h = harness().await;
-    let mut c = h.client(Alpn::H1).await;
-    let resp = c
-        .send(API, post("/stream?frames=3", client::empty()))
-        .await
-        .unwrap();
-    let mut frames = FrameReader::new(resp);
-    frames.expect_message("frame 0").await;
-    let started = Instant::now();
-    let Harness {
-        server, upstream, ..
-    } = h;
-    server.shutdown(Duration::from_millis(300)).await;
-    assert!(started.elapsed() < Duration::from_secs(5));
-    // The stream was cut: an error or an early end, never frame 1.
-    let next = tokio::time::timeout(STEP, frames.body.frame())
-        .await
-        .unwrap();
-    assert!(
-        !matches!(next, Some(Ok(_))),
-        "no more data after the close: {next:?}"
-    );
-    drop(upstream);
+    // Both versions: on HTTP/2 the stream's future and the upstream link run inside the
+    // client connection's task, which the grace period's end must cut as a whole.
+    for alpn in Alpn::both() {
+        let h = harness().await;
+        let mut c = h.client(alpn).await;
+        let resp = c
+            .send(API, post("/stream?frames=3", client::empty()))
+            .await
+            .unwrap();
+        let mut frames = FrameReader::new(resp);
+        frames.expect_message("frame 0").await;
+        let started = Instant::now();
+        let Harness {
+            server, upstream, ..
+        } = h;
+        server.shutdown(Duration::from_millis(300)).await;
+        assert!(started.elapsed() < Duration::from_secs(5), "{alpn:?}");
+        // The stream was cut: an error or an early end, never frame 1.
+        let next = tokio::time::timeout(STEP, frames.body.frame())
+            .await
+            .unwrap();
+        assert!(
+            !matches!(next, Some(Ok(_))),
+            "{alpn:?}: no more data after the close: {next:?}"
+        );
+        drop(upstream);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
