@@ -575,17 +575,24 @@ async fn connect_to_our_own_listener_is_refused() {
     assert!(String::from_utf8_lossy(&body[..n]).contains("loop"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceful_shutdown_lets_an_inflight_stream_finish() {
-    let h = harness().await;
-    let proxy = h.server.proxy_addr();
-    let mut c = h.client(Alpn::H2).await;
+/// A three-frame server stream whose later frames the upstream holds until released, read up
+/// to its first frame.
+async fn open_held_stream(c: &mut Sender) -> FrameReader {
     let resp = c
         .send(API, post("/stream?frames=3", client::empty()))
         .await
         .unwrap();
     let mut frames = FrameReader::new(resp);
     frames.expect_message("frame 0").await;
+    frames
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_an_inflight_stream_finish() {
+    let h = harness().await;
+    let proxy = h.server.proxy_addr();
+    let mut c = h.client(Alpn::H2).await;
+    let mut frames = open_held_stream(&mut c).await;
 
     let Harness {
         upstream, server, ..
@@ -621,12 +628,7 @@ async fn grace_period_expiry_closes_stuck_streams() {
     for alpn in Alpn::both() {
         let h = harness().await;
         let mut c = h.client(alpn).await;
-        let resp = c
-            .send(API, post("/stream?frames=3", client::empty()))
-            .await
-            .unwrap();
-        let mut frames = FrameReader::new(resp);
-        frames.expect_message("frame 0").await;
+        let mut frames = open_held_stream(&mut c).await;
         let started = Instant::now();
         let Harness {
             server, upstream, ..
@@ -650,12 +652,7 @@ async fn client_disconnect_cancels_the_upstream_stream() {
     let h = harness().await;
     for (round, alpn) in Alpn::both().into_iter().enumerate() {
         let mut c = h.client(alpn).await;
-        let resp = c
-            .send(API, post("/stream?frames=3", client::empty()))
-            .await
-            .unwrap();
-        let mut frames = FrameReader::new(resp);
-        frames.expect_message("frame 0").await;
+        let frames = open_held_stream(&mut c).await;
         drop(frames);
         drop(c);
         // Let the upstream try to send frame 1 into a stream nobody reads any more.
