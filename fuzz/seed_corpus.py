@@ -125,6 +125,24 @@ def main():
             put("sse_parser", b"\x07" + body)
             put("sse_parser", b"\xff" + body)
 
+    # h2_frames: frame sequences around RFC 7541's example header blocks (Huffman and not).
+    def h2frame(kind, flags, stream, payload):
+        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+    blocks = [
+        bytes.fromhex("828684418cf1e3c2e5f23a6ba0ab90f4ff"),
+        bytes.fromhex("828684be5886a8eb10649cbf"),
+        bytes.fromhex("828684410f7777772e6578616d706c652e636f6d"),
+        bytes.fromhex("4803333032580770726976617465611d4d6f6e2c203231204f637420323031332032303a31333a323120474d546e1768747470733a2f2f7777772e6578616d706c652e636f6d"),
+    ]
+    settings = h2frame(4, 0, 0, struct.pack(">HI", 4, 1 << 20))
+    for i, block in enumerate(blocks):
+        seq = settings + h2frame(1, 4 | 1, 1 + 2 * i, block) + h2frame(0, 1, 1, b"hello")
+        put("h2_frames", b"\x00" + seq)
+        put("h2_frames", b"\x03" + seq)
+        # The same block as HEADERS + CONTINUATION.
+        half = len(block) // 2
+        put("h2_frames", b"\x05" + h2frame(1, 0, 1, block[:half]) + h2frame(9, 4, 1, block[half:]))
+
     for t in sorted(p.name for p in CORPUS.iterdir()):
         print("%-22s %d seeds" % (t, len(list((CORPUS / t).iterdir()))))
 

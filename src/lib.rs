@@ -13,6 +13,8 @@ pub mod cursor;
 pub mod proto;
 pub mod provider;
 pub mod proxy;
+#[doc(hidden)]
+pub mod relay;
 pub mod router;
 pub mod secret;
 pub mod setup;

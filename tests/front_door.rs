@@ -720,6 +720,111 @@ async fn one_upstream_connection_per_client_connection() {
     }
 }
 
+/// An echoed request carrying headers the client's HPACK encoder indexes, checked on the way
+/// back.
+async fn echo_with_headers(c: &mut Sender, round: &str) {
+    let mut req = post("/echo", client::full(format!("body {round}")));
+    let headers = req.headers_mut();
+    headers.insert("authorization", "Bearer secret-token".parse().unwrap());
+    headers.insert("x-cursor-checksum", format!("sum-{round}").parse().unwrap());
+    headers.insert("x-cursor-client-version", "1.2.3".parse().unwrap());
+    let resp = c.send(API, req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{round}");
+    let echoed = resp.headers().clone();
+    assert_eq!(
+        echoed["x-echo-authorization"], "Bearer secret-token",
+        "{round}"
+    );
+    assert_eq!(
+        echoed["x-echo-x-cursor-checksum"],
+        format!("sum-{round}").as_str()
+    );
+    assert_eq!(echoed["x-echo-x-cursor-client-version"], "1.2.3", "{round}");
+    assert_eq!(echoed["x-echo-version"], "HTTP/2.0", "{round}");
+    assert_eq!(client::collect(resp).await, format!("body {round}"));
+}
+
+/// On one HTTP/2 connection, passthrough streams (relayed frame by frame), a stream that is
+/// ours (peeled off to the router) and a stream the client abandons mid-answer interleave;
+/// every header still arrives intact both ways afterwards. With `h2_relay = false` the same
+/// holds through hyper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_of_every_kind_share_one_connection() {
+    for relay in [true, false] {
+        let h = harness_with(|c, _| c.upstream.h2_relay = relay).await;
+        let mut c = h.client(Alpn::H2).await;
+        for i in 0..3 {
+            echo_with_headers(&mut c, &format!("{relay}-a{i}")).await;
+        }
+        // Ours: the server config is rewritten by cursor-byok.
+        let mut req = post(
+            "/aiserver.v1.ServerConfigService/GetServerConfig",
+            client::empty(),
+        );
+        req.headers_mut()
+            .insert("content-type", "application/proto".parse().unwrap());
+        req.headers_mut()
+            .insert("x-cursor-new-header", "only-here".parse().unwrap());
+        let resp = c.send(API, req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "relay={relay}");
+        client::collect(resp).await;
+        echo_with_headers(&mut c, &format!("{relay}-b")).await;
+        // A stream the client drops after its first frame; the origin answers on.
+        let frames = open_held_stream(&mut c).await;
+        drop(frames);
+        h.upstream.release(3);
+        for i in 0..3 {
+            echo_with_headers(&mut c, &format!("{relay}-c{i}")).await;
+        }
+        // Many streams at once, each checked.
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let mut c = match &c {
+                Sender::H2(send) => Sender::H2(send.clone()),
+                Sender::H1(_) => unreachable!("an HTTP/2 client"),
+            };
+            tasks.push(tokio::spawn(async move {
+                echo_with_headers(&mut c, &format!("{relay}-d{i}")).await;
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+}
+
+/// A client with the smallest windows HTTP/2 allows: the relay holds the origin's data back
+/// until the client reads, and an upload larger than every window still arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_flow_control_holds_with_small_client_windows() {
+    let h = harness().await;
+    let mut c = client::via_proxy_h2_windows(
+        h.server.proxy_addr(),
+        "api2.cursor.sh:443",
+        API,
+        h.our_roots(),
+        (65_535, 65_535),
+    )
+    .await;
+    let resp = c.send(API, get("/download")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = client::collect(resp).await;
+    assert!(
+        body[..] == cursor_upstream::download_bytes()[..],
+        "download intact"
+    );
+    let upload: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+    let resp = c
+        .send(API, post("/echo", client::full(upload.clone())))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        client::collect(resp).await[..] == upload[..],
+        "upload echoed intact"
+    );
+}
+
 #[test]
 fn leaf_certificates_are_well_formed() {
     use x509_parser::prelude::*;

@@ -87,7 +87,7 @@ impl Default for DirectDoors {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Outbound HTTP proxy for our own dials (corporate networks), e.g. `http://proxy:3128`.
@@ -102,6 +102,21 @@ pub struct UpstreamConfig {
     /// Seconds allowed for connecting upstream.
     #[serde(default)]
     pub connect_timeout_secs: Option<u64>,
+    /// HTTP/2 passthrough through the frame relay (`false`: through hyper on both sides).
+    #[serde(default = "defaults::yes")]
+    pub h2_relay: bool,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            proxy: None,
+            extra_roots: None,
+            resolve: BTreeMap::new(),
+            connect_timeout_secs: None,
+            h2_relay: true,
+        }
+    }
 }
 
 impl UpstreamConfig {

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::uri::Scheme;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -18,7 +19,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::server::State;
 use crate::conn_tasks::LocalExec;
-use crate::router::RequestContext;
+use crate::relay;
+use crate::router::{Door, RequestContext, Route};
 use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
@@ -59,7 +61,57 @@ pub(crate) async fn serve_tls_stream<IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    // HTTP/2 after CONNECT: the frame relay (passthrough streams never meet hyper). The direct
+    // doors rewrite `:authority` to the origin's, so they keep the hyper path.
+    if alpn.as_deref() == Some(b"h2")
+        && state.h2_relay
+        && base.door == Door::Connect
+        && base.scheme == Scheme::HTTPS
+    {
+        return relay(state, tls, base).await;
+    }
     serve_http(state, TokioIo::new(tls), alpn.as_deref(), base).await;
+}
+
+/// Run the HTTP/2 relay on a decrypted client connection: plain passthrough streams go to the
+/// origin frame by frame; every other stream goes to [`serve_http`] (router, agent, Cursor
+/// services) over an in-memory connection.
+async fn relay<IO>(state: Arc<State>, tls: TlsStream<IO>, base: RequestContext)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut ctx = base;
+    ctx.client_version = http::Version::HTTP_2;
+    let upstream = state.router.upstream().clone();
+    let dial_ctx = ctx.clone();
+    let dial: relay::BoxFuture<Result<relay::BoxIo, crate::upstream::UpstreamError>> =
+        Box::pin(async move {
+            let io = upstream.dial_h2(&dial_ctx).await?;
+            Ok(Box::new(io) as relay::BoxIo)
+        });
+    let graceful = state.shutdown.graceful_token();
+    let stopping: relay::BoxFuture<()> = Box::pin(crate::cancel::cancelled(&graceful));
+    let setup = relay::Setup {
+        authority: ctx.authority(),
+        port: ctx.port,
+        host: ctx.host.clone(),
+        dial,
+        internal: Box::new({
+            let state = state.clone();
+            let ctx = ctx.clone();
+            move |io| -> relay::BoxFuture<()> {
+                Box::pin(serve_http(
+                    state.clone(),
+                    TokioIo::new(io),
+                    Some(b"h2"),
+                    ctx.clone(),
+                ))
+            }
+        }),
+        passthrough: |path| crate::router::route_path(path) == Route::Upstream,
+        stopping,
+    };
+    relay::Relay::new(Box::new(tls), setup).await;
 }
 
 struct Shared {

@@ -33,6 +33,8 @@ pub(crate) struct State {
     pub(crate) shutdown: Shutdown,
     /// Live runs for the status page (served by the proxy listener itself).
     pub(crate) status: Status,
+    /// HTTP/2 passthrough through the frame relay (`upstream.h2_relay`).
+    pub(crate) h2_relay: bool,
 }
 
 /// The Cursor origin behind the direct doors.
@@ -135,6 +137,7 @@ impl ServerBuilder {
             origin,
             shutdown: shutdown.clone(),
             status: status.clone(),
+            h2_relay: config.upstream.h2_relay,
         });
         let mut accept_loops = vec![tokio::spawn(accept_loop(proxy, state.clone(), Kind::Proxy))];
         if let Some(listener) = tls {

@@ -24,6 +24,11 @@ impl Shutdown {
         self.graceful.cancelled()
     }
 
+    /// Cancelled when the graceful shutdown starts.
+    pub(crate) fn graceful_token(&self) -> CancellationToken {
+        self.graceful.clone()
+    }
+
     pub(crate) fn hard_token(&self) -> CancellationToken {
         self.hard.clone()
     }

@@ -87,7 +87,11 @@ pub enum Route {
 
 /// The routing decision, from the request head only (the body is still unread).
 pub fn route(_ctx: &RequestContext, parts: &Parts) -> Route {
-    let path = parts.uri.path();
+    route_path(parts.uri.path())
+}
+
+/// [`route`] by path alone (without the query), which is all it looks at.
+pub fn route_path(path: &str) -> Route {
     if crate::status::is_own_path(path) {
         return Route::Own;
     }

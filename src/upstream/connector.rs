@@ -143,17 +143,22 @@ pub(crate) enum Stream {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    /// Did ALPN pick HTTP/2?
+    pub(crate) fn is_h2(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
+        }
+    }
+}
+
 impl Connection for Stream {
     fn connected(&self) -> Connected {
         match self {
             Stream::Plain(_) => Connected::new(),
-            Stream::Tls(tls) => {
-                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    Connected::new().negotiated_h2()
-                } else {
-                    Connected::new()
-                }
-            }
+            Stream::Tls(_) if self.is_h2() => Connected::new().negotiated_h2(),
+            Stream::Tls(_) => Connected::new(),
         }
     }
 }

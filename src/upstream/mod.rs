@@ -29,6 +29,7 @@ use crate::config::UpstreamConfig;
 use crate::router::{boxed, full, Body, RequestContext};
 use connector::Connector;
 
+pub(crate) use connector::Stream;
 pub use dial::Dialer;
 pub use error::{Side, UpstreamError};
 pub use link::Link;
@@ -97,6 +98,33 @@ impl Upstream {
                 closing,
             }),
         })
+    }
+
+    /// A TLS connection to the origin `ctx` names that agreed on HTTP/2, for the relay.
+    pub(crate) async fn dial_h2(&self, ctx: &RequestContext) -> Result<Stream, UpstreamError> {
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTPS)
+            .authority(ctx.authority())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| UpstreamError::Request {
+                host: ctx.host.clone(),
+                reason: format!("cannot build the upstream URI: {e}"),
+            })?;
+        let io = self
+            .inner
+            .h2_connector
+            .clone()
+            .connect(uri)
+            .await?
+            .into_inner();
+        if !io.is_h2() {
+            return Err(UpstreamError::Request {
+                host: ctx.host.clone(),
+                reason: "the origin does not speak HTTP/2".into(),
+            });
+        }
+        Ok(io)
     }
 
     /// Our dialer, for raw tunnels.
@@ -271,20 +299,28 @@ const CONNECT_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("connect-pr
 /// 502 (504 for a timeout) with the reason: plain text, or Connect's JSON error for Connect
 /// clients.
 pub fn error_response(err: &UpstreamError, connect_style: bool) -> Response<Body> {
-    let status = match err {
-        UpstreamError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        _ => StatusCode::BAD_GATEWAY,
-    };
-    let message = err.client_message();
-    let (content_type, body) = if connect_style {
-        let json = serde_json::json!({ "code": "unavailable", "message": message });
-        ("application/json", json.to_string())
-    } else {
-        ("text/plain; charset=utf-8", format!("{message}\n"))
-    };
+    let (status, content_type, body) = error_parts(err, connect_style);
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
+}
+
+/// [`error_response`]'s status, content type and body.
+pub(crate) fn error_parts(
+    err: &UpstreamError,
+    connect_style: bool,
+) -> (StatusCode, &'static str, String) {
+    let status = match err {
+        UpstreamError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    let message = err.client_message();
+    if connect_style {
+        let json = serde_json::json!({ "code": "unavailable", "message": message });
+        (status, "application/json", json.to_string())
+    } else {
+        (status, "text/plain; charset=utf-8", format!("{message}\n"))
+    }
 }

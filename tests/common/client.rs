@@ -211,6 +211,28 @@ pub async fn via_proxy(
     Sender::handshake(tls, alpn).await
 }
 
+/// [`via_proxy`] over HTTP/2 with the given receive windows (stream, connection): small ones
+/// make the proxy hold data back until the client reads.
+pub async fn via_proxy_h2_windows(
+    proxy: SocketAddr,
+    target: &str,
+    server_name: &str,
+    roots: rustls::RootCertStore,
+    windows: (u32, u32),
+) -> Sender {
+    let stream = tunnel(proxy, target).await;
+    let tls = tls(stream, server_name, roots, Alpn::H2).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(windows.0)
+        .initial_connection_window_size(windows.1)
+        .adaptive_window(false)
+        .handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    Sender::H2(send)
+}
+
 /// Directly to a TLS server at `addr` as `server_name`.
 pub async fn direct(
     addr: SocketAddr,

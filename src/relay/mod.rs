@@ -1,0 +1,102 @@
+//! HTTP/2 passthrough as a frame relay.
+//!
+//! A decrypted HTTP/2 client connection (after CONNECT) is relayed frame by frame to its own
+//! upstream connection: header blocks are decoded (routing needs `:path`) but forwarded as
+//! received while both ends' HPACK tables stay in step, DATA frames are forwarded as they are,
+//! and each hop keeps its own settings and flow-control windows. Streams that are not plain
+//! passthrough — agent runs, the Cursor services we adjust, our own paths, anything for
+//! another authority — are peeled off to our hyper server (the router) over an in-memory
+//! HTTP/2 connection, so they behave exactly as on the hyper path. If the origin cannot be
+//! reached, streams waiting for it get the same 502 as on the hyper path, and later ones go
+//! to the router, whose own upstream link redials.
+//!
+//! Why: with one request in flight, hyper + h2 on both sides cost about half of a
+//! passthrough request's CPU; the relay skips the per-stream state machines, the
+//! request/response objects and body channels (README, "Benchmarks").
+
+mod conn;
+mod frame;
+mod hpack;
+
+pub(crate) use conn::{BoxFuture, BoxIo, Relay, Setup};
+
+/// Fuzzing entry (`fuzz/fuzz_targets/h2_frames.rs`): any bytes, cut at any chunk size, split
+/// into the same frames as in one piece; every header block either fails to decode or, once
+/// decoded, survives our encoders (own table and stateless) unchanged. Panics on a mismatch.
+#[doc(hidden)]
+pub fn fuzz_frames_and_headers(data: &[u8]) {
+    use bytes::BytesMut;
+    let Some((&ctl, body)) = data.split_first() else {
+        return;
+    };
+    let reader = frame::FrameReader::new(frame::DEFAULT_MAX_FRAME);
+    let frames = |chunk: usize| {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in body.chunks(chunk) {
+            buf.extend_from_slice(piece);
+            loop {
+                match reader.next(&mut buf) {
+                    Ok(Some(f)) => out.push((f.kind, f.flags, f.stream, f.raw)),
+                    Ok(None) => break,
+                    Err(e) => {
+                        out.push((0xff, 0, e.reason.0, bytes::Bytes::new()));
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    };
+    let whole = frames(body.len().max(1));
+    assert_eq!(
+        whole,
+        frames(usize::from(ctl) + 1),
+        "chunking changed the frames"
+    );
+
+    let mut decoder = hpack::Decoder::new();
+    let mut own = hpack::Encoding::own(hpack::TABLE_SIZE);
+    let mut follower = hpack::Decoder::new();
+    for (kind, flags, stream, raw) in whole {
+        if kind != frame::kind::HEADERS {
+            continue;
+        }
+        let f = frame::Frame {
+            kind,
+            flags,
+            stream,
+            raw,
+        };
+        let Ok(block) = f.header_fragment() else {
+            continue;
+        };
+        let Ok(headers) = decoder.decode(&block) else {
+            continue;
+        };
+        let list: Vec<_> = headers
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        let again = follower
+            .decode(&own.encode(&headers))
+            .expect("our own block decodes");
+        let got: Vec<_> = again
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        assert_eq!(list, got, "own encoding changed the headers");
+        let stateless = hpack::Encoding::Raw.encode(&headers);
+        let again = follower
+            .decode(&stateless)
+            .expect("a stateless block decodes");
+        let got: Vec<_> = again
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        assert_eq!(list, got, "stateless encoding changed the headers");
+    }
+}
+
+#[cfg(test)]
+mod tests;
