@@ -1012,7 +1012,10 @@ impl Relay {
             self.desync(Side::Upstream);
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
-            let path = String::from_utf8_lossy(block.headers.get(b":path").unwrap_or_default());
+            // The path without its query, as the router's request span shows it.
+            let path = block.headers.get(b":path").unwrap_or_default();
+            let path = path.split(|b| *b == b'?').next().unwrap_or_default();
+            let path = String::from_utf8_lossy(path);
             tracing::debug!(stream = id, %path, to = ?target, "stream opened");
         }
         let connect_style = is_connect_style(&block.headers);
