@@ -40,17 +40,6 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 pub(crate) type BoxIo = Box<dyn Io>;
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl Setup {
-    /// The host as `:authority` writes it (IPv6 in brackets).
-    fn host_for_port(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        }
-    }
-}
-
 /// What the relay needs from the front door.
 pub(crate) struct Setup {
     /// The `:authority` passthrough requests carry (the CONNECT target, without a default
@@ -70,7 +59,18 @@ pub(crate) struct Setup {
     pub(crate) stopping: BoxFuture<()>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+impl Setup {
+    /// The host as `:authority` writes it (IPv6 in brackets).
+    fn host_for_port(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Client,
     Upstream,
@@ -91,9 +91,8 @@ struct Peer {
     io: Option<BoxIo>,
     rbuf: BytesMut,
     out: BytesMut,
-    /// Bytes ever written to / appended for this peer.
+    /// Bytes ever written to this peer (positions in its byte stream, for credits).
     written: u64,
-    appended: u64,
     flush: bool,
     credits: VecDeque<Credit>,
     reader: FrameReader,
@@ -132,7 +131,6 @@ impl Peer {
             rbuf: BytesMut::new(),
             out: BytesMut::new(),
             written: 0,
-            appended: 0,
             flush: false,
             credits: VecDeque::new(),
             reader: FrameReader::new(frame::DEFAULT_MAX_FRAME),
@@ -171,10 +169,9 @@ impl Peer {
         peer
     }
 
-    /// After writing frames straight into `out`: the position after them.
-    fn sync_appended(&mut self) -> u64 {
-        self.appended = self.written + self.out.len() as u64;
-        self.appended
+    /// The position, in the peer's byte stream, after everything buffered so far.
+    fn end_pos(&self) -> u64 {
+        self.written + self.out.len() as u64
     }
 
     fn usable(&self) -> bool {
@@ -325,10 +322,8 @@ impl Relay {
             ],
         );
         frame::put_window_update(&mut client.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
-        client.sync_appended();
         // Frames for the origin wait in its buffer while it is dialled.
-        let mut upstream = Peer::client_role(None, Encoding::Raw);
-        upstream.sync_appended();
+        let upstream = Peer::client_role(None, Encoding::Raw);
         Relay {
             authority_port: format!("{}:{}", setup.host_for_port(), setup.port),
             authority: setup.authority,
@@ -477,7 +472,6 @@ impl Relay {
         }
         if upstream.open_streams > 0 && !upstream.active {
             frame::put_ping(&mut upstream.out, false, *b"byok-ka!");
-            upstream.sync_appended();
             upstream.ping_out = true;
         }
         upstream.active = false;
@@ -509,7 +503,7 @@ impl Relay {
             if have < frame::PREFACE.len() {
                 return Ok(true);
             }
-            let _ = self.client.rbuf.split_to(have);
+            self.client.rbuf.advance(have);
             self.preface_seen = true;
         }
         loop {
@@ -605,7 +599,6 @@ impl Relay {
             peer.recv_conn += peer.recv_pending as i64;
             peer.recv_pending = 0;
         }
-        peer.sync_appended();
     }
 
     fn on_frame(&mut self, side: Side, frame: Frame) -> Result<(), ConnError> {
@@ -677,7 +670,6 @@ impl Relay {
                     peer.ping_out = false;
                 } else {
                     frame::put_ping(&mut peer.out, true, payload);
-                    peer.sync_appended();
                 }
                 Ok(())
             }
@@ -725,7 +717,6 @@ impl Relay {
             }
         }
         frame::put_settings_ack(&mut peer.out);
-        peer.sync_appended();
         if window_delta != 0 {
             for st in self.streams.values_mut() {
                 if side == Side::Client {
@@ -808,7 +799,6 @@ impl Relay {
             if let Some(st) = self.remove(id) {
                 if !st.down.ended_out {
                     frame::put_rst(&mut self.client.out, id, Reason::REFUSED_STREAM);
-                    self.client.sync_appended();
                 }
             }
         }
@@ -841,7 +831,6 @@ impl Relay {
         }
         if let Some(peer) = self.peer(other) {
             frame::put_rst(&mut peer.out, id, reason);
-            peer.sync_appended();
         }
     }
 
@@ -993,7 +982,6 @@ impl Relay {
             // HEADERS on a closed stream: not forwarded.
             self.desync(Side::Upstream);
             frame::put_rst(&mut self.client.out, id, Reason::STREAM_CLOSED);
-            self.client.sync_appended();
             return Ok(());
         }
         if id % 2 == 0 {
@@ -1005,7 +993,6 @@ impl Relay {
         else {
             self.desync(Side::Upstream);
             frame::put_rst(&mut self.client.out, id, Reason::REFUSED_STREAM);
-            self.client.sync_appended();
             return Ok(());
         };
         if target != Side::Upstream {
@@ -1069,11 +1056,10 @@ impl Relay {
         }
         let (ours, theirs) = tokio::io::duplex(INTERNAL_BUF);
         self.internal_server = Some(WhenWoken::new((self.make_internal)(theirs)));
-        let mut peer = Peer::client_role(
+        let peer = Peer::client_role(
             Some(Box::new(ours)),
             Encoding::own(super::hpack::TABLE_SIZE),
         );
-        peer.sync_appended();
         self.internal = Some(peer);
     }
 
@@ -1143,7 +1129,6 @@ impl Relay {
                         dest.max_frame,
                     ),
                 }
-                dest.sync_appended();
                 dir.ended_out |= block.end;
                 self.finish_if_done(id);
                 return;
@@ -1208,7 +1193,7 @@ impl Relay {
                     }
                     dir.send_window -= n as i64;
                     dest.send_conn -= n as i64;
-                    let end_pos = dest.sync_appended();
+                    let end_pos = dest.end_pos();
                     if let (Some(from), true) = (*from, n > 0) {
                         dest.credits.push_back(Credit {
                             end: end_pos,
@@ -1227,14 +1212,12 @@ impl Relay {
                 }
                 Item::Reset(reason) => {
                     frame::put_rst(&mut dest.out, id, *reason);
-                    dest.sync_appended();
                     dir.ended_out = true;
                     dir.queue.pop_front();
                 }
                 Item::Headers { headers, end } => {
                     let block = dest.encoding.encode(headers);
                     frame::put_headers(&mut dest.out, id, *end, &block, dest.max_frame);
-                    dest.sync_appended();
                     dir.ended_out |= *end;
                     dir.queue.pop_front();
                 }
@@ -1313,7 +1296,6 @@ impl Relay {
         for side in [Side::Client, st.target] {
             if let Some(peer) = self.peer(side) {
                 frame::put_rst(&mut peer.out, id, reason);
-                peer.sync_appended();
             }
         }
     }
@@ -1325,20 +1307,17 @@ impl Relay {
         }
         self.draining = true;
         frame::put_goaway(&mut self.client.out, self.last_stream, Reason::NO_ERROR, "");
-        self.client.sync_appended();
     }
 
     /// The client broke the protocol: GOAWAY with the reason, and close.
     fn client_error(&mut self, e: ConnError) {
         tracing::debug!(error = %e, "client connection error");
         frame::put_goaway(&mut self.client.out, self.last_stream, e.reason, &e.what);
-        self.client.sync_appended();
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
             if let Some(st) = self.remove(id) {
                 if let Some(peer) = self.peer(st.target).filter(|_| st.target != Side::Client) {
                     frame::put_rst(&mut peer.out, id, Reason::CANCEL);
-                    peer.sync_appended();
                 }
             }
         }
@@ -1406,7 +1385,6 @@ impl Relay {
                 Some(err) if !st.answered => self.answer_error(id, st, err),
                 _ => {
                     frame::put_rst(&mut self.client.out, id, Reason::INTERNAL_ERROR);
-                    self.client.sync_appended();
                 }
             }
         }
