@@ -24,6 +24,7 @@ const STEP: Duration = Duration::from_secs(5);
 
 /// An answer that says who gave it and echoes the `x-` request headers.
 async fn answer(from: &'static str, req: Request<Incoming>, gates: Gates) -> Response<Body> {
+    gates.seen.fetch_add(1, Ordering::SeqCst);
     let path = req.uri().path().to_string();
     let mut echoed = Vec::new();
     for (name, value) in req.headers() {
@@ -89,6 +90,8 @@ async fn answer(from: &'static str, req: Request<Incoming>, gates: Gates) -> Res
 #[derive(Clone, Default)]
 struct Gates {
     hold: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
+    /// Requests the server has seen.
+    seen: Arc<AtomicUsize>,
 }
 
 /// A hyper HTTP/2 server on `io`; `shutdown` asks it for a graceful close (GOAWAY).
@@ -132,6 +135,8 @@ struct Fixture {
     stop: Option<oneshot::Sender<()>>,
     release: Option<oneshot::Sender<()>>,
     internal_conns: Arc<AtomicUsize>,
+    /// Requests the origin has seen.
+    origin_seen: Arc<AtomicUsize>,
 }
 
 async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
@@ -195,6 +200,18 @@ async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
         stop: Some(stop),
         release: Some(release),
         internal_conns,
+        origin_seen: gates.seen.clone(),
+    }
+}
+
+async fn wait_for(done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + STEP;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in time"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -344,7 +361,7 @@ async fn an_origin_that_dies_ends_its_streams_with_errors_not_hangs() {
     assert_eq!(first, "first");
     let mut client = f.client.clone();
     let pending = tokio::spawn(async move { client.send_request(request("/never", "x")).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for(|| f.origin_seen.load(Ordering::SeqCst) == 3).await;
     f.origin.take().unwrap().abort();
     // The answered stream is reset; the unanswered one gets the hyper path's 502.
     let next = tokio::time::timeout(STEP, body.frame()).await.unwrap();
@@ -364,8 +381,22 @@ async fn an_origin_goaway_sends_new_streams_to_our_server() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     f.round_trip("/echo", "before", "origin").await;
     let _ = f.goaway.take().unwrap().send(());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    f.round_trip("/echo", "after", "internal").await;
+    // Once the GOAWAY is through (a request racing it may be refused), streams go to ours.
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let sent = f.client.send_request(request("/echo", "after")).await;
+        if let Ok(resp) = sent {
+            if resp.headers()["x-from"] == "internal" {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reached our server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f.round_trip("/echo", "again", "internal").await;
 }
 
 #[tokio::test]
