@@ -225,6 +225,7 @@ impl Dir {
 }
 
 struct Stream {
+    /// Where the stream goes: the origin, our server, or `Client` for an answer of our own.
     target: Side,
     /// Client → target.
     up: Dir,
@@ -1096,17 +1097,10 @@ impl Relay {
         let Some(st) = self.streams.get_mut(&id) else {
             return;
         };
-        let (dest_side, dir) = if up {
-            (st.target, &mut st.up)
-        } else {
-            (Side::Client, &mut st.down)
-        };
+        let target = st.target;
+        let (dest_side, dir) = st.toward(up);
         // Raw forwarding pairs the client with the origin only.
-        let counterpart = if up {
-            dest_side == Side::Upstream
-        } else {
-            st.target == Side::Upstream
-        };
+        let counterpart = target == Side::Upstream;
         let Some(dest) = peer_of(
             &mut self.client,
             &mut self.upstream,
@@ -1159,11 +1153,7 @@ impl Relay {
         let Some(st) = self.streams.get_mut(&id) else {
             return;
         };
-        let (dest_side, dir) = if up {
-            (st.target, &mut st.up)
-        } else {
-            (Side::Client, &mut st.down)
-        };
+        let (dest_side, dir) = st.toward(up);
         let Some(dest) = peer_of(
             &mut self.client,
             &mut self.upstream,
@@ -1424,6 +1414,17 @@ impl Relay {
             },
         );
         self.flush_dir(id, false);
+    }
+}
+
+impl Stream {
+    /// The destination and the direction toward it: the target (`up`) or the client.
+    fn toward(&mut self, up: bool) -> (Side, &mut Dir) {
+        if up {
+            (self.target, &mut self.up)
+        } else {
+            (Side::Client, &mut self.down)
+        }
     }
 }
 

@@ -156,16 +156,7 @@ async fn dial(
     ctx: &RequestContext,
     h2: bool,
 ) -> Result<Conn, UpstreamError> {
-    let uri = Uri::builder()
-        .scheme(ctx.scheme.clone())
-        .authority(ctx.authority())
-        .path_and_query("/")
-        .build()
-        .map_err(|e| UpstreamError::Request {
-            host: ctx.host.clone(),
-            reason: format!("cannot build the upstream URI: {e}"),
-        })?;
-    let io = connector.clone().connect(uri).await?;
+    let io = connector.clone().connect(super::origin_root(ctx)?).await?;
     let failed = |e: hyper::Error| UpstreamError::Request {
         host: ctx.host.clone(),
         reason: cause_chain(&e),

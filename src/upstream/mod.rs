@@ -102,20 +102,11 @@ impl Upstream {
 
     /// A TLS connection to the origin `ctx` names that agreed on HTTP/2, for the relay.
     pub(crate) async fn dial_h2(&self, ctx: &RequestContext) -> Result<Stream, UpstreamError> {
-        let uri = Uri::builder()
-            .scheme(Scheme::HTTPS)
-            .authority(ctx.authority())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| UpstreamError::Request {
-                host: ctx.host.clone(),
-                reason: format!("cannot build the upstream URI: {e}"),
-            })?;
         let io = self
             .inner
             .h2_connector
             .clone()
-            .connect(uri)
+            .connect(origin_root(ctx)?)
             .await?
             .into_inner();
         if !io.is_h2() {
@@ -237,6 +228,19 @@ impl Upstream {
             }
         });
     }
+}
+
+/// `scheme://authority/` of the origin `ctx` names: what a dial is given.
+fn origin_root(ctx: &RequestContext) -> Result<Uri, UpstreamError> {
+    Uri::builder()
+        .scheme(ctx.scheme.clone())
+        .authority(ctx.authority())
+        .path_and_query("/")
+        .build()
+        .map_err(|e| UpstreamError::Request {
+            host: ctx.host.clone(),
+            reason: format!("cannot build the upstream URI: {e}"),
+        })
 }
 
 fn wants_websocket(ctx: &RequestContext, headers: &HeaderMap) -> bool {
