@@ -1094,21 +1094,11 @@ impl Relay {
     /// Forward a header block toward the stream's other side, as received when that keeps
     /// the two tables in step, else re-encoded (after any DATA queued before it).
     fn send_block(&mut self, id: u32, up: bool, block: Block) {
-        let Some(st) = self.streams.get_mut(&id) else {
+        let Some((target, dir, dest)) = self.route_of(id, up) else {
             return;
         };
-        let target = st.target;
-        let (dest_side, dir) = st.toward(up);
         // Raw forwarding pairs the client with the origin only.
         let counterpart = target == Side::Upstream;
-        let Some(dest) = peer_of(
-            &mut self.client,
-            &mut self.upstream,
-            &mut self.internal,
-            dest_side,
-        ) else {
-            return;
-        };
         if counterpart && dest.encoding.is_raw() {
             if dir.queue.is_empty() {
                 match &block.raw {
@@ -1147,19 +1137,25 @@ impl Relay {
         }
     }
 
-    /// Move a direction's queued items into the destination's buffer as far as the windows
-    /// allow.
-    fn flush_dir(&mut self, id: u32, up: bool) {
-        let Some(st) = self.streams.get_mut(&id) else {
-            return;
-        };
+    /// A stream's target, one of its directions (toward the target when `up`) and the peer
+    /// that direction writes to.
+    fn route_of(&mut self, id: u32, up: bool) -> Option<(Side, &mut Dir, &mut Peer)> {
+        let st = self.streams.get_mut(&id)?;
+        let target = st.target;
         let (dest_side, dir) = st.toward(up);
-        let Some(dest) = peer_of(
+        let dest = peer_of(
             &mut self.client,
             &mut self.upstream,
             &mut self.internal,
             dest_side,
-        ) else {
+        )?;
+        Some((target, dir, dest))
+    }
+
+    /// Move a direction's queued items into the destination's buffer as far as the windows
+    /// allow.
+    fn flush_dir(&mut self, id: u32, up: bool) {
+        let Some((_, dir, dest)) = self.route_of(id, up) else {
             return;
         };
         while let Some(item) = dir.queue.front_mut() {
