@@ -143,6 +143,11 @@ enum Transport {
     /// rewritten `GetServerConfig` (`http2_config = FORCE_BIDI_DISABLED`) moves the SDK to
     /// RunSSE + BidiAppend over TLS.
     HttpsForcedH1,
+    /// `https://api2.cursor.sh` through the proxy listener's `CONNECT` door (Node's
+    /// `NODE_USE_ENV_PROXY` + `HTTPS_PROXY`, as the desktop's `http.proxy`), with the default
+    /// `force_http1_agent`: RunSSE + BidiAppend over TLS after `CONNECT`. Node's HTTP/2 client
+    /// ignores the proxy, so this is the only agent transport the door can carry for the SDK.
+    ConnectForcedH1,
 }
 
 const TRANSPORTS: [Transport; 3] = [Transport::Http, Transport::Https, Transport::HttpsForcedH1];
@@ -198,7 +203,10 @@ provider = "{PROVIDER_NAME}"
 model = "{PROVIDER_MODEL}"
 "#,
             base = provider.base_url(),
-            force_h1 = transport == Transport::HttpsForcedH1,
+            force_h1 = matches!(
+                transport,
+                Transport::HttpsForcedH1 | Transport::ConnectForcedH1
+            ),
         );
         let mut config = Config::from_toml(&text, "conformance test").unwrap();
         config.data_dir = Some(data.path().to_path_buf());
@@ -244,6 +252,7 @@ model = "{PROVIDER_MODEL}"
             Transport::Https | Transport::HttpsForcedH1 => {
                 format!("https://{HOST}:{}", self.server.tls_addr().unwrap().port())
             }
+            Transport::ConnectForcedH1 => format!("https://{HOST}"),
         }
     }
 
@@ -271,6 +280,14 @@ model = "{PROVIDER_MODEL}"
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if self.transport == Transport::ConnectForcedH1 {
+            cmd.env("NODE_USE_ENV_PROXY", "1")
+                .env(
+                    "HTTPS_PROXY",
+                    format!("http://{}", self.server.proxy_addr()),
+                )
+                .env("NO_PROXY", "");
+        }
         let started = Instant::now();
         let child = cmd.spawn().expect("spawn node");
         let output =
@@ -403,7 +420,7 @@ impl ClientRun {
                 "https should run the agent over HTTP/2 Run\n{}",
                 self.dump()
             ),
-            Transport::Http | Transport::HttpsForcedH1 => assert!(
+            Transport::Http | Transport::HttpsForcedH1 | Transport::ConnectForcedH1 => assert!(
                 paths
                     .iter()
                     .any(|(_, p)| p.ends_with("/agent.v1.AgentService/RunSSE"))
@@ -893,10 +910,12 @@ async fn cancel_mid_run() {
         // Over HTTP/2 the SDK resets the Run stream and the proxy stops at once. Over BidiSse it
         // sends no cancel action: it drops RunSSE, and the proxy cancels once it has noticed
         // (at once on plain HTTP; over TLS only when a heartbeat write fails, up to ~10 s) and
-        // the reconnect grace has passed (15 s, `READER_GRACE` in src/agent/transport/bidi.rs).
+        // the reconnect grace has passed (`READER_GRACE` in src/agent/transport/bidi.rs).
         let grace = match transport {
             Transport::Https => Duration::from_secs(10),
-            Transport::Http | Transport::HttpsForcedH1 => Duration::from_secs(40),
+            Transport::Http | Transport::HttpsForcedH1 | Transport::ConnectForcedH1 => {
+                Duration::from_secs(40)
+            }
         };
         assert!(
             h.provider.wait_hangups(1, grace).await,
@@ -906,4 +925,62 @@ async fn cancel_mid_run() {
         run.assert_transport();
     })
     .await;
+}
+
+/// 7. By hand (`cargo test --test conformance -- --ignored long_shell_command`): a turn whose
+/// shell command runs in real time for `LONG_SHELL_SECS` (default 660 s: past the ten minutes
+/// that once ended every HTTP/1.1 turn) finishes, through the CONNECT door and the direct TLS
+/// door on RunSSE + BidiAppend. Not in CI: it waits in real time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real time: runs for over eleven minutes"]
+async fn long_shell_command() {
+    let secs: u64 = std::env::var("LONG_SHELL_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(660);
+    let Some(sdk) = sdk_or_skip("long_shell_command") else {
+        return;
+    };
+    let mut handles = Vec::new();
+    for transport in [Transport::ConnectForcedH1, Transport::HttpsForcedH1] {
+        let sdk = sdk.clone();
+        handles.push(tokio::spawn(async move {
+            let command = format!("sleep {secs} && echo long-command-done");
+            let replies = vec![
+                Reply::sse(tool_reply(
+                    "call_long",
+                    "run_terminal_cmd",
+                    json!({"command": command, "timeout": secs + 120}),
+                )),
+                Reply::sse(text_reply(&["The long ", "command finished."], (400, 5, 0))),
+            ];
+            let h = Harness::start(sdk, transport, replies).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Run the long command."}),
+                    Duration::from_secs(secs + 180),
+                )
+                .await;
+            run.assert_finished();
+            run.assert_transport();
+            assert_eq!(run.text(), "The long command finished.", "{}", run.dump());
+            let result = messages(&h.provider, 1)
+                .iter()
+                .find(|m| m["role"] == "tool")
+                .map(content_text)
+                .unwrap_or_default();
+            assert!(
+                result.contains("long-command-done"),
+                "{result}\n{}",
+                run.dump()
+            );
+            eprintln!(
+                "{transport:?}: a {secs} s shell command finished; the turn took {:?}",
+                run.elapsed
+            );
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
 }

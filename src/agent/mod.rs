@@ -51,11 +51,14 @@ pub struct RunHandle {
     pub output: mpsc::Receiver<RunOutput>,
     /// Cancel the run (the client went away for good): ends with `canceled`.
     pub cancel: CancellationToken,
-    failure: Arc<std::sync::Mutex<Option<String>>>,
+    failure: Failure,
 }
 
+/// Why a transport ended a run, when it did: read by the run when its cancellation fires.
+type Failure = Arc<std::sync::Mutex<Option<RunError>>>;
+
 impl RunHandle {
-    /// A handle that can end the run because the client sent something unusable.
+    /// A handle that can end the run because the client sent something unusable or left.
     pub fn failer(&self) -> RunFailer {
         RunFailer {
             cancel: self.cancel.clone(),
@@ -64,16 +67,37 @@ impl RunHandle {
     }
 }
 
-/// Ends a run for a bad client frame: the stream ends with `invalid_argument` and the reason.
+/// Ends a run from its transport, with the reason the run reports (and the side it names).
 #[derive(Clone)]
 pub struct RunFailer {
     cancel: CancellationToken,
-    failure: Arc<std::sync::Mutex<Option<String>>>,
+    failure: Failure,
 }
 
 impl RunFailer {
+    /// A failer of its own for a run ended through `cancel` (tests of the transports).
+    pub fn new(cancel: CancellationToken) -> Self {
+        RunFailer {
+            cancel,
+            failure: Failure::default(),
+        }
+    }
+
+    /// The client sent a frame we cannot use: the stream ends with `invalid_argument`.
     pub fn fail(&self, reason: String) {
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.end(RunError::BadClientMessage(reason));
+    }
+
+    /// The client left for good (`how`, in words): the run stops, blaming the client side.
+    pub fn client_left(&self, how: impl Into<String>) {
+        self.end(RunError::ClientLeft(how.into()));
+    }
+
+    fn end(&self, why: RunError) {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(why);
         self.cancel.cancel();
     }
 }

@@ -518,7 +518,7 @@ impl Store {
 
     /// The answer to one KV request: store and ack, or hand a blob back (none when unknown,
     /// as Cursor's client does).
-    fn answer(&self, kv: &pb::KvServerMessage) -> Option<pb::AgentClientMessage> {
+    pub fn answer(&self, kv: &pb::KvServerMessage) -> Option<pb::AgentClientMessage> {
         use pb::kv_client_message::Message as KvIn;
         use pb::kv_server_message::Message as KvOut;
         let message = match kv.message.as_ref()? {

@@ -19,6 +19,9 @@ pub enum RunError {
     /// The Cursor client stopped reading or closed its side before the run could finish.
     #[error("Cursor closed the connection")]
     ClientGone,
+    /// The transport saw the Cursor client leave for good (how, in words).
+    #[error("Cursor's client went away: {0}")]
+    ClientLeft(String),
     /// The Cursor client sent something we cannot use.
     #[error("Cursor sent an unusable message: {0}")]
     BadClientMessage(String),
@@ -37,7 +40,7 @@ impl RunError {
     pub fn code(&self) -> Code {
         match self {
             RunError::Provider { source, .. } => provider_code(&source.kind),
-            RunError::Canceled | RunError::ClientGone => Code::Canceled,
+            RunError::Canceled | RunError::ClientGone | RunError::ClientLeft(_) => Code::Canceled,
             RunError::BadClientMessage(_) => Code::InvalidArgument,
             RunError::ClientTimeout { .. } => Code::DeadlineExceeded,
             RunError::ClientFailed { .. } => Code::Aborted,
@@ -49,7 +52,7 @@ impl RunError {
     pub fn retryable(&self) -> bool {
         match self {
             RunError::Provider { source, .. } => source.retryable(),
-            RunError::ClientTimeout { .. } | RunError::ClientGone => true,
+            RunError::ClientTimeout { .. } | RunError::ClientGone | RunError::ClientLeft(_) => true,
             _ => false,
         }
     }
@@ -60,6 +63,7 @@ impl RunError {
             RunError::Provider { .. } => "provider",
             RunError::Canceled => "user",
             RunError::ClientGone
+            | RunError::ClientLeft(_)
             | RunError::BadClientMessage(_)
             | RunError::ClientTimeout { .. }
             | RunError::ClientFailed { .. } => "cursor-client",
@@ -73,7 +77,7 @@ impl RunError {
         let message = self.to_string();
         let title = match self {
             RunError::Provider { .. } => "Model provider error",
-            RunError::Canceled | RunError::ClientGone => "Canceled",
+            RunError::Canceled | RunError::ClientGone | RunError::ClientLeft(_) => "Canceled",
             _ => "cursor-byok error",
         };
         let details = aiserver::ErrorDetails {

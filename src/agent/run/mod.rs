@@ -109,7 +109,7 @@ impl Run {
         inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
         out: mpsc::Sender<RunOutput>,
         cancel: CancellationToken,
-        failure: Arc<std::sync::Mutex<Option<String>>>,
+        failure: Arc<std::sync::Mutex<Option<RunError>>>,
         ticket: crate::status::RunTicket,
     ) {
         let span = tracing::info_span!(
@@ -174,10 +174,11 @@ impl Run {
                     }
                     Err(_) => Err(RunError::Canceled),
                 };
-                // A cancel caused by a bad client frame ends with that reason, not "canceled".
+                // A cancel by the transport (a bad client frame, the client gone) ends with
+                // that reason, not "canceled".
                 let failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
                 let result = match (result, failure) {
-                    (Err(RunError::Canceled), Some(reason)) => Err(RunError::BadClientMessage(reason)),
+                    (Err(RunError::Canceled), Some(why)) => Err(why),
                     (r, _) => r,
                 };
                 done.cancel();

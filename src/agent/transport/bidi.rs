@@ -4,28 +4,28 @@
 //! Either side may arrive first. Appends are processed strictly in `append_seqno` order:
 //! out-of-order arrivals wait in a bounded buffer, duplicates are ignored, and each append is
 //! answered as soon as its message is accepted. The run's output goes through a backlog, so a
-//! RunSSE that reconnects with the same request id continues where the last one stopped.
+//! RunSSE that reconnects with the same request id continues where the last one stopped. How
+//! long that state lives, and its bounds, are in [`super::pairing`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body as HttpBody, Frame};
 use hyper::body::Incoming;
 use prost::Message;
-use tokio::sync::{mpsc, Notify};
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, Instrument};
 
 use super::body::{encode_output, end_frame, replay};
+use super::pairing::{Entry, Inbound, Registry};
 use super::{
     error_response, read_bounded, request_id, with_pinned_model, AgentTransports, Decision, Peek,
     DECIDE_WAIT,
 };
+use crate::agent::RunFailer;
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 use crate::proto::aiserver::v1 as aiserver;
@@ -37,138 +37,22 @@ const MAX_GAP: i64 = 256;
 const MAX_UNREAD: usize = 256;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
 const READER_GRACE: Duration = Duration::from_secs(5);
-/// Entries idle this long are forgotten.
-const ENTRY_TTL: Duration = Duration::from_secs(600);
+/// How long a started run waits for its first RunSSE reader (append 0 may come first).
+const READER_WAIT: Duration = Duration::from_secs(30);
 /// How long an append waits for the decision made by append 0.
 const APPEND_DECIDE_WAIT: Duration = Duration::from_secs(5);
 
-/// Request id → pairing state.
-#[derive(Default)]
-pub(super) struct Registry {
-    entries: Entries,
+/// The error for an append or reader that comes after its run ended and was forgotten.
+fn run_ended(request_id: &str, what: &str) -> ConnectError {
+    ConnectError::new(
+        Code::NotFound,
+        format!("cursor-byok: agent run {request_id} has already ended; {what} was not delivered"),
+    )
 }
 
-type Entries = Arc<Mutex<HashMap<String, Arc<Entry>>>>;
-
-impl Registry {
-    fn entry(&self, request_id: &str) -> Arc<Entry> {
-        let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, e| !e.expired());
-        map.entry(request_id.to_string())
-            .or_insert_with(|| Arc::new(Entry::new(request_id.to_string())))
-            .clone()
-    }
-}
-
-/// Drop `entry` from the registry if it is done with (see [`Entry::expired`]), so a finished
-/// run's state goes with its last reader instead of waiting for the next sweep.
-fn forget_if_done(entries: &Entries, entry: &Arc<Entry>) {
-    if !entry.expired() {
-        return;
-    }
-    let mut map = entries.lock().unwrap_or_else(|p| p.into_inner());
-    if map
-        .get(&entry.request_id)
-        .is_some_and(|e| Arc::ptr_eq(e, entry))
-    {
-        map.remove(&entry.request_id);
-    }
-}
-
-struct Entry {
-    request_id: String,
-    created: Instant,
-    decided: Notify,
-    state: tokio::sync::Mutex<Inbound>,
-    out: Arc<Mutex<Backlog>>,
-}
-
-/// The client→run side.
-#[derive(Default)]
-struct Inbound {
-    decision: Option<Decision>,
-    next_seqno: i64,
-    /// Boxed: a message is large, and a map node holds room for eleven.
-    waiting: BTreeMap<i64, Box<pb::AgentClientMessage>>,
-    input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
-    cancel: Option<CancellationToken>,
-}
-
-impl Entry {
-    fn new(request_id: String) -> Self {
-        Entry {
-            request_id,
-            created: Instant::now(),
-            decided: Notify::new(),
-            state: tokio::sync::Mutex::new(Inbound::default()),
-            out: Arc::new(Mutex::new(Backlog::default())),
-        }
-    }
-
-    /// A run whose every frame was delivered is done with (its routing pin stays, so late
-    /// appends are still recognised); anything else is kept until the TTL.
-    fn expired(&self) -> bool {
-        let b = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        (b.ended && b.delivered == b.total() && !b.reader_active)
-            || self.created.elapsed() > ENTRY_TTL
-    }
-
-    async fn decision(&self) -> Option<Decision> {
-        self.state.lock().await.decision.clone()
-    }
-
-    /// Wait for append 0 to decide, up to `wait`.
-    async fn await_decision(&self, wait: Duration) -> Option<Decision> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notified = self.decided.notified();
-            if let Some(d) = self.decision().await {
-                return Some(d);
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return None;
-            }
-        }
-    }
-}
-
-/// The run→client side: encoded frames, kept until read (and a little after, for resumes).
-#[derive(Default)]
-struct Backlog {
-    frames: VecDeque<Bytes>,
-    /// Index of `frames[0]` in the whole stream.
-    base: u64,
-    /// Frames handed to the current reader.
-    delivered: u64,
-    ended: bool,
-    /// Generation of the current reader; older readers stop.
-    reader: u64,
-    reader_active: bool,
-    waker: Option<Waker>,
-    space: Arc<Notify>,
-}
-
-impl Backlog {
-    fn total(&self) -> u64 {
-        self.base + self.frames.len() as u64
-    }
-
-    fn unread(&self) -> usize {
-        usize::try_from(self.total() - self.delivered).unwrap_or(usize::MAX)
-    }
-
-    fn push(&mut self, frame: Bytes, end: bool) {
-        self.frames.push_back(frame);
-        self.ended |= end;
-        // Keep only what a resuming reader can still need: frames from `delivered` on.
-        while self.base < self.delivered && !self.frames.is_empty() {
-            self.frames.pop_front();
-            self.base += 1;
-        }
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
-    }
+fn stream_error(e: ConnectError) -> Response<Body> {
+    let enc = FrameEncoder::new(Encoding::Identity);
+    super::run::streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
 }
 
 /// `/agent.v1.AgentService/RunSSE`.
@@ -200,8 +84,21 @@ pub(super) async fn run_sse(
         let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
         return t.upstream().forward(&ctx, req).await;
     };
-    let entry = t.inner.bidi.entry(&request_id);
-    let decision = match t.inner.routes.request(&request_id) {
+    let pinned = t.inner.routes.request(&request_id);
+    let entry = match (&pinned, t.inner.bidi.get(&request_id)) {
+        (_, Some(e)) => e,
+        // Pinned ours but no entry: the run finished and was forgotten before this (late)
+        // reconnect. Say so instead of waiting forever.
+        (Some(Decision::Ours { .. }), None) => {
+            return stream_error(run_ended(&request_id, "this RunSSE stream"))
+        }
+        (_, None) => match t.inner.bidi.get_or_create(&request_id) {
+            Ok(e) => e,
+            Err(e) => return stream_error(e),
+        },
+    };
+    entry.touch();
+    let decision = match pinned {
         Some(d) => Some(d),
         None => entry.await_decision(DECIDE_WAIT).await,
     };
@@ -223,16 +120,11 @@ pub(super) async fn run_sse(
         }
         Decision::Ours { .. } => {
             if entry.state.lock().await.decision.is_none() {
-                // Pinned ours, but this entry never saw its run: the run finished and was
-                // forgotten before this (late) reconnect. Say so instead of waiting forever.
-                let end = EndStream::from_error(ConnectError::new(
-                    Code::NotFound,
-                    "cursor-byok: this agent run has already finished",
-                ));
-                let enc = FrameEncoder::new(Encoding::Identity);
-                return super::run::streaming_response(full(end_frame(&enc, &end)));
+                // Pinned ours, but this entry never saw its run (it was made after the run's
+                // own entry was forgotten).
+                return stream_error(run_ended(&request_id, "this RunSSE stream"));
             }
-            let reader = SseBody::attach(entry, t.inner.bidi.entries.clone());
+            let reader = SseBody::attach(entry, t.inner.bidi.clone());
             let mut resp = Response::new(boxed(reader));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -287,17 +179,22 @@ pub(super) async fn append(
         Err(_) => return relay(parts, raw).await,
     };
     let seqno = append.append_seqno;
-    let entry = t.inner.bidi.entry(&request_id);
-    if seqno != 0
-        && entry.decision().await.is_none()
-        && matches!(
-            t.inner.routes.request(&request_id),
-            Some(Decision::Ours { .. })
-        )
-    {
-        // A late append (e.g. a heartbeat) for one of our runs that has already finished.
-        return ok_response();
-    }
+    let pinned_ours = matches!(
+        t.inner.routes.request(&request_id),
+        Some(Decision::Ours { .. })
+    );
+    let entry = match t.inner.bidi.get(&request_id) {
+        Some(e) => e,
+        // One of our runs that has ended and been forgotten: nothing can take this append.
+        None if seqno != 0 && pinned_ours => {
+            return error_response(&run_ended(&request_id, &format!("append {seqno}")))
+        }
+        None => match t.inner.bidi.get_or_create(&request_id) {
+            Ok(e) => e,
+            Err(e) => return error_response(&e),
+        },
+    };
+    entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
     match accept(t, &entry, seqno, message).instrument(span).await {
         Ok(Accepted::Ours) => ok_response(),
@@ -346,9 +243,13 @@ async fn accept(
     if st.decision == Some(Decision::Relay) {
         return Ok(Accepted::Relay);
     }
-    if seqno < st.next_seqno || st.waiting.contains_key(&seqno) {
+    if seqno < st.next_seqno || st.is_waiting(seqno) {
         debug!("duplicate append ignored");
         return Ok(Accepted::Ours);
+    }
+    if st.run_over || entry.backlog().ended() {
+        st.run_over = true;
+        return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
     }
     if seqno - st.next_seqno > MAX_GAP {
         return Err(ConnectError::new(
@@ -359,18 +260,18 @@ async fn accept(
             ),
         ));
     }
-    st.waiting.insert(seqno, Box::new(message));
+    let size = message.encoded_len();
+    st.hold(seqno, size, Box::new(message))?;
     // Deliver every message that is now in order. Holding the lock keeps the order.
-    loop {
-        let next = st.next_seqno;
-        let Some(m) = st.waiting.remove(&next) else {
-            break;
+    while let Some(m) = st.take_next() {
+        let delivered = match &st.input {
+            Some(input) => input.send(m).await.is_ok(),
+            None => false,
         };
-        st.next_seqno += 1;
-        if let Some(input) = &st.input {
-            if input.send(m).await.is_err() {
-                st.input = None; // the run is over; later appends are answered and dropped
-            }
+        if !delivered {
+            st.input = None;
+            st.run_over = true;
+            return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
         }
     }
     Ok(Accepted::Ours)
@@ -390,16 +291,21 @@ fn start(
         Some(In::RunRequest(r)) => with_pinned_model(r, decision),
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
-            let mut b = entry.out.lock().unwrap_or_else(|p| p.into_inner());
-            b.push(end_frame(&enc, &EndStream::ok()), true);
+            st.run_over = true;
+            entry
+                .backlog()
+                .push(end_frame(&enc, &EndStream::ok()), true);
             return Ok(());
         }
     };
     let handle = t
         .agent()
         .start_run_on(run_request, entry.request_id.clone(), "RunSSE");
-    st.input = Some(handle.input);
-    st.cancel = Some(handle.cancel);
+    st.input = Some(handle.input.clone());
+    let failer = handle.failer();
+    // Set once: only append 0 starts a run, under the entry's lock.
+    let _ = entry.run.set(failer.clone());
+    tokio::spawn(await_first_reader(entry.clone(), failer).in_current_span());
     let out = entry.out.clone();
     let mut output = handle.output;
     tokio::spawn(
@@ -431,6 +337,22 @@ fn start(
     Ok(())
 }
 
+/// A run whose RunSSE never comes is ended: nobody would read it.
+async fn await_first_reader(entry: Arc<Entry>, failer: RunFailer) {
+    tokio::time::sleep(READER_WAIT).await;
+    let unread = {
+        let b = entry.backlog();
+        b.reader == 0 && !b.ended()
+    };
+    if unread {
+        debug!(request_id = %entry.request_id, "no RunSSE reader came: ending the run");
+        failer.client_left(format!(
+            "no RunSSE stream came for this run within {} s",
+            READER_WAIT.as_secs()
+        ));
+    }
+}
+
 fn ok_response() -> Response<Body> {
     // An empty `BidiAppendResponse`.
     let mut resp = Response::new(full(Bytes::new()));
@@ -443,18 +365,18 @@ fn ok_response() -> Response<Body> {
 
 /// One RunSSE connection reading the backlog. A newer connection for the same request id
 /// takes over; when the last reader goes away and none returns within a grace period, the
-/// run is canceled.
+/// run is ended (the client left).
 struct SseBody {
     entry: Arc<Entry>,
-    entries: Entries,
+    registry: Registry,
     generation: u64,
     finished: bool,
 }
 
 impl SseBody {
-    fn attach(entry: Arc<Entry>, entries: Entries) -> Self {
+    fn attach(entry: Arc<Entry>, registry: Registry) -> Self {
         let generation = {
-            let mut b = entry.out.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = entry.backlog();
             b.reader += 1;
             b.reader_active = true;
             if let Some(w) = b.waker.take() {
@@ -464,7 +386,7 @@ impl SseBody {
         };
         SseBody {
             entry,
-            entries,
+            registry,
             generation,
             finished: false,
         }
@@ -482,21 +404,16 @@ impl HttpBody for SseBody {
         if self.finished {
             return Poll::Ready(None);
         }
-        let out = self.entry.out.clone();
-        let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = self.entry.clone();
+        let mut b = entry.backlog();
         if b.reader != self.generation {
             self.finished = true;
             return Poll::Ready(None);
         }
-        let index = b.delivered;
-        if index < b.total() {
-            let pos = usize::try_from(index - b.base).unwrap_or(0);
-            let frame = b.frames.get(pos).cloned().unwrap_or_default();
-            b.delivered += 1;
-            b.space.notify_one();
+        if let Some(frame) = b.next_unread() {
             return Poll::Ready(Some(Ok(Frame::data(frame))));
         }
-        if b.ended {
+        if b.ended() {
             // Everything delivered: the frames are no longer needed for a resume.
             b.base = b.total();
             b.frames.clear();
@@ -514,26 +431,22 @@ impl HttpBody for SseBody {
 
 impl Drop for SseBody {
     fn drop(&mut self) {
-        let ended = {
-            let mut b = self.entry.out.lock().unwrap_or_else(|p| p.into_inner());
-            if b.reader == self.generation {
+        let (ended, current) = {
+            let mut b = self.entry.backlog();
+            let current = b.reader == self.generation;
+            if current {
                 b.reader_active = false;
             }
-            b.ended
+            (b.ended(), current)
         };
         if ended {
-            forget_if_done(&self.entries, &self.entry);
+            self.registry.forget_if_done(&self.entry);
             return;
         }
-        if !self
-            .entry
-            .out
-            .lock()
-            .is_ok_and(|b| b.reader == self.generation)
-        {
+        if !current {
             return;
         }
-        // The client went away mid-run: give it a moment to reconnect, then cancel.
+        // The client went away mid-run: give it a moment to reconnect, then end the run.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -542,13 +455,16 @@ impl Drop for SseBody {
         rt.spawn(async move {
             tokio::time::sleep(READER_GRACE).await;
             let abandoned = {
-                let b = entry.out.lock().unwrap_or_else(|p| p.into_inner());
-                b.reader == generation && !b.reader_active && !b.ended
+                let b = entry.backlog();
+                b.reader == generation && !b.reader_active && !b.ended()
             };
             if abandoned {
-                debug!(request_id = %entry.request_id, "RunSSE reader gone: canceling the run");
-                if let Some(c) = &entry.state.lock().await.cancel {
-                    c.cancel();
+                debug!(request_id = %entry.request_id, "RunSSE reader gone: ending the run");
+                if let Some(run) = entry.run.get() {
+                    run.client_left(format!(
+                        "its RunSSE stream closed and no new one came within {} s",
+                        READER_GRACE.as_secs()
+                    ));
                 }
             }
         });

@@ -10,9 +10,8 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use prost::Message;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use crate::agent::RunOutput;
+use crate::agent::{RunFailer, RunOutput};
 use crate::connect::{Code, ConnectError, EndStream, FrameEncoder};
 use crate::router::{boxed, Body, BodyError};
 
@@ -44,11 +43,11 @@ pub(crate) fn end_frame(enc: &FrameEncoder, end: &EndStream) -> Bytes {
 const COALESCE_BYTES: usize = 16 * 1024;
 
 /// A run's output as a streaming body. Dropping it before the end (the client went away)
-/// cancels the run.
+/// ends the run, blaming the client side.
 pub(crate) struct RunBody {
     rx: mpsc::Receiver<RunOutput>,
     enc: FrameEncoder,
-    cancel: CancellationToken,
+    failer: RunFailer,
     done: bool,
 }
 
@@ -75,15 +74,11 @@ impl RunBody {
         chunk.map_or(first, BytesMut::freeze)
     }
 
-    pub(crate) fn new(
-        rx: mpsc::Receiver<RunOutput>,
-        enc: FrameEncoder,
-        cancel: CancellationToken,
-    ) -> Self {
+    pub(crate) fn new(rx: mpsc::Receiver<RunOutput>, enc: FrameEncoder, failer: RunFailer) -> Self {
         RunBody {
             rx,
             enc,
-            cancel,
+            failer,
             done: false,
         }
     }
@@ -131,7 +126,8 @@ impl HttpBody for RunBody {
 impl Drop for RunBody {
     fn drop(&mut self) {
         if !self.done {
-            self.cancel.cancel();
+            self.failer
+                .client_left("its Run stream closed before the run ended");
         }
     }
 }
@@ -151,6 +147,7 @@ mod tests {
     use super::*;
     use crate::connect::{Encoding, Frame as ConnectFrame, FrameDecoder, Limits, StreamKind};
     use futures_util::FutureExt;
+    use tokio_util::sync::CancellationToken;
 
     fn decode_all(chunk: &Bytes) -> Vec<ConnectFrame> {
         let mut dec =
@@ -173,7 +170,7 @@ mod tests {
         let mut body = RunBody::new(
             rx,
             FrameEncoder::new(Encoding::Identity),
-            CancellationToken::new(),
+            RunFailer::new(CancellationToken::new()),
         );
         for _ in 0..3 {
             tx.send(message()).await.unwrap();

@@ -5,6 +5,7 @@
 
 mod bidi;
 mod body;
+mod pairing;
 mod routing;
 mod run;
 
@@ -38,7 +39,7 @@ struct Inner {
     agent: Agent,
     upstream: Upstream,
     routes: RoutingTable,
-    bidi: bidi::Registry,
+    bidi: pairing::Registry,
     limits: Limits,
 }
 
@@ -53,7 +54,7 @@ impl AgentTransports {
                 agent,
                 upstream,
                 routes: RoutingTable::default(),
-                bidi: bidi::Registry::default(),
+                bidi: pairing::Registry::default(),
                 limits,
             }),
         }

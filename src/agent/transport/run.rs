@@ -129,7 +129,8 @@ async fn serve_ours(
         }
         .in_current_span(),
     );
-    streaming_response(boxed(RunBody::new(handle.output, enc, handle.cancel)))
+    let failer = handle.failer();
+    streaming_response(boxed(RunBody::new(handle.output, enc, failer)))
 }
 
 pub(super) fn streaming_response(body: Body) -> Response<Body> {

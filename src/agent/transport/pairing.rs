@@ -1,0 +1,612 @@
+//! BidiSse pairing state: one [`Entry`] per request id, shared by its `RunSSE` readers and its
+//! `BidiAppend`s, and the [`Registry`] that holds them.
+//!
+//! An entry lives exactly as long as it is needed:
+//! - while its run lives, however long (a turn with a three-hour build is one run), unless the
+//!   entry sees no traffic at all — no append, no frame read — for [`PairingLimits::run_idle`],
+//!   in which case the run is ended as abandoned by the client;
+//! - once its run ended: until every frame was read and the reader left, or at most
+//!   [`PairingLimits::linger`] when nobody reads them;
+//! - an entry whose run never started (undecided, relayed, or a prewarm) for
+//!   [`PairingLimits::pending_idle`] without traffic.
+//!
+//! The registry is bounded: a cap on entries (new request ids beyond it are refused with
+//! `resource_exhausted`; entries already held are untouched) and on the bytes of appends held
+//! out of order, per entry and in total. Expired entries are swept by a background task every
+//! [`SWEEP_EVERY`] (and before refusing a new id at the cap), never on every call.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::Waker;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use super::Decision;
+use crate::agent::RunFailer;
+use crate::connect::{Code, ConnectError};
+use crate::proto::agent::v1 as pb;
+
+/// How often the background sweep looks for expired entries.
+pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Bounds and lifetimes of the pairing state.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PairingLimits {
+    /// Request ids held at once.
+    pub max_entries: usize,
+    /// Bytes of out-of-order appends held for one request id.
+    pub max_held_per_entry: usize,
+    /// Bytes of out-of-order appends held for all request ids together.
+    pub max_held_total: usize,
+    /// A live run's entry with no traffic at all for this long is abandoned.
+    pub run_idle: Duration,
+    /// An entry without a run (undecided, relayed, prewarm) is forgotten after this idle time.
+    pub pending_idle: Duration,
+    /// An ended run's frames wait this long for a reader.
+    pub linger: Duration,
+}
+
+impl Default for PairingLimits {
+    fn default() -> Self {
+        PairingLimits {
+            // Far above one developer's concurrent runs and subagents, yet bounded.
+            max_entries: 4096,
+            max_held_per_entry: 16 << 20,
+            max_held_total: 64 << 20,
+            // The client appends a heartbeat every 5 s and reads ours every 5 s: ten minutes of
+            // silence on both is a client that is gone.
+            run_idle: Duration::from_secs(600),
+            pending_idle: Duration::from_secs(60),
+            linger: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Request id → pairing state. Cheap to clone (one shared map).
+#[derive(Clone)]
+pub(super) struct Registry {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    map: Mutex<Map>,
+    /// Bytes of out-of-order appends held by every entry.
+    held: Arc<AtomicUsize>,
+    limits: PairingLimits,
+}
+
+struct Map {
+    entries: HashMap<String, Arc<Entry>>,
+    /// When the last sweep ran (bounds the sweeps a full registry does).
+    last_sweep: Instant,
+    sweeper: bool,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new(PairingLimits::default())
+    }
+}
+
+impl Registry {
+    pub(super) fn new(limits: PairingLimits) -> Self {
+        Registry {
+            shared: Arc::new(Shared {
+                map: Mutex::new(Map {
+                    entries: HashMap::new(),
+                    last_sweep: Instant::now(),
+                    sweeper: false,
+                }),
+                held: Arc::default(),
+                limits,
+            }),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, Map> {
+        self.shared.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry of `request_id`, if one is held.
+    pub(super) fn get(&self, request_id: &str) -> Option<Arc<Entry>> {
+        self.map().entries.get(request_id).cloned()
+    }
+
+    /// The entry of `request_id`, made if missing; refused when the registry is full.
+    pub(super) fn get_or_create(&self, request_id: &str) -> Result<Arc<Entry>, ConnectError> {
+        let mut map = self.map();
+        if let Some(e) = map.entries.get(request_id) {
+            return Ok(e.clone());
+        }
+        let limits = self.shared.limits;
+        if map.entries.len() >= limits.max_entries {
+            // At the cap: one sweep per second at most, then refuse if still full.
+            if map.last_sweep.elapsed() >= Duration::from_secs(1) {
+                let abandoned = sweep_locked(&mut map, &limits);
+                drop(map);
+                end_abandoned(abandoned);
+                map = self.map();
+            }
+            if map.entries.len() >= limits.max_entries {
+                tracing::warn!(
+                    held = map.entries.len(),
+                    "BidiSse pairing registry full: refusing a new request id"
+                );
+                return Err(ConnectError::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "cursor-byok: too many agent runs at once ({} request ids held); \
+                         try again when some have finished",
+                        limits.max_entries
+                    ),
+                ));
+            }
+        }
+        let entry = Arc::new(Entry::new(
+            request_id.to_string(),
+            self.shared.held.clone(),
+            limits,
+        ));
+        map.entries.insert(request_id.to_string(), entry.clone());
+        if !map.sweeper {
+            map.sweeper = self.start_sweeper();
+        }
+        Ok(entry)
+    }
+
+    /// A background task that sweeps every [`SWEEP_EVERY`] while the registry exists.
+    fn start_sweeper(&self) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                Registry { shared }.sweep();
+            }
+        });
+        true
+    }
+
+    /// Forget every expired entry; runs abandoned by their client are ended.
+    pub(super) fn sweep(&self) {
+        let abandoned = sweep_locked(&mut self.map(), &self.shared.limits);
+        end_abandoned(abandoned);
+    }
+
+    /// Drop `entry` now if it is done with (its run ended and every frame was read), so a
+    /// finished run's state goes with its last reader instead of waiting for the sweep.
+    pub(super) fn forget_if_done(&self, entry: &Arc<Entry>) {
+        if entry.verdict(Instant::now(), &self.shared.limits) != Verdict::Forget {
+            return;
+        }
+        let mut map = self.map();
+        if map
+            .entries
+            .get(&entry.request_id)
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            map.entries.remove(&entry.request_id);
+        }
+    }
+
+    /// Request ids held.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.map().entries.len()
+    }
+
+    /// Bytes of out-of-order appends held.
+    #[cfg(test)]
+    pub(super) fn held_bytes(&self) -> usize {
+        self.shared.held.load(Ordering::Relaxed)
+    }
+}
+
+fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<Arc<Entry>> {
+    let now = Instant::now();
+    map.last_sweep = now;
+    let mut abandoned = Vec::new();
+    map.entries.retain(|_, e| match e.verdict(now, limits) {
+        Verdict::Keep => true,
+        Verdict::Forget => false,
+        Verdict::Abandoned => {
+            abandoned.push(e.clone());
+            false
+        }
+    });
+    abandoned
+}
+
+/// End the runs of entries forgotten while their run still lived (outside the map's lock).
+fn end_abandoned(entries: Vec<Arc<Entry>>) {
+    for e in entries {
+        tracing::debug!(request_id = %e.request_id, "BidiSse entry idle: ending its run");
+        if let Some(run) = e.run.get() {
+            run.client_left("it sent and read nothing on this run for too long");
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Keep,
+    Forget,
+    /// Forget, and end the run that still lives.
+    Abandoned,
+}
+
+/// One request id's pairing state.
+pub(super) struct Entry {
+    pub request_id: String,
+    /// Fires when append 0 (or a timeout) decides whose run this is.
+    pub decided: Notify,
+    pub state: tokio::sync::Mutex<Inbound>,
+    pub out: Arc<Mutex<Backlog>>,
+    /// Ends our run from the transport; set when it starts.
+    pub run: OnceLock<RunFailer>,
+}
+
+impl Entry {
+    fn new(request_id: String, held: Arc<AtomicUsize>, limits: PairingLimits) -> Self {
+        Entry {
+            request_id,
+            decided: Notify::new(),
+            state: tokio::sync::Mutex::new(Inbound {
+                decision: None,
+                next_seqno: 0,
+                waiting: BTreeMap::new(),
+                held_here: 0,
+                held_total: held,
+                limits,
+                input: None,
+                run_over: false,
+            }),
+            out: Arc::new(Mutex::new(Backlog::new())),
+            run: OnceLock::new(),
+        }
+    }
+
+    pub(super) fn backlog(&self) -> std::sync::MutexGuard<'_, Backlog> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Some traffic for this request id: it is not idle.
+    pub(super) fn touch(&self) {
+        self.backlog().last_seen = Instant::now();
+    }
+
+    fn verdict(&self, now: Instant, limits: &PairingLimits) -> Verdict {
+        let b = self.backlog();
+        let idle = now.saturating_duration_since(b.last_seen);
+        if let Some(ended_at) = b.ended_at {
+            let read_all = b.delivered == b.total() && !b.reader_active;
+            return if read_all || now.saturating_duration_since(ended_at) >= limits.linger {
+                Verdict::Forget
+            } else {
+                Verdict::Keep
+            };
+        }
+        match self.run.get() {
+            Some(_) if idle >= limits.run_idle => Verdict::Abandoned,
+            Some(_) => Verdict::Keep,
+            None if idle >= limits.pending_idle => Verdict::Forget,
+            None => Verdict::Keep,
+        }
+    }
+
+    pub(super) async fn decision(&self) -> Option<Decision> {
+        self.state.lock().await.decision.clone()
+    }
+
+    /// Wait for append 0 to decide, up to `wait`.
+    pub(super) async fn await_decision(&self, wait: Duration) -> Option<Decision> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let notified = self.decided.notified();
+            if let Some(d) = self.decision().await {
+                return Some(d);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// The client→run side.
+pub(super) struct Inbound {
+    pub decision: Option<Decision>,
+    pub next_seqno: i64,
+    /// Appends that arrived ahead of `next_seqno`, with their sizes. Boxed: a message is
+    /// large, and a map node holds room for eleven.
+    waiting: BTreeMap<i64, (usize, Box<pb::AgentClientMessage>)>,
+    held_here: usize,
+    held_total: Arc<AtomicUsize>,
+    limits: PairingLimits,
+    pub input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
+    /// Our run has ended: nothing more can be delivered to it.
+    pub run_over: bool,
+}
+
+impl Inbound {
+    pub(super) fn is_waiting(&self, seqno: i64) -> bool {
+        self.waiting.contains_key(&seqno)
+    }
+
+    /// Hold an append that arrived out of order, within the byte bounds.
+    pub(super) fn hold(
+        &mut self,
+        seqno: i64,
+        size: usize,
+        message: Box<pb::AgentClientMessage>,
+    ) -> Result<(), ConnectError> {
+        let total = self.held_total.load(Ordering::Relaxed);
+        if self.held_here + size > self.limits.max_held_per_entry
+            || total + size > self.limits.max_held_total
+        {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "cursor-byok: append {seqno} arrived ahead of {} and there is no room to \
+                     hold it ({} bytes already waiting for this run, {total} for all runs)",
+                    self.next_seqno, self.held_here
+                ),
+            ));
+        }
+        self.held_here += size;
+        self.held_total.fetch_add(size, Ordering::Relaxed);
+        self.waiting.insert(seqno, (size, message));
+        Ok(())
+    }
+
+    /// The next append in order, if it has arrived.
+    pub(super) fn take_next(&mut self) -> Option<Box<pb::AgentClientMessage>> {
+        let (size, m) = self.waiting.remove(&self.next_seqno)?;
+        self.release(size);
+        self.next_seqno += 1;
+        Some(m)
+    }
+
+    fn release(&mut self, size: usize) {
+        self.held_here -= size;
+        self.held_total.fetch_sub(size, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Inbound {
+    fn drop(&mut self) {
+        // Whatever still waits out of order stops counting against the registry's bound.
+        let held = std::mem::take(&mut self.held_here);
+        self.held_total.fetch_sub(held, Ordering::Relaxed);
+    }
+}
+
+/// The run→client side: encoded frames, kept until read (and a little after, for resumes),
+/// and the traffic clock.
+pub(super) struct Backlog {
+    pub frames: VecDeque<Bytes>,
+    /// Index of `frames[0]` in the whole stream.
+    pub base: u64,
+    /// Frames handed to the current reader.
+    pub delivered: u64,
+    /// When the run's last frame (its end) was queued.
+    pub ended_at: Option<Instant>,
+    /// Generation of the current reader; older readers stop. 0: none came yet.
+    pub reader: u64,
+    pub reader_active: bool,
+    pub waker: Option<Waker>,
+    pub space: Arc<Notify>,
+    /// The last append or frame read for this request id.
+    pub last_seen: Instant,
+}
+
+impl Backlog {
+    fn new() -> Self {
+        Backlog {
+            frames: VecDeque::new(),
+            base: 0,
+            delivered: 0,
+            ended_at: None,
+            reader: 0,
+            reader_active: false,
+            waker: None,
+            space: Arc::default(),
+            last_seen: Instant::now(),
+        }
+    }
+
+    pub(super) fn ended(&self) -> bool {
+        self.ended_at.is_some()
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.base + self.frames.len() as u64
+    }
+
+    pub(super) fn unread(&self) -> usize {
+        usize::try_from(self.total() - self.delivered).unwrap_or(usize::MAX)
+    }
+
+    pub(super) fn push(&mut self, frame: Bytes, end: bool) {
+        self.frames.push_back(frame);
+        if end && self.ended_at.is_none() {
+            self.ended_at = Some(Instant::now());
+        }
+        // Keep only what a resuming reader can still need: frames from `delivered` on.
+        while self.base < self.delivered && !self.frames.is_empty() {
+            self.frames.pop_front();
+            self.base += 1;
+        }
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// The next unread frame for the current reader.
+    pub(super) fn next_unread(&mut self) -> Option<Bytes> {
+        if self.delivered >= self.total() {
+            return None;
+        }
+        let pos = usize::try_from(self.delivered - self.base).ok()?;
+        let frame = self.frames.get(pos).cloned()?;
+        self.delivered += 1;
+        self.last_seen = Instant::now();
+        self.space.notify_one();
+        Some(frame)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> PairingLimits {
+        PairingLimits {
+            max_entries: 8,
+            max_held_per_entry: 1000,
+            max_held_total: 1500,
+            ..PairingLimits::default()
+        }
+    }
+
+    fn message() -> Box<pb::AgentClientMessage> {
+        Box::default()
+    }
+
+    fn start_run(e: &Entry) -> CancelProbe {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        assert!(e.run.set(RunFailer::new(cancel.clone())).is_ok());
+        CancelProbe(cancel)
+    }
+
+    struct CancelProbe(tokio_util::sync::CancellationToken);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_run_with_traffic_is_kept_for_hours() {
+        let r = Registry::new(limits());
+        let e = r.get_or_create("run").unwrap();
+        let probe = start_run(&e);
+        // Three hours of a client that appends a heartbeat every 5 s.
+        for _ in 0..(3 * 3600 / 5) {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            r.get("run").expect("the entry of a live run").touch();
+        }
+        r.sweep();
+        assert!(r.get("run").is_some());
+        assert!(!probe.0.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_run_is_ended_as_abandoned_by_its_client() {
+        let r = Registry::new(limits());
+        let e = r.get_or_create("run").unwrap();
+        let probe = start_run(&e);
+        tokio::time::sleep(limits().run_idle - Duration::from_secs(1)).await;
+        r.sweep();
+        assert!(!probe.0.is_cancelled(), "not idle long enough yet");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        r.sweep();
+        assert!(probe.0.is_cancelled());
+        assert!(r.get("run").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ended_run_goes_when_read_or_after_the_linger() {
+        let r = Registry::new(limits());
+        // Read to the end, reader gone: forgotten at once.
+        let read = r.get_or_create("read").unwrap();
+        start_run(&read);
+        read.backlog().push(Bytes::from_static(b"end"), true);
+        assert!(read.backlog().next_unread().is_some());
+        r.forget_if_done(&read);
+        assert!(r.get("read").is_none());
+        // Never read: kept for a reader to come, then forgotten.
+        let unread = r.get_or_create("unread").unwrap();
+        start_run(&unread);
+        unread.backlog().push(Bytes::from_static(b"end"), true);
+        r.forget_if_done(&unread);
+        tokio::time::sleep(limits().linger / 2).await;
+        r.sweep();
+        assert!(r.get("unread").is_some());
+        tokio::time::sleep(limits().linger).await;
+        r.sweep();
+        assert!(r.get("unread").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_thousand_abandoned_ids_leave_nothing_behind() {
+        let r = Registry::new(PairingLimits {
+            max_entries: 20_000,
+            ..PairingLimits::default()
+        });
+        for i in 0..10_000 {
+            let e = r.get_or_create(&format!("id-{i}")).unwrap();
+            // Half of them hold an out-of-order append that never gets its predecessor.
+            if i % 2 == 0 {
+                e.state.lock().await.hold(5, 100, message()).unwrap();
+            }
+        }
+        assert_eq!(r.len(), 10_000);
+        assert_eq!(r.held_bytes(), 5_000 * 100);
+        // The background sweep, not another request, clears them.
+        tokio::time::sleep(PairingLimits::default().pending_idle + SWEEP_EVERY * 2).await;
+        assert_eq!(r.len(), 0);
+        assert_eq!(r.held_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_registry_refuses_new_ids_and_keeps_the_others() {
+        let r = Registry::new(limits());
+        for i in 0..8 {
+            start_run(&r.get_or_create(&format!("run-{i}")).unwrap());
+        }
+        let err = r.get_or_create("one-more").err().expect("refused");
+        assert_eq!(err.code, Code::ResourceExhausted);
+        for i in 0..8 {
+            assert!(r.get_or_create(&format!("run-{i}")).is_ok());
+        }
+        // Once runs end and are read, room comes back.
+        let e = r.get("run-0").unwrap();
+        e.backlog().push(Bytes::new(), true);
+        e.backlog().next_unread();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(r.get_or_create("one-more").is_ok());
+    }
+
+    #[tokio::test]
+    async fn held_bytes_are_bounded_per_entry_and_in_total() {
+        let r = Registry::new(limits());
+        let a = r.get_or_create("a").unwrap();
+        let b = r.get_or_create("b").unwrap();
+        let mut sa = a.state.lock().await;
+        sa.hold(2, 900, message()).unwrap();
+        let err = sa.hold(3, 200, message()).unwrap_err();
+        assert_eq!(err.code, Code::ResourceExhausted);
+        let mut sb = b.state.lock().await;
+        sb.hold(2, 500, message()).unwrap();
+        assert!(sb.hold(3, 200, message()).is_err(), "over the total bound");
+        assert_eq!(r.held_bytes(), 1400);
+        // Delivered in order: the bytes are released.
+        sa.next_seqno = 2;
+        assert!(sa.take_next().is_some());
+        assert_eq!(r.held_bytes(), 500);
+        drop(sb);
+        drop(b);
+        drop(sa);
+        drop(a);
+        r.get("b").unwrap();
+        // Forgetting an entry releases what it held.
+        r.shared.map.lock().unwrap().entries.clear();
+        assert_eq!(r.held_bytes(), 0);
+    }
+}
