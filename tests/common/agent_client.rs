@@ -511,6 +511,14 @@ impl Store {
         self.blobs.lock().unwrap().get(id).cloned()
     }
 
+    /// Hold a blob, as if an earlier turn had stored it.
+    pub fn put(&self, id: &[u8], data: Bytes) {
+        self.blobs
+            .lock()
+            .unwrap()
+            .insert(Bytes::copy_from_slice(id), data);
+    }
+
     /// The conversation state to send with the next run request (`{}` before the first).
     pub fn conversation_state(&self) -> pb::ConversationStateStructure {
         self.checkpoint.lock().unwrap().clone().unwrap_or_default()
