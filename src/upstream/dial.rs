@@ -330,46 +330,40 @@ mod tests {
         (addr, task)
     }
 
+    /// The CONNECT head a dial sends through a proxy URL with `userinfo`.
+    async fn head_sent_with(userinfo: &str) -> String {
+        let (addr, task) = fake_proxy(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let config = UpstreamConfig {
+            proxy: Some(format!("http://{userinfo}@{addr}").into()),
+            ..Default::default()
+        };
+        Dialer::new(&config, vec![])
+            .unwrap()
+            .dial("example.test", 443)
+            .await
+            .unwrap();
+        task.await.unwrap()
+    }
+
     #[tokio::test]
     async fn proxy_credentials_are_percent_decoded() {
-        let (addr, task) = fake_proxy(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let basic = |plain: &str| {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(plain);
+            format!("\r\nProxy-Authorization: Basic {encoded}\r\n")
+        };
         // User `us:er` is written `us%3Aer`; the password `p@ss:w%rd` holds all three.
-        let config = UpstreamConfig {
-            proxy: Some(format!("http://us%3Aer:p%40ss:w%25rd@{addr}").into()),
-            ..Default::default()
-        };
-        Dialer::new(&config, vec![])
-            .unwrap()
-            .dial("example.test", 443)
-            .await
-            .unwrap();
-        let head = task.await.unwrap();
-        let want = base64::engine::general_purpose::STANDARD.encode("us:er:p@ss:w%rd");
-        assert!(
-            head.contains(&format!("\r\nProxy-Authorization: Basic {want}\r\n")),
-            "{head}"
-        );
+        let head = head_sent_with("us%3Aer:p%40ss:w%25rd").await;
+        assert!(head.contains(&basic("us:er:p@ss:w%rd")), "{head}");
         // A raw `@` in the password also works: the host starts after the last one.
-        let (addr, task) = fake_proxy(b"HTTP/1.1 200 OK\r\n\r\n").await;
-        let config = UpstreamConfig {
-            proxy: Some(format!("http://user:a@b@{addr}").into()),
-            ..Default::default()
-        };
-        Dialer::new(&config, vec![])
-            .unwrap()
-            .dial("example.test", 443)
-            .await
-            .unwrap();
-        let want = base64::engine::general_purpose::STANDARD.encode("user:a@b");
-        assert!(task.await.unwrap().contains(&want));
+        let head = head_sent_with("user:a@b").await;
+        assert!(head.contains(&basic("user:a@b")), "{head}");
     }
 
     #[tokio::test]
     async fn proxy_credentials_never_print() {
         let (addr, task) = fake_proxy(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n").await;
-        let url = format!("http://alice:s3cr%40t@{addr}");
         let config = UpstreamConfig {
-            proxy: Some(url.clone().into()),
+            proxy: Some(format!("http://alice:s3cr%40t@{addr}").into()),
             ..Default::default()
         };
         let dialer = Dialer::new(&config, vec![]).unwrap();
