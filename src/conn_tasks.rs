@@ -7,10 +7,9 @@
 //! connection's task instead, which [`run`] polls beside the connection itself, so a request
 //! crosses the proxy in the wake-ups its two sockets need.
 //!
-//! Used for HTTP/2 client connections, where it pays: 16 concurrent streams went from 0.47×
-//! to 0.56× direct requests/s in the proxy benchmark. On HTTP/1.1 (one request at a time, no
-//! stream futures) it measured 2–5 % slower than separate tasks, so those keep
-//! [`LocalExec::runtime`].
+//! Used for HTTP/2 client connections, where it pays: many streams on one connection save a
+//! wake-up per hop. On HTTP/1.1 (one request at a time, no stream futures) it measured slower
+//! than separate tasks, so those keep [`LocalExec::runtime`]. Figures: docs/benchmarks.md.
 //!
 //! Heavy work does not belong here: agent runs and provider calls spawn tasks of their own;
 //! what runs here is HTTP framing and body piping.

@@ -1,7 +1,15 @@
 //! Configuration errors: file, key and reason, never a secret value.
 
 /// Keys whose values are secrets: a reason that quotes their value is redacted.
-const SECRET_KEYS: &[&str] = &["api_key", "headers", "password", "token", "secret"];
+/// (`upstream.proxy` may carry credentials in its URL.)
+const SECRET_KEYS: &[&str] = &[
+    "api_key",
+    "headers",
+    "password",
+    "token",
+    "secret",
+    "upstream.proxy",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

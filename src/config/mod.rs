@@ -91,8 +91,10 @@ impl Default for DirectDoors {
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Outbound HTTP proxy for our own dials (corporate networks), e.g. `http://proxy:3128`.
+    /// A secret: its user info (`http://user:p%40ss@proxy:3128`, percent-encoded) is the
+    /// proxy's credentials.
     #[serde(default)]
-    pub proxy: Option<String>,
+    pub proxy: Option<Secret>,
     /// Extra PEM roots trusted for upstream TLS, besides the OS store.
     #[serde(default)]
     pub extra_roots: Option<PathBuf>,
@@ -357,6 +359,7 @@ impl Config {
             }
         }
         if let Some(url) = &self.upstream.proxy {
+            let url = url.expose();
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(invalid(
                     "upstream.proxy".into(),

@@ -60,41 +60,43 @@ pub fn encode_bidi_append(
 /// Decodes hex of either case. Errors name the first bad position: an invalid character, or
 /// the string's length when the digit count is odd.
 pub fn decode_hex(s: &str) -> Result<Vec<u8>, CodecError> {
-    let len = s.len();
-    let mut out = Vec::with_capacity(len / 2);
-    for i in 0..len / 2 {
-        out.push((nibble(s, 2 * i)? << 4) | nibble(s, 2 * i + 1)?);
-    }
-    if len % 2 == 1 {
-        // Report a bad final character before the odd length: it is the more specific problem.
-        nibble(s, len - 1)?;
+    let bytes = s.as_bytes();
+    let even = bytes.len() - bytes.len() % 2;
+    // The `hex` crate checks the length first; a bad character is the more specific problem,
+    // so the even part is decoded before the odd length is reported.
+    let out = hex::decode(&bytes[..even]).map_err(|e| match e {
+        hex::FromHexError::InvalidHexCharacter { index, .. } => invalid_char(s, index),
+        // Unreachable for an even slice; reported as the position where decoding stopped.
+        hex::FromHexError::OddLength | hex::FromHexError::InvalidStringLength => {
+            CodecError::BadHex {
+                pos: even,
+                problem: HexProblem::OddLength,
+            }
+        }
+    })?;
+    if even < bytes.len() {
+        // Everything before is ASCII hex, so the last byte starts a character.
+        if !bytes[even].is_ascii_hexdigit() {
+            return Err(invalid_char(s, even));
+        }
         return Err(CodecError::BadHex {
-            pos: len,
+            pos: bytes.len(),
             problem: HexProblem::OddLength,
         });
     }
     Ok(out)
 }
 
-/// The value of the hex digit at byte `pos` of `s` (`pos` is in bounds by construction).
-fn nibble(s: &str, pos: usize) -> Result<u8, CodecError> {
-    let b = s.as_bytes().get(pos).copied().unwrap_or(0);
-    match b {
-        b'0'..=b'9' => Ok(b - b'0'),
-        b'a'..=b'f' => Ok(b - b'a' + 10),
-        b'A'..=b'F' => Ok(b - b'A' + 10),
-        _ => {
-            // Everything before `pos` is ASCII hex, so `pos` is a char boundary; the fallback
-            // only guards against misuse.
-            let c = s
-                .get(pos..)
-                .and_then(|rest| rest.chars().next())
-                .unwrap_or('\u{fffd}');
-            Err(CodecError::BadHex {
-                pos,
-                problem: HexProblem::InvalidChar(c),
-            })
-        }
+/// The error for the character starting at byte `pos` (a char boundary: everything before it
+/// is ASCII hex; the fallback only guards against misuse).
+fn invalid_char(s: &str, pos: usize) -> CodecError {
+    let c = s
+        .get(pos..)
+        .and_then(|rest| rest.chars().next())
+        .unwrap_or('\u{fffd}');
+    CodecError::BadHex {
+        pos,
+        problem: HexProblem::InvalidChar(c),
     }
 }
 

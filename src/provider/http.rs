@@ -1,7 +1,9 @@
 //! The IO around the pure decoders: send, retry before any output, idle timeout, cancellation.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+#[cfg(test)]
+use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -267,44 +269,10 @@ pub(crate) fn header_retry_after(h: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// IMF-fixdate, e.g. `Sun, 06 Nov 1994 08:49:37 GMT` (the form servers send).
+/// An HTTP date (IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`, or the two obsolete
+/// forms), as RFC 9110 lets `retry-after` carry.
 fn parse_http_date(s: &str) -> Option<SystemTime> {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    let day: u32 = day.parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| m == month)? as u32
-        + 1;
-    let year: i64 = year.parse().ok()?;
-    let hms: Vec<u64> = time
-        .split(':')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    let [h, m, sec] = hms.as_slice() else {
-        return None;
-    };
-    if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let (y, mo) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * mo as i64 + 2) / 5 + day as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + (*h * 3600 + *m * 60 + *sec) as i64;
-    let secs = u64::try_from(secs).ok()?;
-    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+    httpdate::parse_http_date(s).ok()
 }
 
 #[cfg(test)]
@@ -319,6 +287,16 @@ mod tests {
         assert_eq!(t, UNIX_EPOCH);
         assert!(parse_http_date("yesterday").is_none());
         assert!(parse_http_date("Sun, 99 Nov 1994 08:49:37 GMT").is_none());
+    }
+
+    #[test]
+    fn http_date_obsolete_forms() {
+        // RFC 9110 §5.6.7: recipients accept the RFC 850 and asctime forms too.
+        for s in ["Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"] {
+            let t = parse_http_date(s).unwrap_or_else(|| panic!("{s}"));
+            assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 784_111_777);
+        }
+        assert!(parse_http_date("Sun, 06 Nov 1994 25:49:37 GMT").is_none());
     }
 
     #[test]

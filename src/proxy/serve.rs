@@ -177,8 +177,9 @@ pub(crate) async fn serve_http<I>(
 ///
 /// The client is on this machine (a dead peer shows as a reset), so no HTTP/2 pings toward it
 /// (hyper's ping bookkeeping takes a lock on every frame) and no HTTP/1.1 header-read timer
-/// (hyper arms a fresh one for every request, about 4 % of a unary request's cost, and it
-/// would also close Cursor's idle keep-alive connections after 30 s). TLS handshakes keep
+/// (hyper arms a fresh one for every request, a visible share of a unary request's cost — see
+/// docs/benchmarks.md — and it would also close Cursor's idle keep-alive connections after
+/// 30 s). TLS handshakes keep
 /// their timeout; the upstream side keeps its pings.
 pub(crate) fn http_builder(alpn: Option<&[u8]>, exec: LocalExec) -> auto::Builder<LocalExec> {
     let mut builder = auto::Builder::new(exec);

@@ -10,9 +10,9 @@
 //! reached, streams waiting for it get the same 502 as on the hyper path, and later ones go
 //! to the router, whose own upstream link redials.
 //!
-//! Why: with one request in flight, hyper + h2 on both sides cost about half of a
-//! passthrough request's CPU; the relay skips the per-stream state machines, the
-//! request/response objects and body channels (README, "Benchmarks").
+//! Why: hyper + h2 on both sides were most of a passthrough request's CPU; the relay skips the
+//! per-stream state machines, the request/response objects and body channels (figures in
+//! docs/benchmarks.md).
 
 mod conn;
 mod frame;

@@ -1,16 +1,9 @@
 //! A unified line diff, for `setup cursor --dry-run`.
 
+use similar::{capture_diff_slices, group_diff_ops, Algorithm, ChangeTag};
+
 /// Lines kept around each change.
 const CONTEXT: usize = 2;
-/// Beyond this many line pairs the middle is shown as one replaced block instead of an LCS.
-const MAX_CELLS: usize = 4_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Same,
-    Del,
-    Add,
-}
 
 /// `--- old_name` / `+++ new_name` and `@@` hunks; empty when the texts are equal.
 pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
@@ -19,119 +12,34 @@ pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
     }
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
-    let ops = line_ops(&a, &b);
+    // Myers' diff in linear space, with similar's bound on the work for hard inputs.
+    let ops = capture_diff_slices(Algorithm::Myers, &a, &b);
     let mut out = format!("--- {old_name}\n+++ {new_name}\n");
-    // Walk the script, emitting hunks of changes with CONTEXT lines either side.
-    let (mut ai, mut bi) = (0usize, 0usize);
-    let mut i = 0;
-    while i < ops.len() {
-        if ops[i] == Op::Same {
-            ai += 1;
-            bi += 1;
-            i += 1;
+    for hunk in group_diff_ops(ops, CONTEXT) {
+        let (Some(first), Some(last)) = (hunk.first(), hunk.last()) else {
             continue;
-        }
-        let lead = (0..i)
-            .rev()
-            .take_while(|&k| ops[k] == Op::Same)
-            .count()
-            .min(CONTEXT);
-        let mut end = i;
-        loop {
-            while end < ops.len() && ops[end] != Op::Same {
-                end += 1;
-            }
-            let same = (end..ops.len()).take_while(|&k| ops[k] == Op::Same).count();
-            if end + same < ops.len() && same <= 2 * CONTEXT {
-                end += same;
-                continue;
-            }
-            break;
-        }
-        let trail = (end..ops.len())
-            .take_while(|&k| ops[k] == Op::Same)
-            .count()
-            .min(CONTEXT);
-        let (a0, b0) = (ai - lead, bi - lead);
-        let mut body = String::new();
-        let (mut x, mut y) = (a0, b0);
-        for op in &ops[i - lead..end + trail] {
-            match op {
-                Op::Same => {
-                    body.push_str(&format!(" {}\n", a[x]));
-                    x += 1;
-                    y += 1;
-                }
-                Op::Del => {
-                    body.push_str(&format!("-{}\n", a[x]));
-                    x += 1;
-                }
-                Op::Add => {
-                    body.push_str(&format!("+{}\n", b[y]));
-                    y += 1;
-                }
-            }
-        }
+        };
+        let (olds, news) = (first.old_range().start, first.new_range().start);
+        let (olde, newe) = (last.old_range().end, last.new_range().end);
         out.push_str(&format!(
-            "@@ -{},{} +{},{} @@\n{body}",
-            a0 + 1,
-            x - a0,
-            b0 + 1,
-            y - b0
+            "@@ -{},{} +{},{} @@\n",
+            olds + 1,
+            olde - olds,
+            news + 1,
+            newe - news
         ));
-        ai = x - trail;
-        bi = y - trail;
-        i = end;
+        for change in hunk.iter().flat_map(|op| op.iter_changes(&a, &b)) {
+            let mark = match change.tag() {
+                ChangeTag::Equal => ' ',
+                ChangeTag::Delete => '-',
+                ChangeTag::Insert => '+',
+            };
+            out.push(mark);
+            out.push_str(change.value());
+            out.push('\n');
+        }
     }
     out
-}
-
-/// An edit script turning `a` into `b`: common prefix and suffix, LCS in between.
-fn line_ops(a: &[&str], b: &[&str]) -> Vec<Op> {
-    let pre = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let suf = a[pre..]
-        .iter()
-        .rev()
-        .zip(b[pre..].iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count();
-    let (am, bm) = (&a[pre..a.len() - suf], &b[pre..b.len() - suf]);
-    let mut ops = vec![Op::Same; pre];
-    if am.len().saturating_mul(bm.len()) > MAX_CELLS {
-        ops.extend(std::iter::repeat_n(Op::Del, am.len()));
-        ops.extend(std::iter::repeat_n(Op::Add, bm.len()));
-    } else {
-        // lcs[i][j]: LCS length of am[i..] and bm[j..].
-        let w = bm.len() + 1;
-        let mut lcs = vec![0u32; (am.len() + 1) * w];
-        for i in (0..am.len()).rev() {
-            for j in (0..bm.len()).rev() {
-                lcs[i * w + j] = if am[i] == bm[j] {
-                    lcs[(i + 1) * w + j + 1] + 1
-                } else {
-                    lcs[(i + 1) * w + j].max(lcs[i * w + j + 1])
-                };
-            }
-        }
-        let (mut i, mut j) = (0, 0);
-        while i < am.len() || j < bm.len() {
-            if i < am.len() && j < bm.len() && am[i] == bm[j] {
-                ops.push(Op::Same);
-                i += 1;
-                j += 1;
-            } else if i < am.len() && (j == bm.len() || lcs[(i + 1) * w + j] >= lcs[i * w + j + 1])
-            {
-                // Deletions first, as `diff` shows a replaced line.
-                ops.push(Op::Del);
-                i += 1;
-            } else {
-                ops.push(Op::Add);
-                j += 1;
-            }
-        }
-    }
-    ops.extend(std::iter::repeat_n(Op::Same, suf));
-    ops
 }
 
 #[cfg(test)]
@@ -153,5 +61,19 @@ mod tests {
         assert_eq!(unified(&new, &near, "a", "b").matches("@@ -").count(), 1);
         assert_eq!(unified(old, old, "a", "b"), "");
         assert!(unified("", "x\n", "a", "b").contains("+x"));
+    }
+
+    #[test]
+    fn large_files_get_a_real_diff() {
+        // Past the old LCS table's cap the middle was shown as one replaced block.
+        let old: String = (0..2500).map(|i| format!("\"k{i}\": {i},\n")).collect();
+        let new = old
+            .replace("\"k1\": 1,", "\"k1\": 10,")
+            .replace("\"k2498\": 2498,", "\"k2498\": 0,");
+        let d = unified(&old, &new, "a", "b");
+        assert_eq!(d.matches("@@ -").count(), 2, "{d}");
+        let body = || d.lines().skip(2);
+        assert_eq!(body().filter(|l| l.starts_with('-')).count(), 2, "{d}");
+        assert_eq!(body().filter(|l| l.starts_with('+')).count(), 2, "{d}");
     }
 }

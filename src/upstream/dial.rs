@@ -5,11 +5,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use base64::Engine;
+use percent_encoding::percent_decode_str;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::{io_reason, UpstreamError};
 use crate::config::UpstreamConfig;
+use crate::secret::Secret;
 
 /// Upper bound on the outbound proxy's answer to our `CONNECT`.
 const PROXY_RESPONSE_MAX: usize = 8 * 1024;
@@ -23,19 +25,16 @@ pub struct Dialer {
     timeout: Duration,
 }
 
-#[derive(Clone)]
+/// An outbound HTTP proxy. The `CONNECT` is ours rather than hyper-util's `Tunnel`, which
+/// reads the proxy's answer into its own buffer and drops any bytes after the head (the tunnel
+/// test below needs them), accepts only 200 where HTTP allows any 2xx, and reports failures as
+/// fixed strings without the proxy's status line.
+#[derive(Debug, Clone)]
 struct OutboundProxy {
     host: String,
     port: u16,
-    /// `Proxy-Authorization` value from the URL's user info.
-    auth: Option<String>,
-}
-
-impl std::fmt::Debug for OutboundProxy {
-    // The credentials stay out of logs.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
-    }
+    /// `Proxy-Authorization` value from the URL's user info (Debug prints `<redacted>`).
+    auth: Option<Secret>,
 }
 
 impl Dialer {
@@ -49,8 +48,8 @@ impl Dialer {
             .collect();
         let proxy = config
             .proxy
-            .as_deref()
-            .map(OutboundProxy::parse)
+            .as_ref()
+            .map(|url| OutboundProxy::parse(url.expose()))
             .transpose()?;
         Ok(Dialer {
             resolve,
@@ -160,7 +159,7 @@ impl Dialer {
         let target = authority(host, port);
         let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
         if let Some(auth) = &proxy.auth {
-            head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+            head.push_str(&format!("Proxy-Authorization: {}\r\n", auth.expose()));
         }
         head.push_str("\r\n");
         stream
@@ -216,16 +215,27 @@ impl OutboundProxy {
         let authority = uri
             .authority()
             .ok_or_else(|| setup("upstream.proxy has no host".into()))?;
-        let auth = authority.as_str().rsplit_once('@').map(|(userinfo, _)| {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(userinfo);
-            format!("Basic {encoded}")
-        });
+        let auth = authority
+            .as_str()
+            .rsplit_once('@')
+            .map(|(userinfo, _)| basic_auth(userinfo));
         Ok(OutboundProxy {
             host: authority.host().to_string(),
             port: authority.port_u16().unwrap_or(80),
             auth,
         })
     }
+}
+
+/// `Basic` credentials from a URL's user info: user and password are percent-decoded (so a
+/// password may hold `@`, `:` or `%`), the user ending at the first raw `:`.
+fn basic_auth(userinfo: &str) -> Secret {
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let mut plain: Vec<u8> = percent_decode_str(user).collect();
+    plain.push(b':');
+    plain.extend(percent_decode_str(password));
+    let encoded = base64::engine::general_purpose::STANDARD.encode(plain);
+    Secret::new(format!("Basic {encoded}"))
 }
 
 #[cfg(test)]
@@ -281,7 +291,7 @@ mod tests {
             head
         });
         let config = UpstreamConfig {
-            proxy: Some(format!("http://user:pw@{proxy_addr}")),
+            proxy: Some(format!("http://user:pw@{proxy_addr}").into()),
             ..Default::default()
         };
         let mut stream = Dialer::new(&config, vec![])
@@ -304,5 +314,80 @@ mod tests {
             head.contains("Proxy-Authorization: Basic dXNlcjpwdw==\r\n"),
             "{head}"
         );
+    }
+
+    /// A one-shot CONNECT proxy on 127.0.0.1:0: reads the request head, answers `answer`, and
+    /// hands back the head it read.
+    async fn fake_proxy(answer: &'static [u8]) -> (SocketAddr, tokio::task::JoinHandle<String>) {
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = proxy.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = proxy.accept().await.unwrap();
+            let head = read_head(&mut s).await.unwrap();
+            s.write_all(answer).await.unwrap();
+            head
+        });
+        (addr, task)
+    }
+
+    /// The CONNECT head a dial sends through a proxy URL with `userinfo`.
+    async fn head_sent_with(userinfo: &str) -> String {
+        let (addr, task) = fake_proxy(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let config = UpstreamConfig {
+            proxy: Some(format!("http://{userinfo}@{addr}").into()),
+            ..Default::default()
+        };
+        Dialer::new(&config, vec![])
+            .unwrap()
+            .dial("example.test", 443)
+            .await
+            .unwrap();
+        task.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn proxy_credentials_are_percent_decoded() {
+        let basic = |plain: &str| {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(plain);
+            format!("\r\nProxy-Authorization: Basic {encoded}\r\n")
+        };
+        // User `us:er` is written `us%3Aer`; the password `p@ss:w%rd` holds all three.
+        let head = head_sent_with("us%3Aer:p%40ss:w%25rd").await;
+        assert!(head.contains(&basic("us:er:p@ss:w%rd")), "{head}");
+        // A raw `@` in the password also works: the host starts after the last one.
+        let head = head_sent_with("user:a@b").await;
+        assert!(head.contains(&basic("user:a@b")), "{head}");
+    }
+
+    #[tokio::test]
+    async fn proxy_credentials_never_print() {
+        let (addr, task) = fake_proxy(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n").await;
+        let config = UpstreamConfig {
+            proxy: Some(format!("http://alice:s3cr%40t@{addr}").into()),
+            ..Default::default()
+        };
+        let dialer = Dialer::new(&config, vec![]).unwrap();
+        let err = dialer.dial("example.test", 443).await.unwrap_err();
+        task.await.unwrap();
+        assert!(err.to_string().contains("407"), "{err}");
+        let encoded = base64::engine::general_purpose::STANDARD.encode("alice:s3cr@t");
+        for shown in [
+            err.to_string(),
+            err.client_message(),
+            format!("{err:?}"),
+            format!("{dialer:?}"),
+            format!("{config:?}"),
+        ] {
+            for secret in ["s3cr", "alice", encoded.as_str()] {
+                assert!(!shown.contains(secret), "{secret:?} in {shown}");
+            }
+        }
+        // A URL the proxy parser refuses does not echo it either.
+        let bad = UpstreamConfig {
+            proxy: Some("http://alice:s3cr t@[::1".to_string().into()),
+            ..Default::default()
+        };
+        let err = Dialer::new(&bad, vec![]).unwrap_err();
+        assert!(!err.to_string().contains("s3cr"), "{err}");
     }
 }
