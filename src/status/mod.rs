@@ -195,6 +195,9 @@ pub struct StatusSnapshot {
     /// By provider name.
     pub providers: Vec<ProviderLatency>,
     pub totals: Totals,
+    /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
+    #[serde(default)]
+    pub tasks: u64,
 }
 
 impl Status {
@@ -276,6 +279,8 @@ impl Status {
             recent: state.recent.iter().rev().cloned().collect(),
             providers,
             totals: state.totals.clone(),
+            tasks: tokio::runtime::Handle::try_current()
+                .map_or(0, |rt| rt.metrics().num_alive_tasks() as u64),
         }
     }
 

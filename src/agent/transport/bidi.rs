@@ -25,7 +25,6 @@ use super::{
     error_response, read_bounded, request_id, with_pinned_model, AgentTransports, Decision, Peek,
     DECIDE_WAIT,
 };
-use crate::agent::RunFailer;
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 use crate::proto::aiserver::v1 as aiserver;
@@ -37,8 +36,6 @@ const MAX_GAP: i64 = 256;
 const MAX_UNREAD: usize = 256;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
 const READER_GRACE: Duration = Duration::from_secs(5);
-/// How long a started run waits for its first RunSSE reader (append 0 may come first).
-const READER_WAIT: Duration = Duration::from_secs(30);
 /// How long an append waits for the decision made by append 0.
 const APPEND_DECIDE_WAIT: Duration = Duration::from_secs(5);
 
@@ -302,10 +299,7 @@ fn start(
         .agent()
         .start_run_on(run_request, entry.request_id.clone(), "RunSSE");
     st.input = Some(handle.input.clone());
-    let failer = handle.failer();
-    // Set once: only append 0 starts a run, under the entry's lock.
-    let _ = entry.run.set(failer.clone());
-    tokio::spawn(await_first_reader(entry.clone(), failer).in_current_span());
+    entry.run_started(handle.failer());
     let out = entry.out.clone();
     let mut output = handle.output;
     tokio::spawn(
@@ -335,22 +329,6 @@ fn start(
         .in_current_span(),
     );
     Ok(())
-}
-
-/// A run whose RunSSE never comes is ended: nobody would read it.
-async fn await_first_reader(entry: Arc<Entry>, failer: RunFailer) {
-    tokio::time::sleep(READER_WAIT).await;
-    let unread = {
-        let b = entry.backlog();
-        b.reader == 0 && !b.ended()
-    };
-    if unread {
-        debug!(request_id = %entry.request_id, "no RunSSE reader came: ending the run");
-        failer.client_left(format!(
-            "no RunSSE stream came for this run within {} s",
-            READER_WAIT.as_secs()
-        ));
-    }
 }
 
 fn ok_response() -> Response<Body> {

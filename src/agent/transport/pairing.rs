@@ -48,6 +48,8 @@ pub(super) struct PairingLimits {
     pub pending_idle: Duration,
     /// An ended run's frames wait this long for a reader.
     pub linger: Duration,
+    /// A started run waits this long for its first RunSSE reader (append 0 may come first).
+    pub reader_wait: Duration,
 }
 
 impl Default for PairingLimits {
@@ -62,6 +64,7 @@ impl Default for PairingLimits {
             run_idle: Duration::from_secs(600),
             pending_idle: Duration::from_secs(60),
             linger: Duration::from_secs(60),
+            reader_wait: Duration::from_secs(30),
         }
     }
 }
@@ -212,15 +215,15 @@ impl Registry {
     }
 }
 
-fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<Arc<Entry>> {
+fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<Entry>, String)> {
     let now = Instant::now();
     map.last_sweep = now;
     let mut abandoned = Vec::new();
     map.entries.retain(|_, e| match e.verdict(now, limits) {
         Verdict::Keep => true,
         Verdict::Forget => false,
-        Verdict::Abandoned => {
-            abandoned.push(e.clone());
+        Verdict::Abandoned(how) => {
+            abandoned.push((e.clone(), how));
             false
         }
     });
@@ -228,11 +231,11 @@ fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<Arc<Entry>> {
 }
 
 /// End the runs of entries forgotten while their run still lived (outside the map's lock).
-fn end_abandoned(entries: Vec<Arc<Entry>>) {
-    for e in entries {
-        tracing::debug!(request_id = %e.request_id, "BidiSse entry idle: ending its run");
+fn end_abandoned(entries: Vec<(Arc<Entry>, String)>) {
+    for (e, how) in entries {
+        tracing::debug!(request_id = %e.request_id, "BidiSse entry abandoned: {how}");
         if let Some(run) = e.run.get() {
-            run.client_left("it sent and read nothing on this run for too long");
+            run.client_left(how);
         }
     }
 }
@@ -241,8 +244,8 @@ fn end_abandoned(entries: Vec<Arc<Entry>>) {
 enum Verdict {
     Keep,
     Forget,
-    /// Forget, and end the run that still lives.
-    Abandoned,
+    /// Forget, and end the run that still lives (why, in words).
+    Abandoned(String),
 }
 
 /// One request id's pairing state.
@@ -280,6 +283,14 @@ impl Entry {
         self.out.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Our run has started: from now on it must get a reader within the wait.
+    pub(super) fn run_started(&self, failer: RunFailer) {
+        // Set once: only append 0 starts a run, under the entry's lock.
+        if self.run.set(failer).is_ok() {
+            self.backlog().run_started = Some(Instant::now());
+        }
+    }
+
     /// Some traffic for this request id: it is not idle.
     pub(super) fn touch(&self) {
         self.backlog().last_seen = Instant::now();
@@ -296,11 +307,23 @@ impl Entry {
                 Verdict::Keep
             };
         }
-        match self.run.get() {
-            Some(_) if idle >= limits.run_idle => Verdict::Abandoned,
-            Some(_) => Verdict::Keep,
-            None if idle >= limits.pending_idle => Verdict::Forget,
-            None => Verdict::Keep,
+        match (self.run.get(), b.run_started) {
+            (Some(_), Some(started))
+                if b.reader == 0
+                    && now.saturating_duration_since(started) >= limits.reader_wait =>
+            {
+                Verdict::Abandoned(format!(
+                    "no RunSSE stream came for this run within {} s",
+                    limits.reader_wait.as_secs()
+                ))
+            }
+            (Some(_), _) if idle >= limits.run_idle => Verdict::Abandoned(format!(
+                "it sent and read nothing on this run for {} s",
+                limits.run_idle.as_secs()
+            )),
+            (Some(_), _) => Verdict::Keep,
+            (None, _) if idle >= limits.pending_idle => Verdict::Forget,
+            (None, _) => Verdict::Keep,
         }
     }
 
@@ -408,6 +431,8 @@ pub(super) struct Backlog {
     pub space: Arc<Notify>,
     /// The last append or frame read for this request id.
     pub last_seen: Instant,
+    /// When our run started (it then waits for a first reader).
+    pub run_started: Option<Instant>,
 }
 
 impl Backlog {
@@ -422,6 +447,7 @@ impl Backlog {
             waker: None,
             space: Arc::default(),
             last_seen: Instant::now(),
+            run_started: None,
         }
     }
 
@@ -485,7 +511,8 @@ mod tests {
 
     fn start_run(e: &Entry) -> CancelProbe {
         let cancel = tokio_util::sync::CancellationToken::new();
-        assert!(e.run.set(RunFailer::new(cancel.clone())).is_ok());
+        e.run_started(RunFailer::new(cancel.clone()));
+        e.backlog().reader = 1; // a reader came
         CancelProbe(cancel)
     }
 
@@ -517,6 +544,22 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         r.sweep();
         assert!(probe.0.is_cancelled());
+        assert!(r.get("run").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_whose_reader_never_comes_is_ended_by_the_sweep() {
+        let r = Registry::new(limits());
+        let e = r.get_or_create("run").unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        e.run_started(RunFailer::new(cancel.clone()));
+        tokio::time::sleep(limits().reader_wait / 2).await;
+        e.touch(); // appends keep coming, but nobody reads
+        r.sweep();
+        assert!(!cancel.is_cancelled());
+        tokio::time::sleep(limits().reader_wait).await;
+        r.sweep();
+        assert!(cancel.is_cancelled());
         assert!(r.get("run").is_none());
     }
 
