@@ -10,6 +10,7 @@ pub mod config;
 pub(crate) mod conn_tasks;
 pub mod connect;
 pub mod cursor;
+pub mod http;
 pub mod proto;
 pub mod provider;
 pub mod proxy;

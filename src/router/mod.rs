@@ -5,71 +5,15 @@
 //! upstream; later issues add `Route` variants (agent runs, model lists, probes) there and a
 //! matching arm in `Router::handle`.
 
-mod body;
-
-use std::net::SocketAddr;
-
 use http::request::Parts;
-use http::uri::Scheme;
-use http::{Request, Response, Version};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::agent::transport::AgentTransports;
 use crate::cursor::{self, CursorRpc, CursorServices};
+use crate::http::{boxed, Body, RequestContext};
 use crate::upstream::{Link, Upstream};
-
-pub use body::{boxed, empty, full, Body, BodyError};
-
-/// Which listener a request came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Door {
-    /// TLS terminated after `CONNECT` on the proxy listener.
-    Connect,
-    /// An absolute-form plain-HTTP request on the proxy listener.
-    PlainProxy,
-    /// The direct TLS listener (clients that take a backend URL).
-    DirectTls,
-    /// The direct plain-HTTP listener.
-    DirectHttp,
-}
-
-/// Where a request is headed and how it arrived.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    /// Scheme of the origin (`https` for intercepted hosts and the default direct origin).
-    pub scheme: Scheme,
-    /// Origin host, lower-case, without brackets for IPv6.
-    pub host: String,
-    /// Origin port.
-    pub port: u16,
-    /// HTTP version on the client side of this request.
-    pub client_version: Version,
-    pub door: Door,
-    pub peer: SocketAddr,
-}
-
-impl RequestContext {
-    /// `host` or `host:port` when the port is not the scheme's default: the `Host` /
-    /// `:authority` value the origin expects.
-    pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        let default = if self.scheme == Scheme::HTTPS {
-            443
-        } else {
-            80
-        };
-        if self.port == default {
-            host
-        } else {
-            format!("{host}:{}", self.port)
-        }
-    }
-}
 
 /// What happens to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

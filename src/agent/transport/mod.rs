@@ -18,8 +18,8 @@ use hyper::body::Incoming;
 
 use crate::agent::{model, Agent};
 use crate::connect::{Code, ConnectError, Encoding, FrameDecoder, Limits};
+use crate::http::{full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
-use crate::router::{full, Body, RequestContext};
 use crate::upstream::Upstream;
 
 pub use routing::{Decision, RoutingTable};
