@@ -18,6 +18,7 @@ use tokio::time::{Instant, Sleep};
 use super::frame::{self, flag, kind, setting, ConnError, Frame, FrameReader, Reason};
 use super::hpack::{Decoder, Encoding, Headers};
 use crate::cancel::WhenWoken;
+use crate::router::Route;
 use crate::upstream::UpstreamError;
 
 /// Per-stream and per-connection receive windows we grant each side (as hyper is set up).
@@ -53,7 +54,9 @@ pub(crate) struct Setup {
     pub(crate) dial: BoxFuture<Result<BoxIo, UpstreamError>>,
     /// Serves our own routes on one end of an in-memory connection.
     pub(crate) internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
-    /// Does this `:path` pass through untouched?
+    /// Unit tests only: passthrough paths narrowed further, so a stand-in origin's paths and
+    /// ours differ. In the proxy, the router's decision ([`crate::router::route`]) alone.
+    #[cfg(test)]
     pub(crate) passthrough: fn(&str) -> bool,
     /// Ready when the server starts its graceful shutdown.
     pub(crate) stopping: BoxFuture<()>,
@@ -244,6 +247,7 @@ pub(crate) struct Relay {
     authority: String,
     authority_port: String,
     host: String,
+    #[cfg(test)]
     passthrough: fn(&str) -> bool,
     make_internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
     stopping: Option<BoxFuture<()>>,
@@ -329,6 +333,7 @@ impl Relay {
             authority_port: format!("{}:{}", setup.host_for_port(), setup.port),
             authority: setup.authority,
             host: setup.host,
+            #[cfg(test)]
             passthrough: setup.passthrough,
             make_internal: setup.internal,
             stopping: Some(setup.stopping),
@@ -1040,7 +1045,7 @@ impl Relay {
                 a.eq_ignore_ascii_case(self.authority.as_bytes())
                     || a.eq_ignore_ascii_case(self.authority_port.as_bytes())
             })
-            && path.is_some_and(|p| (self.passthrough)(p));
+            && path.is_some_and(|p| self.passes_through(p));
         if plain && self.upstream.as_ref().is_some_and(Peer::usable) {
             return Some(Side::Upstream);
         }
@@ -1049,6 +1054,16 @@ impl Relay {
             .as_ref()
             .filter(|p| p.usable())
             .map(|_| Side::Internal)
+    }
+
+    /// Does a stream for `path` go to the origin untouched? The router's decision, so the
+    /// relay cannot disagree with it.
+    fn passes_through(&self, path: &str) -> bool {
+        #[cfg(test)]
+        let narrowed = (self.passthrough)(path);
+        #[cfg(not(test))]
+        let narrowed = true;
+        narrowed && crate::router::route(path) == Route::Upstream
     }
 
     fn ensure_internal(&mut self) {
