@@ -15,8 +15,13 @@
 //! request/response objects and body channels (README, "Benchmarks").
 
 mod conn;
+mod control;
+mod failure;
 mod frame;
+mod headers;
 mod hpack;
+mod peer;
+mod stream;
 
 pub(crate) use conn::{BoxFuture, BoxIo, Relay, Setup};
 
