@@ -163,7 +163,7 @@ impl Relay {
     }
 
     /// Everything that can move now; `Ready` when the client's connection is over.
-    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(stopping) = self.stopping.as_mut() {
             if stopping.as_mut().poll(cx).is_ready() {
                 self.stopping = None;
@@ -233,7 +233,7 @@ impl Relay {
         self.closing || ((self.draining || self.client_goaway) && self.streams.is_empty())
     }
 
-    pub(super) fn poll_dial(&mut self, cx: &mut Context<'_>) {
+    fn poll_dial(&mut self, cx: &mut Context<'_>) {
         let Some(dial) = self.dial.as_mut() else {
             return;
         };
@@ -252,7 +252,7 @@ impl Relay {
     }
 
     /// Upstream liveness, as hyper's keep-alive does it.
-    pub(super) fn poll_keep_alive(&mut self, cx: &mut Context<'_>) {
+    fn poll_keep_alive(&mut self, cx: &mut Context<'_>) {
         if self.keep_alive.as_mut().poll(cx).is_pending() {
             return;
         }

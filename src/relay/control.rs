@@ -92,7 +92,7 @@ impl Relay {
         }
     }
 
-    pub(super) fn on_settings(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
+    fn on_settings(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
         if frame.stream != 0 {
             return Err(ConnError::protocol("SETTINGS on a stream"));
         }
@@ -142,7 +142,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn on_window_update(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
+    fn on_window_update(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
         let increment = (frame::u32_payload(frame, "WINDOW_UPDATE")? & 0x7fff_ffff) as i64;
         if frame.stream == 0 {
             let peer = self.source(side)?;
@@ -181,7 +181,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn on_goaway(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
+    fn on_goaway(&mut self, side: Side, frame: &Frame) -> Result<(), ConnError> {
         let payload = frame.payload();
         if payload.len() < 8 || frame.stream != 0 {
             return Err(ConnError::new(Reason::FRAME_SIZE_ERROR, "bad GOAWAY frame"));
@@ -217,7 +217,7 @@ impl Relay {
         Ok(())
     }
 
-    pub(super) fn on_reset(&mut self, side: Side, id: u32, reason: Reason) {
+    fn on_reset(&mut self, side: Side, id: u32, reason: Reason) {
         let belongs = self
             .streams
             .get(&id)
@@ -247,7 +247,7 @@ impl Relay {
     }
 
     /// The target answered in full and some of it still waits for the client's window.
-    pub(super) fn answer_in_flight(&self, id: u32) -> bool {
+    fn answer_in_flight(&self, id: u32) -> bool {
         self.streams
             .get(&id)
             .is_some_and(|st| st.down.ended_in && !st.down.queue.is_empty())
@@ -255,7 +255,7 @@ impl Relay {
 
     /// RST_STREAM(NO_ERROR) from a target that answered in full (it does not want the rest of
     /// the request): the answer is delivered first, then the client is told.
-    pub(super) fn reset_after_answer(&mut self, id: u32) {
+    fn reset_after_answer(&mut self, id: u32) {
         let Some(st) = self.streams.get_mut(&id) else {
             return;
         };
@@ -283,7 +283,7 @@ impl Relay {
         self.flush_dir(id, Direction::Down);
     }
 
-    pub(super) fn on_data(&mut self, side: Side, frame: Frame) -> Result<(), ConnError> {
+    fn on_data(&mut self, side: Side, frame: Frame) -> Result<(), ConnError> {
         let id = frame.stream;
         if id == 0 {
             return Err(ConnError::protocol("DATA on stream 0"));

@@ -118,7 +118,7 @@ impl Relay {
         self.streams_lost(Side::Upstream, Some(&err));
     }
 
-    pub(super) fn streams_lost(&mut self, side: Side, err: Option<&UpstreamError>) {
+    fn streams_lost(&mut self, side: Side, err: Option<&UpstreamError>) {
         let ids: Vec<u32> = self
             .streams
             .iter()
@@ -139,7 +139,7 @@ impl Relay {
     }
 
     /// Answer a stream ourselves with the error the hyper path would give.
-    pub(super) fn answer_error(&mut self, id: u32, old: Stream, err: &UpstreamError) {
+    fn answer_error(&mut self, id: u32, old: Stream, err: &UpstreamError) {
         let (status, content_type, body) = crate::upstream::error_parts(err, old.connect_style);
         let mut headers = Headers::default();
         headers.push(b":status", status.as_str().as_bytes());

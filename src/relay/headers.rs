@@ -24,7 +24,7 @@ pub(super) struct Block {
 }
 
 /// Does the client speak Connect (and so read `{"code","message"}` error bodies)?
-pub(super) fn is_connect_style(headers: &Headers) -> bool {
+fn is_connect_style(headers: &Headers) -> bool {
     let content_type = headers.get(b"content-type").unwrap_or_default();
     content_type.starts_with(b"application/connect+")
         || content_type.starts_with(b"application/proto")
@@ -56,7 +56,7 @@ impl Relay {
         }
     }
 
-    pub(super) fn on_request_block(&mut self, id: u32, block: Block) -> Result<(), ConnError> {
+    fn on_request_block(&mut self, id: u32, block: Block) -> Result<(), ConnError> {
         if let Some(st) = self.streams.get_mut(&id) {
             // Trailers.
             if st.discard_up {
@@ -126,7 +126,7 @@ impl Relay {
     }
 
     /// Where a new stream goes: the origin for plain passthrough, else our own server.
-    pub(super) fn target_for(&mut self, headers: &Headers) -> Option<Side> {
+    fn target_for(&mut self, headers: &Headers) -> Option<Side> {
         let path = headers
             .get(b":path")
             .and_then(|p| std::str::from_utf8(p).ok())
@@ -149,7 +149,7 @@ impl Relay {
 
     /// Does a stream for `path` go to the origin untouched? The router's decision, so the
     /// relay cannot disagree with it.
-    pub(super) fn passes_through(&self, path: &str) -> bool {
+    fn passes_through(&self, path: &str) -> bool {
         #[cfg(test)]
         let narrowed = (self.passthrough)(path);
         #[cfg(not(test))]
@@ -157,7 +157,7 @@ impl Relay {
         narrowed && crate::router::route(path) == Route::Upstream
     }
 
-    pub(super) fn ensure_internal(&mut self) {
+    fn ensure_internal(&mut self) {
         if self.internal.is_some() {
             return;
         }
@@ -170,7 +170,7 @@ impl Relay {
         self.internal = Some(peer);
     }
 
-    pub(super) fn on_response_block(&mut self, side: Side, id: u32, block: Block) {
+    fn on_response_block(&mut self, side: Side, id: u32, block: Block) {
         let Some(st) = self.streams.get_mut(&id).filter(|st| st.target == side) else {
             // The client reset it already: its table must still see what the origin's
             // encoder did, so from now on blocks toward it are ours.
@@ -199,7 +199,7 @@ impl Relay {
 
     /// Forward a header block toward the stream's other side, as received when that keeps
     /// the two tables in step, else re-encoded (after any DATA queued before it).
-    pub(super) fn send_block(&mut self, id: u32, to: Direction, block: Block) {
+    fn send_block(&mut self, id: u32, to: Direction, block: Block) {
         let Some((target, dir, dest)) = self.route_of(id, to) else {
             return;
         };
@@ -234,7 +234,7 @@ impl Relay {
     }
 
     /// The blocks toward `side` can no longer be the counterpart's own: encode them ourselves.
-    pub(super) fn desync(&mut self, side: Side) {
+    fn desync(&mut self, side: Side) {
         if let Some(peer) = self.peer(side) {
             if peer.encoding.is_raw() {
                 tracing::trace!(?side, "header blocks re-encoded from now on");
