@@ -1,7 +1,8 @@
 //! cursor-byok: run Cursor's Agent on your own model provider and API key.
 //!
 //! The flow is one-way: front door (`proxy`, `tls`) → routing → passthrough (`upstream`) or the
-//! agent (`agent`, which calls `provider`); see README.md for the picture.
+//! agent (`agent`, which calls `provider`); see README.md for the picture, and
+//! docs/architecture-rooms.md for which module may use which (`tests/architecture.rs` checks it).
 
 pub mod agent;
 pub(crate) mod cancel;
@@ -10,6 +11,7 @@ pub mod config;
 pub(crate) mod conn_tasks;
 pub mod connect;
 pub mod cursor;
+pub mod http;
 pub mod proto;
 pub mod provider;
 pub mod proxy;

@@ -101,3 +101,39 @@ fn bad_config_names_file_key_and_reason_without_the_key() {
     assert!(err.contains("providers.openai.api_key"), "{err}");
     assert!(!err.contains("SUPERSECRET"), "{err}");
 }
+
+/// Logs written to a pipe (a test runner, a service manager) carry no ANSI colour codes.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\n").unwrap();
+    let mut child = bin()
+        .env_remove("NO_COLOR")
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("run")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("listening") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("listening"), "{seen}");
+    assert!(!seen.contains('\x1b'), "{seen:?}");
+}

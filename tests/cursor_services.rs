@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use cursor_byok::config::{Config, UpstreamConfig};
 use cursor_byok::cursor::{classify, CursorRpc, CursorServices};
+use cursor_byok::http::{full, Body, Door, RequestContext};
 use cursor_byok::proto::agent::v1 as ag;
 use cursor_byok::proto::aiserver::v1 as ai;
-use cursor_byok::router::{full, Body, Door, RequestContext};
 use cursor_byok::upstream::Upstream;
 
 const CONFIG: &str = r#"

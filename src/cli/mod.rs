@@ -6,6 +6,8 @@ mod doctor;
 mod models;
 mod setup;
 
+use std::ffi::OsStr;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -72,10 +74,22 @@ pub fn init_tracing(verbose: u8) {
         _ => "cursor_byok=trace,debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let colour = colour_logs(
+        std::env::var_os("NO_COLOR").as_deref(),
+        std::io::stderr().is_terminal(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
+}
+
+/// Colour codes only for a person at a terminal: a file, a pipe or a service manager's log
+/// gets plain text, and a non-empty `NO_COLOR` turns colour off everywhere (no-color.org).
+fn colour_logs(no_color: Option<&OsStr>, stderr_is_terminal: bool) -> bool {
+    let opted_out = no_color.is_some_and(|v| !v.is_empty());
+    stderr_is_terminal && !opted_out
 }
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
@@ -250,4 +264,19 @@ fn banner(
         "  one summary line per finished run follows; `cursor-byok doctor` checks the whole set-up"
     );
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour_logs(None, true));
+        assert!(!colour_logs(None, false));
+        assert!(!colour_logs(Some(OsStr::new("1")), true));
+        assert!(!colour_logs(Some(OsStr::new("1")), false));
+        // An empty NO_COLOR does not count (no-color.org).
+        assert!(colour_logs(Some(OsStr::new("")), true));
+    }
 }

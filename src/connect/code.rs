@@ -3,8 +3,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::CodecError;
-
 /// A Connect error code. There is no `ok`: success is the absence of an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -111,15 +109,21 @@ impl fmt::Display for Code {
     }
 }
 
+/// A code name that is not one of Connect's (its own error, so the codes sit below the codec
+/// errors that map to them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown Connect error code {0:?}")]
+pub struct UnknownCode(pub String);
+
 impl FromStr for Code {
-    type Err = CodecError;
+    type Err = UnknownCode;
 
     /// Exact wire names only (Connect names are lowercase snake case).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Code::ALL
             .into_iter()
             .find(|c| c.as_str() == s)
-            .ok_or_else(|| CodecError::UnknownCode(s.to_owned()))
+            .ok_or_else(|| UnknownCode(s.to_owned()))
     }
 }
 
@@ -133,7 +137,7 @@ mod tests {
             assert_eq!(code.as_str().parse::<Code>().ok(), Some(code));
             assert_eq!(code.to_string(), code.as_str());
         }
-        assert!(matches!("ok".parse::<Code>(), Err(CodecError::UnknownCode(s)) if s == "ok"));
+        assert!(matches!("ok".parse::<Code>(), Err(UnknownCode(s)) if s == "ok"));
         assert!("Internal".parse::<Code>().is_err());
     }
 

@@ -1,7 +1,7 @@
 //! The one error type of the codec. Every variant names what was wrong with the bytes; `code()`
 //! tells higher layers which Connect code to end a stream or answer a unary call with.
 
-use super::code::Code;
+use super::code::{Code, UnknownCode};
 
 /// Everything that can go wrong while encoding or decoding Connect bodies.
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +71,8 @@ pub enum CodecError {
         source: base64::DecodeError,
     },
 
-    #[error("unknown Connect error code {0:?}")]
-    UnknownCode(String),
+    #[error(transparent)]
+    UnknownCode(#[from] UnknownCode),
 
     /// `pos` is the index in the hex string (all characters before it are valid ASCII hex, so
     /// byte and character positions agree).

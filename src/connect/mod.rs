@@ -16,7 +16,7 @@ pub use bidi::{
     bidi_append_payload, decode_agent_client_message, decode_bidi_append_request, decode_hex,
     encode_bidi_append,
 };
-pub use code::Code;
+pub use code::{Code, UnknownCode};
 pub use compression::Encoding;
 pub use end_stream::{ConnectError, EndStream, ErrorDetail, Metadata};
 pub use envelope::{

@@ -25,9 +25,9 @@ use prost::Message;
 
 use crate::config::Config;
 use crate::connect::{decode_unary, CodecError, Limits};
+use crate::http::{boxed, empty, full, Body, RequestContext};
 use crate::proto::agent::v1 as ag;
 use crate::proto::aiserver::v1 as ai;
-use crate::router::{boxed, empty, full, Body, RequestContext};
 use crate::upstream::{error_response, Upstream, UpstreamError};
 
 pub use models::{

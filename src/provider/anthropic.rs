@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use super::decode::{DecodeCtx, Machine};
 use super::error::ProviderError;
+use super::machine::{DecodeCtx, Machine};
 use super::sse::SseEvent;
 use super::types::*;
 

@@ -4,51 +4,12 @@
 //! same events.
 
 use super::anthropic::AnthropicMachine;
-use super::error::{ProviderError, ProviderErrorKind};
+use super::machine::{DecodeCtx, Machine};
 use super::openai_chat::ChatMachine;
 use super::openai_responses::ResponsesMachine;
 use super::sse::{SseEvent, SseParser};
-use super::types::{ExtraData, ProviderEvent, ProviderExtra};
+use super::types::ProviderEvent;
 use super::ProviderKind;
-
-/// Who is speaking: tags extras and names the provider in errors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DecodeCtx {
-    pub kind: ProviderKind,
-    /// Replay identity (see `ProviderSettings::identity`).
-    pub origin: String,
-    /// Display name for errors.
-    pub name: String,
-}
-
-impl DecodeCtx {
-    pub(crate) fn extra(&self, data: ExtraData) -> ProviderExtra {
-        ProviderExtra {
-            kind: self.kind,
-            origin: self.origin.clone(),
-            data,
-        }
-    }
-
-    pub(crate) fn decode_error(&self, err: &serde_json::Error, data: &str) -> ProviderEvent {
-        let mut snippet: String = data.chars().take(120).collect();
-        if snippet.len() < data.len() {
-            snippet.push('…');
-        }
-        ProviderEvent::Error(ProviderError::new(
-            ProviderErrorKind::Decode,
-            &self.name,
-            format!("bad event JSON ({err}): {snippet}"),
-        ))
-    }
-}
-
-/// One provider's event-stream state machine.
-pub(crate) trait Machine: Send {
-    fn on_event(&mut self, ev: SseEvent, out: &mut Vec<ProviderEvent>);
-    /// The body ended; finish or report a truncated stream.
-    fn on_eof(&mut self, out: &mut Vec<ProviderEvent>);
-}
 
 /// Decodes one response body of a given provider kind into [`ProviderEvent`]s.
 ///

@@ -11,6 +11,7 @@ pub mod anthropic;
 pub mod decode;
 pub mod error;
 mod http;
+mod machine;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod sse;
@@ -28,9 +29,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::secret::Secret;
-use decode::DecodeCtx;
 pub use decode::{decode_all, StreamDecoder};
 pub use error::{ProviderError, ProviderErrorKind};
+use machine::DecodeCtx;
 pub use types::*;
 
 /// Which wire API a provider speaks.

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Map, Value};
 
-use super::decode::{DecodeCtx, Machine};
 use super::error::ProviderError;
+use super::machine::{DecodeCtx, Machine};
 use super::sse::SseEvent;
 use super::types::*;
 

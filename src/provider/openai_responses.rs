@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use super::decode::{DecodeCtx, Machine};
 use super::error::{ProviderError, ProviderErrorKind};
+use super::machine::{DecodeCtx, Machine};
 use super::openai_chat::{arguments_string, data_url, tool_result_text};
 use super::sse::SseEvent;
 use super::types::*;

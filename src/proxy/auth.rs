@@ -5,7 +5,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::config::ProxyAuth;
-use crate::router::{full, Body};
+use crate::http::{full, Body};
 
 /// The expected `user:password`, compared without early exit.
 pub(crate) struct ProxyAuthCheck {

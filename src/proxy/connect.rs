@@ -14,13 +14,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::instrument;
 
-use super::front::plain_error;
+use super::plain_error;
 use super::rewind::Rewind;
 use super::serve;
-use super::server::State;
 use super::sni::{self, Peek};
+use super::state::State;
 use crate::config::host_matches;
-use crate::router::{empty, Body, Door, RequestContext};
+use crate::http::{empty, Body, Door, RequestContext};
 
 /// How long a client may stay silent after `CONNECT` before we assume the server speaks first.
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);

@@ -11,9 +11,9 @@ use tokio_rustls::LazyConfigAcceptor;
 use tracing::instrument;
 
 use super::serve;
-use super::server::State;
+use super::state::State;
 use crate::config::host_matches;
-use crate::router::{Door, RequestContext};
+use crate::http::{Door, RequestContext};
 
 /// TLS door: a leaf for the name the client asks for — any intercepted host, `localhost`, or a
 /// loopback address — then HTTP (h2 or h1 per ALPN). Other names get no handshake.

@@ -4,7 +4,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{self, HeaderValue};
 use http::uri::Scheme;
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -13,11 +12,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::instrument;
 
-use super::server::State;
-use super::{auth, connect, serve};
+use super::state::State;
+use super::{auth, connect, plain_error, serve};
 use crate::config::host_matches;
 use crate::conn_tasks::LocalExec;
-use crate::router::{boxed, full, Body, Door, RequestContext};
+use crate::http::{boxed, Body, Door, RequestContext};
 
 /// Serve proxy-protocol requests on one client connection.
 #[instrument(skip_all, name = "proxy_conn", fields(%peer))]
@@ -107,14 +106,4 @@ async fn forward_absolute(
     } else {
         state.router.upstream().forward(&ctx, req.map(boxed)).await
     }
-}
-
-pub(crate) fn plain_error(status: StatusCode, message: &str) -> Response<Body> {
-    let mut resp = Response::new(full(format!("{message}\n")));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
 }

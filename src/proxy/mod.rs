@@ -38,8 +38,14 @@ mod serve;
 mod server;
 mod shutdown;
 mod sni;
+mod state;
 
 use std::net::SocketAddr;
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::http::{full, Body};
 
 pub use server::{Server, ServerBuilder, DEFAULT_GRACE};
 
@@ -58,4 +64,15 @@ pub enum ProxyError {
     Upstream(#[from] crate::upstream::UpstreamError),
     #[error("cannot listen for shutdown signals: {0}")]
     Signal(std::io::Error),
+}
+
+/// A short plain-text answer from the front door itself (not from any origin).
+pub(crate) fn plain_error(status: StatusCode, message: &str) -> Response<Body> {
+    let mut resp = Response::new(full(format!("{message}\n")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
 }

@@ -15,8 +15,13 @@
 //! docs/benchmarks.md).
 
 mod conn;
+mod control;
+mod failure;
 mod frame;
+mod headers;
 mod hpack;
+mod peer;
+mod stream;
 
 pub(crate) use conn::{BoxFuture, BoxIo, Relay, Setup};
 

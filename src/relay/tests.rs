@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{BoxFuture, BoxIo, Relay, Setup};
-use crate::router::{boxed, full, Body};
+use crate::http::{boxed, full, Body};
 use crate::upstream::UpstreamError;
 
 const STEP: Duration = Duration::from_secs(5);

@@ -1,75 +1,19 @@
 //! The one routing hook: every request for a Cursor host — decrypted at the CONNECT door, or
 //! arriving at a direct door — goes through [`Router::handle`].
 //!
-//! [`route`] decides by path (and context) where a request goes. Today everything passes
-//! upstream; later issues add `Route` variants (agent runs, model lists, probes) there and a
-//! matching arm in `Router::handle`.
+//! [`route`] is the one routing decision: the relay calls it for each new HTTP/2 stream,
+//! `Router::handle` for every request it is handed, and the agent transports get the RPC it
+//! found. A new kind of request is a `Route` variant there and a matching arm in
+//! `Router::handle`.
 
-mod body;
-
-use std::net::SocketAddr;
-
-use http::request::Parts;
-use http::uri::Scheme;
-use http::{Request, Response, Version};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
-use crate::agent::transport::AgentTransports;
+use crate::agent::transport::{self, AgentRpc, AgentTransports};
 use crate::cursor::{self, CursorRpc, CursorServices};
+use crate::http::{boxed, Body, RequestContext};
 use crate::upstream::{Link, Upstream};
-
-pub use body::{boxed, empty, full, Body, BodyError};
-
-/// Which listener a request came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Door {
-    /// TLS terminated after `CONNECT` on the proxy listener.
-    Connect,
-    /// An absolute-form plain-HTTP request on the proxy listener.
-    PlainProxy,
-    /// The direct TLS listener (clients that take a backend URL).
-    DirectTls,
-    /// The direct plain-HTTP listener.
-    DirectHttp,
-}
-
-/// Where a request is headed and how it arrived.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    /// Scheme of the origin (`https` for intercepted hosts and the default direct origin).
-    pub scheme: Scheme,
-    /// Origin host, lower-case, without brackets for IPv6.
-    pub host: String,
-    /// Origin port.
-    pub port: u16,
-    /// HTTP version on the client side of this request.
-    pub client_version: Version,
-    pub door: Door,
-    pub peer: SocketAddr,
-}
-
-impl RequestContext {
-    /// `host` or `host:port` when the port is not the scheme's default: the `Host` /
-    /// `:authority` value the origin expects.
-    pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        let default = if self.scheme == Scheme::HTTPS {
-            443
-        } else {
-            80
-        };
-        if self.port == default {
-            host
-        } else {
-            format!("{host}:{}", self.port)
-        }
-    }
-}
 
 /// What happens to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,24 +23,21 @@ pub enum Route {
     /// A Cursor service we adjust (model lists, server config, probes).
     Cursor(CursorRpc),
     /// An agent transport: ours or relayed, decided by the run's first message.
-    Agent,
+    Agent(AgentRpc),
     /// One of the proxy's own paths (`/__cursor-byok/…`): never forwarded; served only on the
     /// proxy listener, so here it gets a 404 saying where.
     Own,
 }
 
-/// The routing decision, from the request head only (the body is still unread).
-pub fn route(_ctx: &RequestContext, parts: &Parts) -> Route {
-    route_path(parts.uri.path())
-}
-
-/// [`route`] by path alone (without the query), which is all it looks at.
-pub fn route_path(path: &str) -> Route {
+/// Where a request goes, by its path alone (without the query): the request head is all
+/// there is when the decision is made (the body is still unread), and the path is all of it
+/// that matters. Every entry calls this, so the relay cannot disagree with the router.
+pub fn route(path: &str) -> Route {
     if crate::status::is_own_path(path) {
         return Route::Own;
     }
-    if AgentTransports::handles(path) {
-        return Route::Agent;
+    if let Some(rpc) = transport::classify(path) {
+        return Route::Agent(rpc);
     }
     match cursor::classify(path) {
         Some(rpc) => Route::Cursor(rpc),
@@ -147,7 +88,7 @@ impl Router {
             version = ?ctx.client_version,
             door = ?ctx.door,
         );
-        match route(&ctx, &parts) {
+        match route(parts.uri.path()) {
             Route::Upstream => {
                 let req = Request::from_parts(parts, boxed(body));
                 let forward = self.upstream.forward_via(link, &ctx, req);
@@ -166,11 +107,44 @@ impl Router {
                     .instrument(span)
                     .await
             }
-            Route::Agent => {
+            Route::Agent(rpc) => {
                 let req = Request::from_parts(parts, body);
-                Box::pin(self.agent.handle(ctx, req)).instrument(span).await
+                Box::pin(self.agent.handle(rpc, ctx, req))
+                    .instrument(span)
+                    .await
             }
             Route::Own => crate::status::local_only_answer(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_decision_by_path_for_every_kind_of_request() {
+        let cases = [
+            ("/agent.v1.AgentService/Run", Route::Agent(AgentRpc::Run)),
+            (
+                "/agent.v1.AgentService/RunSSE",
+                Route::Agent(AgentRpc::RunSse),
+            ),
+            (
+                "/aiserver.v1.BidiService/BidiAppend",
+                Route::Agent(AgentRpc::BidiAppend),
+            ),
+            (
+                cursor::AVAILABLE_MODELS,
+                Route::Cursor(CursorRpc::AvailableModels),
+            ),
+            ("/__cursor-byok/status", Route::Own),
+            ("/aiserver.v1.AiService/StreamChat", Route::Upstream),
+            // Exact paths only: a longer one is someone else's.
+            ("/agent.v1.AgentService/RunX", Route::Upstream),
+        ];
+        for (path, want) in cases {
+            assert_eq!(route(path), want, "{path}");
         }
     }
 }

@@ -10,7 +10,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 
 use super::Status;
-use crate::router::{full, Body};
+use crate::http::{full, Body};
 
 /// Every path of ours starts with this; none of Cursor's does.
 pub const PATH_PREFIX: &str = "/__cursor-byok/";

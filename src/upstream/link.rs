@@ -20,7 +20,7 @@ use super::connector::Connector;
 use super::error::{cause_chain, UpstreamError};
 use super::{H2_CONN_WINDOW, H2_STREAM_WINDOW};
 use crate::conn_tasks::LocalExec;
-use crate::router::{Body, RequestContext};
+use crate::http::{Body, RequestContext};
 
 /// One client connection's upstream connection, dialled on first use. Dropping it (with the
 /// client connection) lets the upstream connection close once its last response is read.

@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::UpstreamConfig;
-use crate::router::{boxed, full, Body, RequestContext};
+use crate::http::{boxed, full, Body, RequestContext};
 use connector::Connector;
 
 pub(crate) use connector::Stream;

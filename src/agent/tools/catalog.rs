@@ -1,7 +1,11 @@
 //! The built-in tools: names, aliases, availability per mode, and the JSON Schemas offered to
-//! models. Names and shapes follow Cursor's own agent tools, which models already know.
+//! models (as data, in `catalog.json`). Names and shapes follow Cursor's own agent tools, which models already know.
 
-use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::args::norm;
 use super::{Mode, ToolContext};
@@ -130,222 +134,35 @@ impl Builtin {
         }
     }
 
+    /// The tool as offered to models: its entry in `catalog.json`.
     pub(crate) fn spec(self) -> ToolSpec {
-        let (description, parameters) = match self {
-            Builtin::ReadFile => (
-                "Read a text file from the workspace. Returns its lines numbered as `<line>\\t<text>`, \
-                 starting at 1. Returns up to 2000 lines unless `limit` is given; use `offset` and \
-                 `limit` for other parts of long files. Relative paths resolve against the workspace root.",
-                object(
-                    json!({
-                        "path": {"type": "string", "description": "Path of the file (absolute, or relative to the workspace root)."},
-                        "offset": {"type": "integer", "description": "1-based line to start at; a negative value counts from the end of the file."},
-                        "limit": {"type": "integer", "minimum": 1, "description": "Maximum number of lines to return."}
-                    }),
-                    &["path"],
-                ),
-            ),
-            Builtin::ListDir => (
-                "List a directory as a tree of subdirectories and files. Use it to explore the project layout.",
-                object(
-                    json!({
-                        "path": {"type": "string", "description": "Directory to list; defaults to the workspace root."},
-                        "ignore": {"type": "array", "items": {"type": "string"}, "description": "Glob patterns to leave out."}
-                    }),
-                    &[],
-                ),
-            ),
-            Builtin::GlobFileSearch => (
-                "Find files whose path matches a glob pattern, e.g. `**/*.rs` or `src/**/test_*.py`. \
-                 A pattern without `/` matches at any depth. Returns the matching paths.",
-                object(
-                    json!({
-                        "glob_pattern": {"type": "string", "description": "Glob pattern to match file paths against."},
-                        "target_directory": {"type": "string", "description": "Directory to search in; defaults to the workspace root."}
-                    }),
-                    &["glob_pattern"],
-                ),
-            ),
-            Builtin::Grep => (
-                "Search file contents with a regular expression (ripgrep syntax; escape literal braces \
-                 and parentheses). Respects .gitignore. `output_mode`: `content` (matching lines with \
-                 line numbers, the default), `files_with_matches` (paths only) or `count`.",
-                object(
-                    json!({
-                        "pattern": {"type": "string", "description": "Regular expression to search for."},
-                        "path": {"type": "string", "description": "File or directory to search; defaults to the workspace root."},
-                        "glob": {"type": "string", "description": "Only search files matching this glob, e.g. `*.ts` or `src/**/*.rs`."},
-                        "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"]},
-                        "-A": {"type": "integer", "minimum": 0, "description": "Lines of context after each match (content mode)."},
-                        "-B": {"type": "integer", "minimum": 0, "description": "Lines of context before each match (content mode)."},
-                        "-C": {"type": "integer", "minimum": 0, "description": "Lines of context before and after each match (content mode)."},
-                        "case_insensitive": {"type": "boolean", "description": "Ignore case."},
-                        "type": {"type": "string", "description": "ripgrep file type, e.g. `rust`, `py`, `js`."},
-                        "head_limit": {"type": "integer", "minimum": 1, "description": "Return at most this many lines / files / counts."},
-                        "multiline": {"type": "boolean", "description": "Let `.` match newlines and patterns span lines."}
-                    }),
-                    &["pattern"],
-                ),
-            ),
-            Builtin::SearchReplace => (
-                "Edit a file by replacing an exact string. `old_string` must match the file exactly \
-                 (whitespace and indentation included) and occur once, unless `replace_all` is true: \
-                 include enough surrounding lines to make it unique. An empty `old_string` creates a \
-                 new file containing `new_string`. Read the file before editing it.",
-                object(
-                    json!({
-                        "path": {"type": "string", "description": "File to edit."},
-                        "old_string": {"type": "string", "description": "Exact text to replace."},
-                        "new_string": {"type": "string", "description": "Replacement text (must differ from old_string)."},
-                        "replace_all": {"type": "boolean", "description": "Replace every occurrence (default false)."}
-                    }),
-                    &["path", "old_string", "new_string"],
-                ),
-            ),
-            Builtin::Write => (
-                "Create a file, or overwrite one, with the given full contents. Prefer search_replace \
-                 for changing part of an existing file.",
-                object(
-                    json!({
-                        "path": {"type": "string", "description": "File to write."},
-                        "contents": {"type": "string", "description": "The complete new contents of the file."}
-                    }),
-                    &["path", "contents"],
-                ),
-            ),
-            Builtin::DeleteFile => (
-                "Delete a file.",
-                object(
-                    json!({"path": {"type": "string", "description": "File to delete."}}),
-                    &["path"],
-                ),
-            ),
-            Builtin::RunTerminalCmd => (
-                "Run a shell command on the user's machine and return its output and exit code. The \
-                 shell is non-interactive (stdin is closed) and the command is stopped at its timeout: \
-                 do not start servers, watchers or anything that waits for input. Use \
-                 `working_directory` rather than `cd`.",
-                object(
-                    json!({
-                        "command": {"type": "string", "description": "The command line to run."},
-                        "working_directory": {"type": "string", "description": "Directory to run in; defaults to the workspace root."},
-                        "timeout": {"type": "integer", "minimum": 1, "maximum": SHELL_MAX_TIMEOUT_SECS, "description": format!("Timeout in seconds (default {SHELL_DEFAULT_TIMEOUT_SECS}).")},
-                        "explanation": {"type": "string", "description": "One sentence on why the command is run, shown to the user."}
-                    }),
-                    &["command"],
-                ),
-            ),
-            Builtin::ReadLints => (
-                "Read the diagnostics (errors and warnings from linters and compilers) that the editor \
-                 reports for files. Use it after editing.",
-                object(
-                    json!({
-                        "paths": {"type": "array", "items": {"type": "string"}, "description": "Files or directories; defaults to the workspace root."}
-                    }),
-                    &[],
-                ),
-            ),
-            Builtin::TodoWrite => (
-                "Create or update the todo list that tracks a multi-step task and is shown to the user. \
-                 Keep exactly one item `in_progress` while working. With `merge` true, items update \
-                 the existing ones by id and new ids are appended; with `merge` false the list is replaced.",
-                object(
-                    json!({
-                        "merge": {"type": "boolean", "description": "Merge into the existing list (true) or replace it (false)."},
-                        "todos": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "id": {"type": "string"},
-                                    "content": {"type": "string", "description": "What to do (may be omitted when merging a status change)."},
-                                    "status": {"type": "string", "enum": ["pending", "in_progress", "completed", "cancelled"]}
-                                },
-                                "required": ["id", "status"]
-                            }
-                        }
-                    }),
-                    &["merge", "todos"],
-                ),
-            ),
-            Builtin::WebFetch => (
-                "Fetch a web page or file over HTTP(S) and return its content as text.",
-                object(
-                    json!({"url": {"type": "string", "description": "The http:// or https:// URL to fetch."}}),
-                    &["url"],
-                ),
-            ),
-            Builtin::AskQuestion => (
-                "Ask the user one or more questions and wait for the answers. Use it only when you \
-                 cannot proceed without the user's decision; offer options when the answer is a choice.",
-                object(
-                    json!({
-                        "title": {"type": "string", "description": "Short title for the questions."},
-                        "questions": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "id": {"type": "string"},
-                                    "prompt": {"type": "string", "description": "The question."},
-                                    "options": {"type": "array", "items": {"type": "string"}, "description": "Answers to choose from; omit for a free-form answer."},
-                                    "allow_multiple": {"type": "boolean", "description": "Allow choosing several options."}
-                                },
-                                "required": ["prompt"]
-                            }
-                        }
-                    }),
-                    &["questions"],
-                ),
-            ),
-            Builtin::SwitchMode => (
-                "Ask the user to switch the conversation to another mode: `agent` (make changes and run \
-                 commands), `ask` (read-only answers) or `plan` (research, then write a plan for review). \
-                 The user must approve.",
-                object(
-                    json!({
-                        "target_mode_id": {"type": "string", "enum": ["agent", "ask", "plan", "debug"]},
-                        "explanation": {"type": "string", "description": "Why the switch helps, shown to the user."}
-                    }),
-                    &["target_mode_id"],
-                ),
-            ),
-            Builtin::CreatePlan => (
-                "Present the implementation plan to the user for review. Write the plan in Markdown: \
-                 the goal, the files to change and how, and how to verify. Optionally list its steps as todos.",
-                object(
-                    json!({
-                        "name": {"type": "string", "description": "Short name of the plan."},
-                        "overview": {"type": "string", "description": "One or two sentences summarising the plan."},
-                        "plan": {"type": "string", "description": "The plan in Markdown."},
-                        "todos": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {"id": {"type": "string"}, "content": {"type": "string"}},
-                                "required": ["content"]
-                            }
-                        }
-                    }),
-                    &["plan"],
-                ),
-            ),
-        };
+        // Every builtin has an entry: `every_builtin_round_trips_through_its_alias_table` asks
+        // each for its spec, and the file is compiled in, so it cannot change after the tests.
+        let entry = CATALOG
+            .get(self.name())
+            .expect("catalog.json has an entry per builtin (checked by the tests)");
         ToolSpec {
             name: self.name().to_string(),
-            description: description.to_string(),
-            parameters,
+            description: entry.description.clone(),
+            parameters: entry.parameters.clone(),
         }
     }
 }
 
-fn object(properties: Value, required: &[&str]) -> Value {
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": required,
-    })
+/// One tool in `catalog.json`: what models read about it, and its JSON Schema parameters.
+#[derive(Deserialize)]
+struct Entry {
+    description: String,
+    parameters: Value,
 }
+
+/// The descriptions and schemas, as data next to the tools; parsed on first use.
+static CATALOG: LazyLock<HashMap<String, Entry>> = LazyLock::new(|| {
+    // Compiled in, and parsed by every test that asks for a spec: a broken file fails the
+    // tests, never a user.
+    serde_json::from_str(include_str!("catalog.json"))
+        .expect("catalog.json is valid (checked by the tests)")
+});
 
 #[cfg(test)]
 mod tests {
@@ -384,5 +201,19 @@ mod tests {
             assert_eq!(Builtin::from_alias(alias), Some(b), "{alias}");
         }
         assert_eq!(Builtin::from_alias("teleport"), None);
+    }
+
+    #[test]
+    fn the_catalog_has_exactly_the_builtins_and_their_limits() {
+        let names: std::collections::BTreeSet<_> = CATALOG.keys().map(String::as_str).collect();
+        let builtins: std::collections::BTreeSet<_> = ALL.iter().map(|b| b.name()).collect();
+        assert_eq!(names, builtins);
+        let shell = Builtin::RunTerminalCmd.spec().parameters;
+        let timeout = &shell["properties"]["timeout"];
+        assert_eq!(timeout["maximum"], SHELL_MAX_TIMEOUT_SECS);
+        let default = format!("(default {SHELL_DEFAULT_TIMEOUT_SECS})");
+        assert!(timeout["description"].as_str().unwrap().contains(&default));
+        let lines = format!("up to {READ_DEFAULT_LINES} lines");
+        assert!(Builtin::ReadFile.spec().description.contains(&lines));
     }
 }

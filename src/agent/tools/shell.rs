@@ -144,145 +144,205 @@ struct Segment {
 /// the client's allowlist checks; anything it cannot follow sets `parsing_failed`.
 fn parse(command: &str) -> Parsed {
     let chars: Vec<char> = command.chars().collect();
-    let mut segs: Vec<Segment> = Vec::new();
-    let mut seg = Segment::default();
-    let mut word = String::new();
-    let mut started = false;
-    let mut quote: Option<char> = None;
-    let mut pending: Option<(String, Vec<u32>)> = None;
-    let mut redirects: Vec<Redirect> = Vec::new();
-    let (mut substitution, mut failed) = (false, false);
-    let mut finish_word = |word: &mut String,
-                           started: &mut bool,
-                           seg: &mut Segment,
-                           pending: &mut Option<(String, Vec<u32>)>| {
-        if !*started {
+    let mut t = Tokenizer::default();
+    let mut i = 0;
+    while i < chars.len() {
+        i = t.step(&chars, i);
+    }
+    t.finish()
+}
+
+/// The tokenizer's state while it walks a command line.
+#[derive(Default)]
+struct Tokenizer {
+    segs: Vec<Segment>,
+    seg: Segment,
+    word: String,
+    /// A word is under way (it may still be empty: `''`).
+    started: bool,
+    quote: Option<char>,
+    /// A redirection operator and its descriptors, waiting for the target word.
+    pending: Option<(String, Vec<u32>)>,
+    redirects: Vec<Redirect>,
+    substitution: bool,
+    failed: bool,
+}
+
+impl Tokenizer {
+    /// Take the token at `chars[i]`; the index after it.
+    fn step(&mut self, chars: &[char], i: usize) -> usize {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if let Some(q) = self.quote {
+            return i + 1 + self.quoted(q, c, next);
+        }
+        let extra = match c {
+            '\\' => self.escape(next),
+            '\'' | '"' => {
+                self.quote = Some(c);
+                self.started = true;
+                self.seg.text.push(c);
+                0
+            }
+            ' ' | '\t' => {
+                self.finish_word();
+                self.seg.text.push(c);
+                0
+            }
+            '&' if next == Some('>') => self.both_outputs(chars.get(i + 2) == Some(&'>')),
+            ';' | '\n' | '|' | '&' => self.separator(c, next),
+            '>' | '<' => self.redirect(c, &chars[i + 1..]),
+            '$' if next == Some('(') => {
+                self.substitution = true;
+                self.word_char(c);
+                0
+            }
+            '`' => {
+                self.substitution = true;
+                self.word_char(c);
+                0
+            }
+            '(' | ')' | '{' | '}' if !self.started => {
+                // Subshells and groups are beyond this tokenizer.
+                self.failed = true;
+                self.seg.text.push(c);
+                0
+            }
+            _ => {
+                self.word_char(c);
+                0
+            }
+        };
+        i + 1 + extra
+    }
+
+    /// `c` inside quotes `q`; how many characters after it were taken too.
+    fn quoted(&mut self, q: char, c: char, next: Option<char>) -> usize {
+        self.seg.text.push(c);
+        if c == q {
+            self.quote = None;
+        } else if q == '"' && c == '\\' && next.is_some() {
+            self.word.extend(next);
+            self.seg.text.extend(next);
+            return 1;
+        } else {
+            self.substitution |= q == '"' && (c == '`' || (c == '$' && next == Some('(')));
+            self.word.push(c);
+        }
+        0
+    }
+
+    /// A backslash outside quotes: the next character is literal.
+    fn escape(&mut self, next: Option<char>) -> usize {
+        self.seg.text.push('\\');
+        self.started = true;
+        let Some(n) = next else {
+            return 0;
+        };
+        self.word.push(n);
+        self.seg.text.push(n);
+        1
+    }
+
+    fn word_char(&mut self, c: char) {
+        self.word.push(c);
+        self.started = true;
+        self.seg.text.push(c);
+    }
+
+    /// `&>` or `&>>`: stdout and stderr to one target.
+    fn both_outputs(&mut self, append: bool) -> usize {
+        self.finish_word();
+        let op = if append { "&>>" } else { "&>" };
+        self.seg.text.push_str(op);
+        self.pending = Some((op.to_string(), vec![1, 2]));
+        op.len() - 1
+    }
+
+    /// The end of a simple command: `;`, a newline, `|`, `&` and their doubled forms.
+    fn separator(&mut self, c: char, next: Option<char>) -> usize {
+        self.finish_word();
+        if self.pending.take().is_some() {
+            self.failed = true;
+        }
+        self.segs.push(std::mem::take(&mut self.seg));
+        // `&&`, `||`, `;;`, `|&` are one operator.
+        usize::from(next == Some(c) || (c == '|' && next == Some('&')))
+    }
+
+    /// A redirection starting with `c`; `rest` is what follows it.
+    fn redirect(&mut self, c: char, rest: &[char]) -> usize {
+        // A word of digits right before the operator is its file descriptor (`2>`).
+        let word = &self.word;
+        let fds = if self.started && !word.is_empty() && word.chars().all(|d| d.is_ascii_digit()) {
+            let fd = word.parse::<u32>().ok();
+            self.word.clear();
+            self.started = false;
+            fd.into_iter().collect()
+        } else {
+            self.finish_word();
+            vec![if c == '<' { 0 } else { 1 }]
+        };
+        let mut op = c.to_string();
+        for n in rest.iter().take_while(|n| "<>&|".contains(**n)).take(2) {
+            op.push(*n);
+        }
+        let extra = op.len() - 1;
+        self.seg.text.push_str(&op);
+        self.pending = Some((op, fds));
+        extra
+    }
+
+    /// The word under way is complete: a redirection's target or the command's next word.
+    fn finish_word(&mut self) {
+        if !self.started {
             return;
         }
-        match pending.take() {
-            Some((operator, destination_fds)) => redirects.push(Redirect {
+        let word = std::mem::take(&mut self.word);
+        match self.pending.take() {
+            Some((operator, destination_fds)) => self.redirects.push(Redirect {
                 operator,
                 destination_fds,
                 target_node_type: "word".into(),
-                target_text: Some(std::mem::take(word)),
+                target_text: Some(word),
             }),
-            None => seg.words.push(std::mem::take(word)),
+            None => self.seg.words.push(word),
         }
-        *started = false;
-    };
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if let Some(q) = quote {
-            seg.text.push(c);
-            if c == q {
-                quote = None;
-            } else if q == '"' && c == '\\' && next.is_some() {
-                word.extend(next);
-                seg.text.extend(next);
-                i += 1;
-            } else {
-                substitution |= q == '"' && (c == '`' || (c == '$' && next == Some('(')));
-                word.push(c);
-            }
-            i += 1;
-            continue;
-        }
-        match c {
-            '\\' => {
-                seg.text.push(c);
-                if let Some(n) = next {
-                    word.push(n);
-                    seg.text.push(n);
-                    i += 1;
-                }
-                started = true;
-            }
-            '\'' | '"' => {
-                quote = Some(c);
-                started = true;
-                seg.text.push(c);
-            }
-            ' ' | '\t' => {
-                finish_word(&mut word, &mut started, &mut seg, &mut pending);
-                seg.text.push(c);
-            }
-            '&' if next == Some('>') => {
-                finish_word(&mut word, &mut started, &mut seg, &mut pending);
-                let op = if chars.get(i + 2) == Some(&'>') {
-                    "&>>"
-                } else {
-                    "&>"
-                };
-                seg.text.push_str(op);
-                i += op.len() - 1;
-                pending = Some((op.to_string(), vec![1, 2]));
-            }
-            ';' | '\n' | '|' | '&' => {
-                finish_word(&mut word, &mut started, &mut seg, &mut pending);
-                if pending.take().is_some() {
-                    failed = true;
-                }
-                // `&&`, `||`, `;;`, `|&` are one operator.
-                if next == Some(c) || (c == '|' && next == Some('&')) {
-                    i += 1;
-                }
-                segs.push(std::mem::take(&mut seg));
-            }
-            '>' | '<' => {
-                // A word of digits right before the operator is its file descriptor (`2>`).
-                let fds = if started && !word.is_empty() && word.chars().all(|d| d.is_ascii_digit())
-                {
-                    let fd = word.parse::<u32>().ok();
-                    word.clear();
-                    started = false;
-                    fd.into_iter().collect()
-                } else {
-                    finish_word(&mut word, &mut started, &mut seg, &mut pending);
-                    vec![if c == '<' { 0 } else { 1 }]
-                };
-                let mut op = c.to_string();
-                while let Some(n) = chars
-                    .get(i + 1)
-                    .copied()
-                    .filter(|n| "<>&|".contains(*n) && op.len() < 3)
-                {
-                    op.push(n);
-                    i += 1;
-                }
-                seg.text.push_str(&op);
-                pending = Some((op, fds));
-            }
-            '$' if next == Some('(') => {
-                substitution = true;
-                word.push(c);
-                started = true;
-                seg.text.push(c);
-            }
-            '`' => {
-                substitution = true;
-                word.push(c);
-                started = true;
-                seg.text.push(c);
-            }
-            '(' | ')' | '{' | '}' if !started => {
-                // Subshells and groups are beyond this tokenizer.
-                failed = true;
-                seg.text.push(c);
-            }
-            _ => {
-                word.push(c);
-                started = true;
-                seg.text.push(c);
-            }
-        }
-        i += 1;
+        self.started = false;
     }
-    finish_word(&mut word, &mut started, &mut seg, &mut pending);
-    failed |= quote.is_some() || pending.is_some();
-    segs.push(seg);
 
+    fn finish(mut self) -> Parsed {
+        self.finish_word();
+        let failed = self.failed || self.quote.is_some() || self.pending.is_some();
+        self.segs.push(self.seg);
+        let (simple_commands, executable_commands) = commands(self.segs);
+        let redirects = self.redirects;
+        let has_redirects = !redirects.is_empty();
+        Parsed {
+            simple_commands,
+            input_redirect: redirects.iter().any(|r| r.operator.starts_with('<')),
+            output_redirect: redirects.iter().any(|r| r.operator.contains('>')),
+            result: pb::ShellCommandParsingResult {
+                parsing_failed: failed,
+                executable_commands,
+                has_redirects,
+                has_command_substitution: self.substitution,
+                all_redirects_are_dev_null: has_redirects.then(|| {
+                    redirects.iter().all(|r| {
+                        matches!(
+                            r.target_text.as_deref(),
+                            Some("/dev/null") | Some("1") | Some("2")
+                        )
+                    })
+                }),
+                redirects,
+            },
+        }
+    }
+}
+
+/// Each non-empty segment's text, and the command it runs (after any `NAME=value` words).
+fn commands(segs: Vec<Segment>) -> (Vec<String>, Vec<ExecutableCommand>) {
     let mut simple_commands = Vec::new();
     let mut executable_commands = Vec::new();
     for s in segs {
@@ -306,27 +366,7 @@ fn parse(command: &str) -> Parsed {
         }
         simple_commands.push(text);
     }
-    let has_redirects = !redirects.is_empty();
-    Parsed {
-        simple_commands,
-        input_redirect: redirects.iter().any(|r| r.operator.starts_with('<')),
-        output_redirect: redirects.iter().any(|r| r.operator.contains('>')),
-        result: pb::ShellCommandParsingResult {
-            parsing_failed: failed,
-            executable_commands,
-            has_redirects,
-            has_command_substitution: substitution,
-            all_redirects_are_dev_null: has_redirects.then(|| {
-                redirects.iter().all(|r| {
-                    matches!(
-                        r.target_text.as_deref(),
-                        Some("/dev/null") | Some("1") | Some("2")
-                    )
-                })
-            }),
-            redirects,
-        },
-    }
+    (simple_commands, executable_commands)
 }
 
 fn is_assignment(w: &str) -> bool {

@@ -26,9 +26,9 @@ use super::{
     DECIDE_WAIT,
 };
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
+use crate::http::{boxed, full, Body, BodyError, RequestContext};
 use crate::proto::agent::v1 as pb;
 use crate::proto::aiserver::v1 as aiserver;
-use crate::router::{boxed, full, Body, BodyError, RequestContext};
 
 /// Out-of-order appends held at most this far ahead of the next expected seqno.
 const MAX_GAP: i64 = 256;

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::{RunFailer, RunOutput};
 use crate::connect::{Code, ConnectError, EndStream, FrameEncoder};
-use crate::router::{boxed, Body, BodyError};
+use crate::http::{boxed, Body, BodyError};
 
 /// Encodes one run output as a Connect frame. Encoding only fails for an oversized message,
 /// which becomes an error end frame instead.

@@ -19,8 +19,8 @@ use hyper::body::Incoming;
 
 use crate::agent::{model, Agent};
 use crate::connect::{Code, ConnectError, Encoding, FrameDecoder, Limits};
+use crate::http::{full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
-use crate::router::{full, Body, RequestContext};
 use crate::upstream::Upstream;
 
 pub use routing::{Decision, RoutingTable};
@@ -28,6 +28,27 @@ pub use routing::{Decision, RoutingTable};
 pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
 pub const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
 pub const BIDI_APPEND_PATH: &str = "/aiserver.v1.BidiService/BidiAppend";
+
+/// Which agent transport a request is for (the router's decision, from its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentRpc {
+    /// HTTP/2 bidi `Run`.
+    Run,
+    /// HTTP/1.1 `RunSSE`: the server half of a run.
+    RunSse,
+    /// HTTP/1.1 `BidiAppend`: the client half of a `RunSSE` run.
+    BidiAppend,
+}
+
+/// The agent transport `path` is, if any (exact matches only).
+pub fn classify(path: &str) -> Option<AgentRpc> {
+    match path {
+        RUN_PATH => Some(AgentRpc::Run),
+        RUN_SSE_PATH => Some(AgentRpc::RunSse),
+        BIDI_APPEND_PATH => Some(AgentRpc::BidiAppend),
+        _ => None,
+    }
+}
 
 /// The agent's HTTP face. Cheap to clone.
 #[derive(Clone)]
@@ -64,16 +85,17 @@ impl AgentTransports {
         &self.inner.agent
     }
 
-    /// Is this path one of the agent transports?
-    pub fn handles(path: &str) -> bool {
-        matches!(path, RUN_PATH | RUN_SSE_PATH | BIDI_APPEND_PATH)
-    }
-
-    pub async fn handle(&self, ctx: RequestContext, req: Request<Incoming>) -> Response<Body> {
-        match req.uri().path() {
-            RUN_PATH => run::handle(self, ctx, req).await,
-            RUN_SSE_PATH => bidi::run_sse(self, ctx, req).await,
-            _ => bidi::append(self, ctx, req).await,
+    /// Serve one request for `rpc`, as the router classified it.
+    pub async fn handle(
+        &self,
+        rpc: AgentRpc,
+        ctx: RequestContext,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        match rpc {
+            AgentRpc::Run => run::handle(self, ctx, req).await,
+            AgentRpc::RunSse => bidi::run_sse(self, ctx, req).await,
+            AgentRpc::BidiAppend => bidi::append(self, ctx, req).await,
         }
     }
 

@@ -11,8 +11,8 @@ use super::{
     FIRST_FRAME_WAIT,
 };
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
+use crate::http::{boxed, full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
-use crate::router::{boxed, full, Body, RequestContext};
 
 pub(super) async fn handle(
     t: &AgentTransports,
