@@ -42,7 +42,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["config", "connect", "http", "proto", "upstream"],
     ),
     ("status", &["http", "provider"]),
-    ("upstream", &["config", "conn_tasks", "http", "tls"]),
+    ("upstream", &["config", "conn_tasks", "http", "secret", "tls"]),
     ("provider", &["cancel", "secret"]),
     ("config", &["provider", "secret"]),
     ("tls", &[]),
