@@ -42,7 +42,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["config", "connect", "http", "proto", "upstream"],
     ),
     ("status", &["http", "provider"]),
-    ("upstream", &["config", "conn_tasks", "http", "secret", "tls"]),
+    (
+        "upstream",
+        &["config", "conn_tasks", "http", "secret", "tls"],
+    ),
     ("provider", &["cancel", "secret"]),
     ("config", &["provider", "secret"]),
     ("tls", &[]),

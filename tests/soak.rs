@@ -36,6 +36,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 const CONVERSATIONS: usize = 20;
 const TURN_LIMIT: Duration = Duration::from_secs(60);
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+/// A pause between one conversation's turns (`SOAK_PAUSE_MS`, default 250): a busy day, not a
+/// benchmark of throughput.
+fn pause() -> Duration {
+    Duration::from_millis(
+        std::env::var("SOAK_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(250),
+    )
+}
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
