@@ -31,9 +31,9 @@ use crate::router::{boxed, empty, full, Body, RequestContext};
 use crate::upstream::{error_response, Upstream, UpstreamError};
 
 pub use models::{
-    available_model, local_available_models, local_default_model_for_cli, local_usable_models,
-    merge_available_models, merge_usable_models, model_details, parse_variant_string, EFFORT_PARAM,
-    THINKING_PARAM,
+    available_model, available_models_additions, local_available_models,
+    local_default_model_for_cli, local_usable_models, merge_available_models, merge_usable_models,
+    model_details, parse_variant_string, usable_models_additions, EFFORT_PARAM, THINKING_PARAM,
 };
 pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
 
@@ -49,6 +49,9 @@ pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
 /// WebSocket agent transport probes; a 404 makes clients fall back to HTTP.
 pub const WS_PROBES: [&str; 2] = ["/agent/v1/run", "/ws-reachability-probe"];
+
+/// `GetServerConfigResponse` fields we may change: `http2_config` (7), `agent_url_config` (27).
+const SERVER_CONFIG_OWNED: &[u32] = &[7, 27];
 
 /// Largest upstream answer we read to rewrite (the real model list is ~50 KB).
 const MAX_ANSWER_WIRE: usize = 16 << 20;
@@ -108,6 +111,12 @@ pub enum CursorError {
     Timeout { secs: u64 },
     #[error("upstream's answer body: {0}")]
     Codec(#[from] CodecError),
+    #[error("upstream's {message} does not scan as protobuf: {source}")]
+    Wire {
+        message: &'static str,
+        #[source]
+        source: crate::proto::wire::WireError,
+    },
     #[error("upstream's answer is not a valid {message}: {source}")]
     Decode {
         message: &'static str,
@@ -211,7 +220,9 @@ impl CursorServices {
         }
     }
 
-    /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed.
+    /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed. The
+    /// answer is built over upstream's bytes (appended to, or with only our fields replaced),
+    /// so fields this build does not know pass through unchanged.
     fn rewrite(
         &self,
         rpc: CursorRpc,
@@ -226,26 +237,38 @@ impl CursorServices {
         let config = &self.config;
         let out = match rpc {
             CursorRpc::AvailableModels => {
-                let resp =
-                    decode::<ai::AvailableModelsResponse>(message, "AvailableModelsResponse")?;
-                let before = resp.models.len();
-                let merged = merge_available_models(resp, config);
+                let resp = decode::<ai::AvailableModelsResponse>(
+                    message.clone(),
+                    "AvailableModelsResponse",
+                )?;
+                let ours = available_models_additions(&resp, config);
                 tracing::debug!(
-                    upstream = before,
-                    total = merged.models.len(),
+                    upstream = resp.models.len(),
+                    added = ours.models.len(),
                     "model list merged"
                 );
-                merged.encode_to_vec()
+                [message.as_ref(), &ours.encode_to_vec()].concat()
             }
             CursorRpc::GetUsableModels => {
-                let resp =
-                    decode::<ag::GetUsableModelsResponse>(message, "GetUsableModelsResponse")?;
-                merge_usable_models(resp, config).encode_to_vec()
+                let resp = decode::<ag::GetUsableModelsResponse>(
+                    message.clone(),
+                    "GetUsableModelsResponse",
+                )?;
+                let ours = usable_models_additions(&resp, config);
+                [message.as_ref(), &ours.encode_to_vec()].concat()
             }
             CursorRpc::GetServerConfig => {
-                let resp =
-                    decode::<ai::GetServerConfigResponse>(message, "GetServerConfigResponse")?;
-                rewrite_server_config(resp, config).encode_to_vec()
+                let resp = decode::<ai::GetServerConfigResponse>(
+                    message.clone(),
+                    "GetServerConfigResponse",
+                )?;
+                let ours = rewrite_server_config(resp.clone(), config);
+                crate::proto::wire::update(&message, &resp, &ours, SERVER_CONFIG_OWNED).map_err(
+                    |e| CursorError::Wire {
+                        message: "GetServerConfigResponse",
+                        source: e,
+                    },
+                )?
             }
             // Not rewritten (handled before the body is read); re-encoding is the identity.
             CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => message.to_vec(),
@@ -569,6 +592,70 @@ mod tests {
             Some("br"),
         );
         assert!(matches!(bad, Err(CursorError::Codec(_))), "{bad:?}");
+    }
+
+    #[test]
+    fn answers_keep_fields_this_build_does_not_know() {
+        let services = CursorServices::new(Arc::new(test_support::test_config()));
+        // Field 900 at the top and inside a model: unknown to this build.
+        let unknown = |n: u32| {
+            let mut v = Vec::new();
+            prost::encoding::encode_key(n, prost::encoding::WireType::LengthDelimited, &mut v);
+            v.extend_from_slice(b"\x03new");
+            v
+        };
+        let model = ai::available_models_response::AvailableModel {
+            name: "composer-2.5".into(),
+            ..Default::default()
+        };
+        let model_wire = [model.encode_to_vec(), unknown(900)].concat();
+        let mut upstream = Vec::new();
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut upstream);
+        prost::encoding::encode_varint(model_wire.len() as u64, &mut upstream);
+        upstream.extend_from_slice(&model_wire);
+        upstream.extend(unknown(901));
+        assert_eq!(
+            ai::AvailableModelsResponse::decode(&upstream[..])
+                .unwrap()
+                .models[0],
+            model,
+            "field 2 is `models`"
+        );
+        let out = services
+            .rewrite(
+                CursorRpc::AvailableModels,
+                Bytes::from(upstream.clone()),
+                None,
+            )
+            .expect("rewrites");
+        assert!(
+            out.starts_with(&upstream),
+            "upstream's bytes come first, unchanged"
+        );
+        assert_eq!(
+            ai::AvailableModelsResponse::decode(&out[..])
+                .unwrap()
+                .models
+                .len(),
+            3
+        );
+
+        let config = ai::GetServerConfigResponse {
+            config_version: "v1".into(),
+            ..Default::default()
+        };
+        let config_wire = [config.encode_to_vec(), unknown(950)].concat();
+        let out = services
+            .rewrite(
+                CursorRpc::GetServerConfig,
+                Bytes::from(config_wire.clone()),
+                None,
+            )
+            .expect("rewrites");
+        assert!(out.starts_with(&config_wire), "{out:?}");
+        let back = ai::GetServerConfigResponse::decode(&out[..]).unwrap();
+        assert_eq!(back.http2_config, ai::Http2Config::ForceBidiDisabled as i32);
+        assert_eq!(back.config_version, "v1");
     }
 
     #[tokio::test]

@@ -53,6 +53,7 @@ impl RunState {
             None => self.fetch_request_context().await?,
         };
         let prev_state = req.conversation_state.clone().unwrap_or_default();
+        let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
         let mode = input
             .user
@@ -160,7 +161,7 @@ impl RunState {
         }
         self.write_turn(
             &req,
-            &prev_state,
+            (&prev_state, &prev_wire),
             user,
             steps,
             &todos,
@@ -269,15 +270,17 @@ impl RunState {
     async fn write_turn(
         &mut self,
         req: &pb::AgentRunRequest,
-        prev: &pb::ConversationStateStructure,
+        (prev, prev_wire): (&pb::ConversationStateStructure, &[u8]),
         user: pb::UserMessage,
         steps: Vec<StepRecord>,
         todos: &[pb::TodoItem],
         mode: i32,
         summary: Option<(String, state::BlobId)>,
     ) -> Result<(), RunError> {
+        let user_wire = user_message_wire(&self.run.first_wire, &user);
         let record = TurnRecord {
             user,
+            user_wire,
             steps,
             request_id: req
                 .run_id
@@ -301,8 +304,36 @@ impl RunState {
         blobs.extend(checkpoint.blobs.iter().cloned());
         self.store_blobs(&blobs).await?;
         self.run.cache.put_many(blobs).await;
-        self.out.send(msg::checkpoint(checkpoint.state)).await
+        let wire = checkpoint.encode_over(prev, prev_wire);
+        self.out
+            .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
+            .await
     }
+}
+
+/// `AgentRunRequest.conversation_state`.
+const CONVERSATION_STATE: u32 = 1;
+/// `AgentRunRequest.action`, then `ConversationAction.user_message_action` /
+/// `.start_plan_action`, then their `user_message`.
+const USER_MESSAGE_PATHS: [[u32; 3]; 2] = [[2, 1, 1], [2, 6, 1]];
+
+/// The message at `path` in `wire`; empty when absent or unreadable (then nothing of it is
+/// kept beyond what we decoded).
+fn wire_at(wire: &bytes::Bytes, path: &[u32]) -> bytes::Bytes {
+    crate::proto::wire::message_path(wire, path)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The user message as Cursor sent it, when `user` is that message (not our stand-in for a
+/// resume): its blob then keeps the fields this build does not know.
+fn user_message_wire(request_wire: &bytes::Bytes, user: &pb::UserMessage) -> Option<bytes::Bytes> {
+    use prost::Message as _;
+    USER_MESSAGE_PATHS
+        .iter()
+        .map(|path| wire_at(request_wire, path))
+        .find(|w| !w.is_empty() && pb::UserMessage::decode(w.clone()).is_ok_and(|u| &u == user))
 }
 
 /// The steps of one model call, in the order Cursor shows them: thinking, text; the tool calls

@@ -281,7 +281,10 @@ pub(super) async fn append(
     if request_id.is_empty() || t.inner.routes.request(&request_id) == Some(Decision::Relay) {
         return relay(parts, raw).await;
     }
-    let message = match connect::decode_agent_client_message(&append) {
+    let Ok(wire) = connect::bidi_append_payload(&append) else {
+        return relay(parts, raw).await;
+    };
+    let message = match pb::AgentClientMessage::decode(wire.clone()) {
         Ok(m) => m,
         // Other features reuse BidiAppend: not an agent message, not ours.
         Err(_) => return relay(parts, raw).await,
@@ -299,7 +302,10 @@ pub(super) async fn append(
         return ok_response();
     }
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    match accept(t, &entry, seqno, message).instrument(span).await {
+    match accept(t, &entry, seqno, (message, wire))
+        .instrument(span)
+        .await
+    {
         Ok(Accepted::Ours) => ok_response(),
         Ok(Accepted::Relay) => relay(parts, raw).await,
         Err(e) => error_response(&e),
@@ -315,7 +321,7 @@ async fn accept(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     seqno: i64,
-    message: pb::AgentClientMessage,
+    (message, wire): (pb::AgentClientMessage, Bytes),
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide.
     if seqno != 0 && entry.decision().await.is_none() {
@@ -335,7 +341,7 @@ async fn accept(
         let decision = t.decide(&entry.request_id, &message);
         st.decision = Some(decision.clone());
         if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, message, &decision)?;
+            start(t, entry, &mut st, (message, wire), &decision)?;
             st.next_seqno = 1;
             entry.decided.notify_waiters();
             return Ok(Accepted::Ours);
@@ -381,13 +387,16 @@ fn start(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     st: &mut Inbound,
-    first: pb::AgentClientMessage,
+    (first, first_wire): (pb::AgentClientMessage, Bytes),
     decision: &Decision,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
+        Some(In::RunRequest(r)) => crate::agent::RunRequest::from_client_message(
+            with_pinned_model(r, decision),
+            &first_wire,
+        ),
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
             let mut b = entry.out.lock().unwrap_or_else(|p| p.into_inner());

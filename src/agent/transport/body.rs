@@ -19,18 +19,20 @@ use crate::router::{boxed, Body, BodyError};
 /// Encodes one run output as a Connect frame. Encoding only fails for an oversized message,
 /// which becomes an error end frame instead.
 pub(crate) fn encode_output(enc: &FrameEncoder, out: RunOutput) -> (Bytes, bool) {
-    match out {
-        RunOutput::Message(m) => match enc.message(&m.encode_to_vec()) {
-            Ok(b) => (b, false),
-            Err(e) => (
-                end_frame(
-                    enc,
-                    &EndStream::from_error(ConnectError::new(e.code(), e.to_string())),
-                ),
-                true,
+    let encoded = match out {
+        RunOutput::Message(m) => enc.message(&m.encode_to_vec()),
+        RunOutput::Encoded(_, bytes) => enc.message(&bytes),
+        RunOutput::End(end) => return (end_frame(enc, &end), true),
+    };
+    match encoded {
+        Ok(b) => (b, false),
+        Err(e) => (
+            end_frame(
+                enc,
+                &EndStream::from_error(ConnectError::new(e.code(), e.to_string())),
             ),
-        },
-        RunOutput::End(end) => (end_frame(enc, &end), true),
+            true,
+        ),
     }
 }
 

@@ -10,6 +10,7 @@ use super::{
     error_response, request_id, with_pinned_model, AgentTransports, Decision, Peek,
     FIRST_FRAME_WAIT,
 };
+use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 use crate::router::{boxed, full, Body, RequestContext};
@@ -78,7 +79,7 @@ pub(super) async fn handle(
         }
         decision @ Decision::Ours { .. } => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            serve_ours(t, message, &decision, request_id, peek, body)
+            serve_ours(t, (message, first), &decision, request_id, peek, body)
                 .instrument(span)
                 .await
         }
@@ -87,7 +88,7 @@ pub(super) async fn handle(
 
 async fn serve_ours(
     t: &AgentTransports,
-    first: pb::AgentClientMessage,
+    (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
     decision: &Decision,
     request_id: String,
     mut peek: Peek,
@@ -96,7 +97,9 @@ async fn serve_ours(
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
+        Some(In::RunRequest(r)) => {
+            RunRequest::from_client_message(with_pinned_model(r, decision), &first_wire)
+        }
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
             debug!("prewarm answered locally");
