@@ -28,6 +28,7 @@ use crate::connect::{decode_unary, CodecError, Limits};
 use crate::proto::agent::v1 as ag;
 use crate::proto::aiserver::v1 as ai;
 use crate::router::{boxed, empty, full, Body, RequestContext};
+use crate::status::Status;
 use crate::upstream::{error_response, Upstream, UpstreamError};
 
 pub use models::{
@@ -129,11 +130,21 @@ pub enum CursorError {
 #[derive(Clone)]
 pub struct CursorServices {
     config: Arc<Config>,
+    status: Status,
 }
 
 impl CursorServices {
     pub fn new(config: Arc<Config>) -> Self {
-        CursorServices { config }
+        CursorServices {
+            config,
+            status: Status::new(),
+        }
+    }
+
+    /// Report what upstream's answers carry that this build does not know to `status`.
+    pub fn with_status(mut self, status: Status) -> Self {
+        self.status = status;
+        self
     }
 
     /// Answer one classified request. Never fails: upstream trouble and our own become the
@@ -159,6 +170,7 @@ impl CursorServices {
         upstream: &Upstream,
     ) -> Response<Body> {
         let proto_client = is_proto_request(&req);
+        let client_version = crate::status::client_version(req.headers());
         if proto_client {
             narrow_accept_encoding(req.headers_mut());
         }
@@ -210,7 +222,12 @@ impl CursorServices {
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        match self.rewrite(rpc, wire.clone(), encoding.as_deref()) {
+        match self.rewrite(
+            rpc,
+            wire.clone(),
+            encoding.as_deref(),
+            client_version.as_deref(),
+        ) {
             Ok(message) => proto_response(parts.headers, message),
             Err(err) => {
                 // Never break Cursor because our merge failed: its own answer, as it came.
@@ -228,12 +245,17 @@ impl CursorServices {
         rpc: CursorRpc,
         wire: Bytes,
         content_encoding: Option<&str>,
+        client_version: Option<&str>,
     ) -> Result<Vec<u8>, CursorError> {
         let limits = Limits {
             max_frame_bytes: MAX_ANSWER_WIRE,
             max_decompressed_bytes: MAX_ANSWER_DECODED,
         };
         let message = decode_unary(wire, content_encoding, limits)?;
+        if let Some((source, message_type)) = answer_type(rpc) {
+            let report = crate::proto::inspect::schema().check(message_type, &message);
+            self.status.unknown_schema(source, client_version, &report);
+        }
         let config = &self.config;
         let out = match rpc {
             CursorRpc::AvailableModels => {
@@ -290,6 +312,20 @@ impl CursorServices {
             CursorRpc::WsProbe => return None,
         };
         Some(proto_response(HeaderMap::new(), message))
+    }
+}
+
+/// The answers checked for what this build does not know: the status source and the type.
+fn answer_type(rpc: CursorRpc) -> Option<(&'static str, &'static str)> {
+    match rpc {
+        CursorRpc::AvailableModels => {
+            Some(("AvailableModels", "aiserver.v1.AvailableModelsResponse"))
+        }
+        CursorRpc::GetUsableModels => Some(("GetUsableModels", "agent.v1.GetUsableModelsResponse")),
+        CursorRpc::GetServerConfig => {
+            Some(("GetServerConfig", "aiserver.v1.GetServerConfigResponse"))
+        }
+        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => None,
     }
 }
 
@@ -574,7 +610,7 @@ mod tests {
         )
         .expect("gzip");
         let out = services
-            .rewrite(CursorRpc::AvailableModels, gz, Some("gzip"))
+            .rewrite(CursorRpc::AvailableModels, gz, Some("gzip"), None)
             .expect("rewrites");
         let back = ai::AvailableModelsResponse::decode(&out[..]).expect("decodes");
         assert_eq!(back.models.len(), 3);
@@ -584,12 +620,14 @@ mod tests {
             CursorRpc::AvailableModels,
             Bytes::from_static(b"\x12\xff"),
             None,
+            None,
         );
         assert!(matches!(bad, Err(CursorError::Decode { .. })), "{bad:?}");
         let bad = services.rewrite(
             CursorRpc::GetServerConfig,
             Bytes::from_static(b"x"),
             Some("br"),
+            None,
         );
         assert!(matches!(bad, Err(CursorError::Codec(_))), "{bad:?}");
     }
@@ -626,6 +664,7 @@ mod tests {
                 CursorRpc::AvailableModels,
                 Bytes::from(upstream.clone()),
                 None,
+                None,
             )
             .expect("rewrites");
         assert!(
@@ -650,12 +689,25 @@ mod tests {
                 CursorRpc::GetServerConfig,
                 Bytes::from(config_wire.clone()),
                 None,
+                Some("3.24.1"),
             )
             .expect("rewrites");
         assert!(out.starts_with(&config_wire), "{out:?}");
         let back = ai::GetServerConfigResponse::decode(&out[..]).unwrap();
         assert_eq!(back.http2_config, ai::Http2Config::ForceBidiDisabled as i32);
         assert_eq!(back.config_version, "v1");
+        // Both answers' unknown fields were reported.
+        let report = services.status.snapshot().unknown;
+        let keys: Vec<&str> = report.items.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "AvailableModelsResponse.AvailableModel.900",
+                "AvailableModelsResponse.901",
+                "GetServerConfigResponse.950"
+            ]
+        );
+        assert_eq!(report.client_version.as_deref(), Some("3.24.1"));
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@
 //! ```
 
 mod page;
+mod unknown;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::Usage;
 
 pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
+pub use unknown::{client_version, UnknownItem, UnknownReport, ADVICE as UNKNOWN_ADVICE};
 
 /// Finished runs kept for the page; older ones only count in the totals.
 pub const RECENT_RUNS: usize = 100;
@@ -97,6 +99,7 @@ struct State {
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
     totals: Totals,
+    unknown: unknown::Unknowns,
 }
 
 struct Active {
@@ -195,6 +198,10 @@ pub struct StatusSnapshot {
     /// By provider name.
     pub providers: Vec<ProviderLatency>,
     pub totals: Totals,
+    /// What Cursor sent that this build does not know. Defaulted so `doctor` can read an
+    /// older proxy's snapshot.
+    #[serde(default)]
+    pub unknown: UnknownReport,
 }
 
 impl Status {
@@ -276,6 +283,29 @@ impl Status {
             recent: state.recent.iter().rev().cloned().collect(),
             providers,
             totals: state.totals.clone(),
+            unknown: state.unknown.report(),
+        }
+    }
+
+    /// Count what a schema check found in Cursor's traffic (`source`: `agent run`,
+    /// `AvailableModels`…); each kind seen for the first time is logged once, at `warn`, with
+    /// the client version (the `x-cursor-client-version` header).
+    pub fn unknown_schema(
+        &self,
+        source: &str,
+        client_version: Option<&str>,
+        report: &crate::proto::inspect::Report,
+    ) {
+        if report.unknown.is_empty() {
+            return;
+        }
+        let new = self
+            .inner
+            .lock()
+            .unknown
+            .record(source, client_version, report, unix_ms());
+        for item in &new {
+            unknown::warn_new(item);
         }
     }
 

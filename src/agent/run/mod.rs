@@ -259,8 +259,14 @@ async fn pump_inbox(
             Some(In::ExecClientControlMessage(c)) => ClientEvent::ExecControl(c),
             Some(In::KvClientMessage(k)) => ClientEvent::Kv(k),
             Some(In::InteractionResponse(r)) => ClientEvent::Interaction(r),
-            Some(In::RunRequest(_)) | Some(In::PrewarmRequest(_)) | None => {
-                debug!("ignoring a repeated run/prewarm request or an empty message");
+            Some(In::RunRequest(_)) | Some(In::PrewarmRequest(_)) => {
+                debug!("ignoring a repeated run/prewarm request");
+                continue;
+            }
+            None => {
+                // A branch this build does not know (or an empty message): the transport's
+                // schema check has reported it (status page, one warning per kind).
+                debug!("client message with no branch this build knows: reported, not acted on");
                 continue;
             }
         };

@@ -92,6 +92,7 @@ struct Inbound {
     waiting: BTreeMap<i64, Box<pb::AgentClientMessage>>,
     input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
     cancel: Option<CancellationToken>,
+    failer: Option<crate::agent::RunFailer>,
 }
 
 impl Entry {
@@ -302,11 +303,19 @@ pub(super) async fn append(
         return ok_response();
     }
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    match accept(t, &entry, seqno, (message, wire))
+    match accept(t, &entry, seqno, (message, wire.clone()))
         .instrument(span)
         .await
     {
-        Ok(Accepted::Ours) => ok_response(),
+        Ok(Accepted::Ours) => {
+            let version = crate::status::client_version(&parts.headers);
+            if let Some(reason) = t.inspect_client(&wire, version.as_deref()) {
+                if let Some(failer) = &entry.state.lock().await.failer {
+                    failer.fail(reason);
+                }
+            }
+            ok_response()
+        }
         Ok(Accepted::Relay) => relay(parts, raw).await,
         Err(e) => error_response(&e),
     }
@@ -407,6 +416,7 @@ fn start(
     let handle = t
         .agent()
         .start_run_on(run_request, entry.request_id.clone(), "RunSSE");
+    st.failer = Some(handle.failer());
     st.input = Some(handle.input);
     st.cancel = Some(handle.cancel);
     let out = entry.out.clone();

@@ -79,9 +79,17 @@ pub(super) async fn handle(
         }
         decision @ Decision::Ours { .. } => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            serve_ours(t, (message, first), &decision, request_id, peek, body)
-                .instrument(span)
-                .await
+            let version = crate::status::client_version(&parts.headers);
+            serve_ours(
+                t,
+                (message, first),
+                &decision,
+                (request_id, version),
+                peek,
+                body,
+            )
+            .instrument(span)
+            .await
         }
     }
 }
@@ -90,7 +98,7 @@ async fn serve_ours(
     t: &AgentTransports,
     (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
     decision: &Decision,
-    request_id: String,
+    (request_id, version): (String, Option<String>),
     mut peek: Peek,
     mut body: Incoming,
 ) -> Response<Body> {
@@ -109,21 +117,29 @@ async fn serve_ours(
     let handle = t.agent().start_run_on(run_request, request_id, "Run");
     let input = handle.input.clone();
     let failer = handle.failer();
+    if let Some(reason) = t.inspect_client(&first_wire, version.as_deref()) {
+        failer.fail(reason);
+    }
+    let t = t.clone();
     // The client's later frames feed the run; the task ends with the request body.
     tokio::spawn(
         async move {
             loop {
                 match peek.next(&mut body, false).await {
-                    Ok(Some(frame)) => match pb::AgentClientMessage::decode(frame) {
-                        Ok(m) => {
-                            if input.send(Box::new(m)).await.is_err() {
-                                return;
+                    Ok(Some(frame)) => {
+                        let m = match pb::AgentClientMessage::decode(frame.clone()) {
+                            Ok(m) => m,
+                            Err(e) => {
+                                return failer.fail(format!("undecodable AgentClientMessage: {e}"))
                             }
+                        };
+                        if let Some(reason) = t.inspect_client(&frame, version.as_deref()) {
+                            return failer.fail(reason);
                         }
-                        Err(e) => {
-                            return failer.fail(format!("undecodable AgentClientMessage: {e}"))
+                        if input.send(Box::new(m)).await.is_err() {
+                            return;
                         }
-                    },
+                    }
                     Ok(None) => return,
                     Err(e) if e.code == Code::Canceled => return,
                     Err(e) => return failer.fail(e.message),

@@ -1,0 +1,180 @@
+//! Nothing unnoticed: a run whose client messages carry fields and a oneof branch this build
+//! does not know completes; the status JSON and `doctor` list them; each kind is logged once.
+//! A conversation action this build does not know ends the run with an error naming it.
+//! (Its own test binary: it installs the global tracing subscriber.)
+
+mod common;
+#[path = "common/harness.rs"]
+mod harness;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::agent_client::{frame, play, run_request, Sink, Store};
+use common::fake_provider::Reply;
+use cursor_byok::config::Config;
+use cursor_byok::connect::Code;
+use cursor_byok::setup::doctor::{self, Level};
+use harness::{config_text, h2_conn, harness, run_with_headers, OURS, TEXT, TEXT_SSE};
+use prost::Message as _;
+
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn len_field(number: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    prost::encoding::encode_key(number, prost::encoding::WireType::LengthDelimited, &mut v);
+    prost::encoding::encode_varint(data.len() as u64, &mut v);
+    v.extend_from_slice(data);
+    v
+}
+
+/// A Connect frame holding `message` as is.
+fn raw_frame(message: &[u8]) -> Bytes {
+    cursor_byok::connect::encode_frame(0, message).unwrap()
+}
+
+/// Our run request with an unknown field 200 in `AgentRunRequest`, then an unknown
+/// `AgentClientMessage` branch (9) and a client heartbeat with an unknown field (5).
+fn crafted_first(conversation: &str) -> Bytes {
+    let run = run_request(OURS, conversation, "hi", true);
+    let Some(cursor_byok::proto::agent::v1::agent_client_message::Message::RunRequest(r)) =
+        run.message
+    else {
+        unreachable!()
+    };
+    let request = [r.encode_to_vec(), len_field(200, b"new request field")].concat();
+    let heartbeat = len_field(7, &len_field(5, b"beat"));
+    [
+        raw_frame(&len_field(1, &request)),
+        raw_frame(&len_field(9, b"a new kind of client message")),
+        raw_frame(&heartbeat),
+    ]
+    .concat()
+    .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_and_branches_are_reported_once_and_runs_complete() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+
+    let h = harness(vec![Reply::sse(TEXT_SSE), Reply::sse(TEXT_SSE)], |_| {}).await;
+    let door = h.connect_door();
+    let conn = h2_conn(&door).await;
+    let version = [("x-cursor-client-version", "3.24.1")];
+    // Twice: the second run must not log again.
+    for i in 0..2 {
+        let store = Store::default();
+        let first = crafted_first(&format!("conv-drift-{i}"));
+        let mut run =
+            run_with_headers(&conn, &door, &format!("req-drift-{i}"), &version, first).await;
+        let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+        assert!(t.end().error.is_none(), "{:?}", t.end().error);
+        assert_eq!(t.text(), TEXT);
+    }
+
+    let report = h.server.status().snapshot().unknown;
+    let keys: Vec<(&str, &str)> = report
+        .items
+        .iter()
+        .map(|i| (i.kind.as_str(), i.key.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("field", "AgentRunRequest.200"),
+            ("oneof branch", "AgentClientMessage.9"),
+            ("field", "ClientHeartbeat.5"),
+        ]
+    );
+    assert_eq!(
+        report.summary,
+        "Cursor 3.24.1 sent 3 things this version does not know"
+    );
+    assert!(report.items.iter().all(|i| i.count == 2), "{report:?}");
+
+    // The status JSON carries it (what the page and doctor read).
+    let json = serde_json::to_value(h.server.status().snapshot()).unwrap();
+    assert_eq!(json["unknown"]["items"][1]["key"], "AgentClientMessage.9");
+
+    // doctor, against the running proxy.
+    let mut config = Config::from_toml(&config_text("http://127.0.0.1:9", "sk-x"), "t").unwrap();
+    config.listen = h.server.proxy_addr();
+    let checks = doctor::check_running(&config).await;
+    assert_eq!(checks.len(), 2, "{checks:?}");
+    let schema = &checks[1];
+    assert_eq!(schema.level, Level::Warn);
+    let line = schema.to_string();
+    assert!(
+        line.contains("Cursor 3.24.1 sent 3 things this version does not know")
+            && line.contains("AgentClientMessage.9")
+            && line.contains("update cursor-byok"),
+        "{line}"
+    );
+
+    // One warning per kind, with the client version, across both runs.
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    for key in [
+        "AgentRunRequest.200",
+        "AgentClientMessage.9",
+        "ClientHeartbeat.5",
+    ] {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(key) && l.contains("WARN"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{key}: {lines:#?}");
+        assert!(lines[0].contains("Cursor 3.24.1"), "{}", lines[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_conversation_action_ends_the_run_naming_it() {
+    let slow = Reply::sse(TEXT_SSE)
+        .chunked(16)
+        .delay(Duration::from_millis(100));
+    let h = harness(vec![slow], |_| {}).await;
+    let door = h.connect_door();
+    let conn = h2_conn(&door).await;
+    let action = len_field(4, &len_field(20, b"a new action"));
+    let first: Bytes = [
+        frame(&run_request(OURS, "conv-action", "hi", true)),
+        raw_frame(&action),
+    ]
+    .concat()
+    .into();
+    let mut run = run_with_headers(&conn, &door, "req-action", &[], first).await;
+    let t = tokio::time::timeout(
+        Duration::from_secs(20),
+        play(&mut run.stream, Sink::H2(&run.tx), &Store::default()),
+    )
+    .await
+    .expect("the run ends, it does not hang");
+    let err = t.end().error.clone().expect("an error end frame");
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(
+        err.message.contains("ConversationAction.20")
+            && err.message.contains("conversation action"),
+        "{}",
+        err.message
+    );
+}
