@@ -178,3 +178,83 @@ async fn an_unknown_conversation_action_ends_the_run_naming_it() {
         err.message
     );
 }
+
+const SECRET_KEY: &str = "sk-test-CAPTURE-SECRET-key-123";
+const FILE_BODY: &str = "FILE-BODY-the-answer-is-42";
+const PROMPT: &str = "PROMPT-what-does-secret-txt-say";
+const FILE_NAME: &str = "capture-secret-name.txt";
+
+fn tool_call_sse(id: &str, name: &str, args: &str) -> Reply {
+    let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
+    let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":args}}]}}]});
+    Reply::sse(format!(
+        "data: {start}\n\ndata: {body}\n\n\
+         data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"tool_calls\"}}]}}\n\n\
+         data: [DONE]\n\n"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_records_the_run_without_secrets_file_bodies_or_prompts() {
+    use common::agent_client::{H2Run, Received};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capture.jsonl");
+    let capture = cursor_byok::capture::Capture::create(&path, Some(10), false).unwrap();
+    let status = cursor_byok::status::Status::with_capture(Some(capture));
+    let replies = vec![
+        tool_call_sse("r1", "read_file", &format!(r#"{{"path":"{FILE_NAME}"}}"#)),
+        Reply::sse(TEXT_SSE),
+    ];
+    let h = harness::harness_with_status(replies, SECRET_KEY, status, |_| {}).await;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join(FILE_NAME), FILE_BODY).unwrap();
+    let mut client = common::fake_cursor::FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-capture", PROMPT, false);
+    let H2Run { tx, mut stream } = H2Run::open(&h.connect_door(), "req-capture", &first).await;
+    let end = loop {
+        match stream.next().await.expect("an end frame") {
+            Received::End(end) => break end,
+            Received::Message(m) => {
+                for answer in client.respond(&m) {
+                    let _ = tx.send(frame(&answer)).await;
+                }
+            }
+        }
+    };
+    assert!(end.error.is_none(), "{:?}", end.error);
+    // The secrets were in play: the provider saw the key, the file body and the prompt.
+    let requests = h.provider.requests();
+    assert_eq!(requests.len(), 2);
+    let second = String::from_utf8_lossy(&requests[1].body).into_owned();
+    assert!(
+        second.contains(FILE_BODY) && second.contains(PROMPT),
+        "{second}"
+    );
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    for secret in [
+        SECRET_KEY,
+        FILE_BODY,
+        PROMPT,
+        FILE_NAME,
+        "cursor-session-token",
+    ] {
+        assert!(!text.contains(secret), "the capture contains {secret:?}");
+    }
+    assert!(!text.contains(&ws.path().display().to_string()), "a path");
+    // What it does record: both directions, shapes, the client version, timings, the end.
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["capture"], "cursor-byok");
+    assert!(lines.iter().any(|l| l["dir"] == "client->proxy"
+        && l["client_version"] == "2.0.0-test"
+        && l["shape"].to_string().contains("run_request")));
+    assert!(lines
+        .iter()
+        .any(|l| l["dir"] == "proxy->client"
+            && l["shape"].to_string().contains("exec_server_message")));
+    assert!(lines.iter().any(|l| l["end"] == "ok"));
+    assert!(lines.iter().all(|l| l.get("t_ms").is_some()));
+}

@@ -255,6 +255,16 @@ impl CursorServices {
         if let Some((source, message_type)) = answer_type(rpc) {
             let report = crate::proto::inspect::schema().check(message_type, &message);
             self.status.unknown_schema(source, client_version, &report);
+            if let Some(capture) = self.status.capture() {
+                capture.message(
+                    crate::capture::Direction::FromUpstream,
+                    source,
+                    message_type,
+                    &message,
+                    client_version,
+                    Some(&report),
+                );
+            }
         }
         let config = &self.config;
         let out = match rpc {

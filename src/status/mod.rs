@@ -84,6 +84,8 @@ struct Inner {
     started_unix_ms: u64,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// `run --capture`: the traffic trace, when one is being recorded.
+    capture: Option<crate::capture::Capture>,
 }
 
 impl Inner {
@@ -206,14 +208,25 @@ pub struct StatusSnapshot {
 
 impl Status {
     pub fn new() -> Status {
+        Self::with_capture(None)
+    }
+
+    /// A registry whose holders also record the agent traffic into `capture`.
+    pub fn with_capture(capture: Option<crate::capture::Capture>) -> Status {
         Status {
             inner: Arc::new(Inner {
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
                 next_id: AtomicU64::new(1),
                 state: Mutex::new(State::default()),
+                capture,
             }),
         }
+    }
+
+    /// The traffic capture, when `run --capture` asked for one.
+    pub fn capture(&self) -> Option<&crate::capture::Capture> {
+        self.inner.capture.as_ref()
     }
 
     /// Register a run; keep the ticket for its whole life.

@@ -421,10 +421,11 @@ fn start(
     st.cancel = Some(handle.cancel);
     let out = entry.out.clone();
     let mut output = handle.output;
+    let capture = t.agent().status().capture().cloned();
     tokio::spawn(
         async move {
             while let Some(o) = output.recv().await {
-                let (frame, end) = encode_output(&enc, o);
+                let (frame, end) = encode_output(&enc, o, capture.as_ref());
                 let space = {
                     let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
                     b.push(frame, end);

@@ -13,17 +13,39 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::RunOutput;
+use crate::capture::{Capture, Direction};
 use crate::connect::{Code, ConnectError, EndStream, FrameEncoder};
 use crate::router::{boxed, Body, BodyError};
 
 /// Encodes one run output as a Connect frame. Encoding only fails for an oversized message,
 /// which becomes an error end frame instead.
-pub(crate) fn encode_output(enc: &FrameEncoder, out: RunOutput) -> (Bytes, bool) {
-    let encoded = match out {
-        RunOutput::Message(m) => enc.message(&m.encode_to_vec()),
-        RunOutput::Encoded(_, bytes) => enc.message(&bytes),
-        RunOutput::End(end) => return (end_frame(enc, &end), true),
+/// With a `capture`, the message (or the end's code) is recorded first.
+pub(crate) fn encode_output(
+    enc: &FrameEncoder,
+    out: RunOutput,
+    capture: Option<&Capture>,
+) -> (Bytes, bool) {
+    let wire = match out {
+        RunOutput::Message(m) => Bytes::from(m.encode_to_vec()),
+        RunOutput::Encoded(_, bytes) => bytes,
+        RunOutput::End(end) => {
+            if let Some(c) = capture {
+                c.end_of_stream(end.error.as_ref().map(|e| e.code.as_str()));
+            }
+            return (end_frame(enc, &end), true);
+        }
     };
+    if let Some(c) = capture {
+        c.message(
+            Direction::ToClient,
+            "agent run",
+            "agent.v1.AgentServerMessage",
+            &wire,
+            None,
+            None,
+        );
+    }
+    let encoded = enc.message(&wire);
     match encoded {
         Ok(b) => (b, false),
         Err(e) => (
@@ -52,6 +74,7 @@ pub(crate) struct RunBody {
     enc: FrameEncoder,
     cancel: CancellationToken,
     done: bool,
+    capture: Option<Capture>,
 }
 
 impl RunBody {
@@ -65,7 +88,7 @@ impl RunBody {
         let mut chunk: Option<BytesMut> = None;
         while chunk.as_ref().map_or(first.len(), BytesMut::len) < COALESCE_BYTES {
             let Ok(out) = self.rx.try_recv() else { break };
-            let (bytes, end) = encode_output(&self.enc, out);
+            let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
             chunk
                 .get_or_insert_with(|| BytesMut::from(&first[..]))
                 .extend_from_slice(&bytes);
@@ -87,7 +110,14 @@ impl RunBody {
             enc,
             cancel,
             done: false,
+            capture: None,
         }
+    }
+
+    /// Record what the body sends into `capture` (`run --capture`).
+    pub(crate) fn capturing(mut self, capture: Option<Capture>) -> Self {
+        self.capture = capture;
+        self
     }
 }
 
@@ -105,7 +135,7 @@ impl HttpBody for RunBody {
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(out)) => {
-                let (bytes, end) = encode_output(&self.enc, out);
+                let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
                 self.done = end;
                 Poll::Ready(Some(Ok(Frame::data(self.coalesce(bytes)))))
             }

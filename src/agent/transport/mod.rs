@@ -121,9 +121,18 @@ impl AgentTransports {
     /// otherwise be dropped silently, or leave the run waiting for an answer that never comes.
     fn inspect_client(&self, wire: &[u8], client_version: Option<&str>) -> Option<String> {
         let report = crate::proto::inspect::schema().check(AGENT_CLIENT_MESSAGE, wire);
-        self.agent()
-            .status()
-            .unknown_schema("agent run", client_version, &report);
+        let status = self.agent().status();
+        status.unknown_schema("agent run", client_version, &report);
+        if let Some(capture) = status.capture() {
+            capture.message(
+                crate::capture::Direction::FromClient,
+                "agent run",
+                AGENT_CLIENT_MESSAGE,
+                wire,
+                client_version,
+                Some(&report),
+            );
+        }
         let (what, u) = UNHANDLED
             .iter()
             .find_map(|(at, what)| report.branch_at(at).map(|u| (what, u)))?;

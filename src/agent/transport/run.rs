@@ -120,6 +120,7 @@ async fn serve_ours(
     if let Some(reason) = t.inspect_client(&first_wire, version.as_deref()) {
         failer.fail(reason);
     }
+    let capture = t.agent().status().capture().cloned();
     let t = t.clone();
     // The client's later frames feed the run; the task ends with the request body.
     tokio::spawn(
@@ -148,7 +149,8 @@ async fn serve_ours(
         }
         .in_current_span(),
     );
-    streaming_response(boxed(RunBody::new(handle.output, enc, handle.cancel)))
+    let body = RunBody::new(handle.output, enc, handle.cancel).capturing(capture);
+    streaming_response(boxed(body))
 }
 
 pub(super) fn streaming_response(body: Body) -> Response<Body> {
