@@ -229,15 +229,21 @@ mod tests {
     fn records_shapes_not_values_and_stops_when_time_is_up() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.jsonl");
-        let c = Capture::create(&path, None, false).unwrap();
         let wire = heartbeat_with_secret();
-        c.message(
-            Direction::FromClient,
-            "agent run",
-            "agent.v1.AgentClientMessage",
-            &wire,
+        let record = |c: &Capture, version| {
+            let kind = "agent.v1.AgentClientMessage";
+            c.message(
+                Direction::FromClient,
+                "agent run",
+                kind,
+                &wire,
+                version,
+                None,
+            );
+        };
+        record(
+            &Capture::create(&path, None, false).unwrap(),
             Some("3.24.1"),
-            None,
         );
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("SECRET"), "{text}");
@@ -248,40 +254,16 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["type"], "agent.v1.AgentClientMessage");
         assert_eq!(lines[1]["client_version"], "3.24.1");
-        assert!(lines[1]["shape"]
-            .to_string()
-            .contains("custom_system_prompt"));
+        let shape = lines[1]["shape"].to_string();
+        assert!(shape.contains("custom_system_prompt"), "{shape}");
 
-        let c = Capture::create(&path, None, true).unwrap();
-        c.message(
-            Direction::FromClient,
-            "agent run",
-            "agent.v1.AgentClientMessage",
-            &wire,
-            None,
-            None,
-        );
-        assert!(std::fs::read_to_string(&path)
-            .unwrap()
-            .contains("SECRET-PROMPT"));
+        record(&Capture::create(&path, None, true).unwrap(), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("SECRET-PROMPT"), "{text}");
 
         let c = Capture::create(&path, Some(0), false).unwrap();
-        c.message(
-            Direction::FromClient,
-            "agent run",
-            "agent.v1.AgentClientMessage",
-            &wire,
-            None,
-            None,
-        );
-        c.message(
-            Direction::FromClient,
-            "agent run",
-            "agent.v1.AgentClientMessage",
-            &wire,
-            None,
-            None,
-        );
+        record(&c, None);
+        record(&c, None);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("capture_ended"), "{text}");
         assert_eq!(text.lines().count(), 1, "{text}");

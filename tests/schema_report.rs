@@ -7,31 +7,17 @@ mod common;
 #[path = "common/harness.rs"]
 mod harness;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::agent_client::{frame, play, run_request, Sink, Store};
 use common::fake_provider::Reply;
+use common::logs::Logs;
 use cursor_byok::config::Config;
 use cursor_byok::connect::Code;
 use cursor_byok::setup::doctor::{self, Level};
 use harness::{config_text, h2_conn, harness, run_with_headers, OURS, TEXT, TEXT_SSE};
 use prost::Message as _;
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn len_field(number: u32, data: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
@@ -132,7 +118,7 @@ async fn unknown_fields_and_branches_are_reported_once_and_runs_complete() {
     );
 
     // One warning per kind, with the client version, across both runs.
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     for key in [
         "AgentRunRequest.200",
         "AgentClientMessage.9",
@@ -147,22 +133,22 @@ async fn unknown_fields_and_branches_are_reported_once_and_runs_complete() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_conversation_action_ends_the_run_naming_it() {
+/// Our run, then `extra` (an encoded `AgentClientMessage`) on the same stream: the run must
+/// end with an error naming `key` and `what`, not hang nor continue.
+async fn unknown_branch_ends_the_run(extra: Vec<u8>, key: &str, what: &str) {
     let slow = Reply::sse(TEXT_SSE)
         .chunked(16)
         .delay(Duration::from_millis(100));
     let h = harness(vec![slow], |_| {}).await;
     let door = h.connect_door();
     let conn = h2_conn(&door).await;
-    let action = len_field(4, &len_field(20, b"a new action"));
     let first: Bytes = [
-        frame(&run_request(OURS, "conv-action", "hi", true)),
-        raw_frame(&action),
+        frame(&run_request(OURS, "conv-branch", "hi", true)),
+        raw_frame(&extra),
     ]
     .concat()
     .into();
-    let mut run = run_with_headers(&conn, &door, "req-action", &[], first).await;
+    let mut run = run_with_headers(&conn, &door, "req-branch", &[], first).await;
     let t = tokio::time::timeout(
         Duration::from_secs(20),
         play(&mut run.stream, Sink::H2(&run.tx), &Store::default()),
@@ -172,11 +158,23 @@ async fn an_unknown_conversation_action_ends_the_run_naming_it() {
     let err = t.end().error.clone().expect("an error end frame");
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(
-        err.message.contains("ConversationAction.20")
-            && err.message.contains("conversation action"),
+        err.message.contains(key) && err.message.contains(what),
         "{}",
         err.message
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_conversation_action_ends_the_run_naming_it() {
+    let action = len_field(4, &len_field(20, b"a new action"));
+    unknown_branch_ends_the_run(action, "ConversationAction.20", "conversation action").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_exec_result_ends_the_run_naming_it() {
+    let mut exec = vec![0x08, 0x01]; // id 1
+    exec.extend(len_field(58, b"a new result"));
+    unknown_branch_ends_the_run(len_field(2, &exec), "ExecClientMessage.58", "exec result").await;
 }
 
 const SECRET_KEY: &str = "sk-test-CAPTURE-SECRET-key-123";
@@ -257,4 +255,41 @@ async fn a_capture_records_the_run_without_secrets_file_bodies_or_prompts() {
             && l["shape"].to_string().contains("exec_server_message")));
     assert!(lines.iter().any(|l| l["end"] == "ok"));
     assert!(lines.iter().all(|l| l.get("t_ms").is_some()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknowns_over_run_sse_and_bidi_append_are_reported_and_the_run_completes() {
+    use common::agent_client::Bidi;
+    use cursor_byok::proto::aiserver::v1 as ai;
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |_| {}).await;
+    let bidi = Bidi::new(&h.connect_door(), "req-drift-sse");
+    let sse = {
+        let b = bidi.clone();
+        tokio::spawn(async move { b.open_sse().await })
+    };
+    let run = run_request(OURS, "conv-drift-sse", "hi", true);
+    let appends = [
+        [run.encode_to_vec(), len_field(1, &len_field(201, b"x"))].concat(),
+        len_field(10, b"another new kind of client message"),
+    ];
+    for message in appends {
+        let body = ai::BidiAppendRequest {
+            data: hex::encode(message),
+            request_id: Some(ai::BidiRequestId {
+                request_id: bidi.request_id.clone(),
+            }),
+            append_seqno: bidi.seqno(),
+            ..Default::default()
+        };
+        let answer = bidi.append_body(body.encode_to_vec().into()).await;
+        assert_eq!(answer.status, http::StatusCode::OK, "{answer:?}");
+    }
+    let mut stream = sse.await.unwrap();
+    let t = play(&mut stream, Sink::Bidi(&bidi), &Store::default()).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), TEXT);
+    let report = h.server.status().snapshot().unknown;
+    let keys: Vec<&str> = report.items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["AgentRunRequest.201", "AgentClientMessage.10"]);
+    assert_eq!(report.client_version.as_deref(), Some("2.0.0-test"));
 }
