@@ -84,6 +84,12 @@ impl RunState {
         messages.push(prompt::user_message(&user, images));
 
         let mut todos = history.todos.clone();
+        let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
+            .todo_ids
+            .iter()
+            .copied()
+            .zip(history.todos.iter().cloned())
+            .collect();
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
@@ -161,7 +167,11 @@ impl RunState {
         }
         self.write_turn(
             &req,
-            (&prev_state, &prev_wire),
+            Previous {
+                state: &prev_state,
+                wire: &prev_wire,
+                todos: &known_todos,
+            },
             user,
             steps,
             &todos,
@@ -270,7 +280,7 @@ impl RunState {
     async fn write_turn(
         &mut self,
         req: &pb::AgentRunRequest,
-        (prev, prev_wire): (&pb::ConversationStateStructure, &[u8]),
+        prev: Previous<'_>,
         user: pb::UserMessage,
         steps: Vec<StepRecord>,
         todos: &[pb::TodoItem],
@@ -290,13 +300,14 @@ impl RunState {
         let encoded = state::encode_turn(&record);
         let used = self.last_call.input.saturating_add(self.last_call.output);
         let mut checkpoint = state::build_checkpoint(
-            prev,
+            prev.state,
             &encoded.turn_id,
             todos,
             u32::try_from(used).unwrap_or(u32::MAX),
             self.run.model.config.context_window,
             (mode != 0).then_some(mode),
         );
+        checkpoint.keep_unchanged_todos(todos, prev.todos);
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
@@ -304,11 +315,18 @@ impl RunState {
         blobs.extend(checkpoint.blobs.iter().cloned());
         self.store_blobs(&blobs).await?;
         self.run.cache.put_many(blobs).await;
-        let wire = checkpoint.encode_over(prev, prev_wire);
+        let wire = checkpoint.encode_over(prev.state, prev.wire);
         self.out
             .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
             .await
     }
+}
+
+/// The checkpoint the turn started from, as decoded and as received, with its todos.
+struct Previous<'a> {
+    state: &'a pb::ConversationStateStructure,
+    wire: &'a [u8],
+    todos: &'a [(state::BlobId, pb::TodoItem)],
 }
 
 /// `AgentRunRequest.conversation_state`.

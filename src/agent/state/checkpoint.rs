@@ -70,6 +70,28 @@ pub fn build_checkpoint(
 }
 
 impl Checkpoint {
+    /// Todos unchanged since the previous checkpoint keep their blob — Cursor's bytes, fields
+    /// this build does not know included — instead of our re-encoding. `todos` is the list
+    /// given to [`build_checkpoint`]; `known` the previous checkpoint's, decoded, with ids.
+    pub fn keep_unchanged_todos(
+        &mut self,
+        todos: &[pb::TodoItem],
+        known: &[(BlobId, pb::TodoItem)],
+    ) {
+        let mut replaced = Vec::new();
+        for (slot, todo) in self.state.todos.iter_mut().zip(todos) {
+            if let Some((id, _)) = known.iter().find(|(_, k)| k == todo) {
+                replaced.push(std::mem::replace(slot, Bytes::copy_from_slice(id)));
+            }
+        }
+        // Our re-encodings of those are no longer referenced: not stored.
+        let todos = &self.state.todos;
+        self.blobs.retain(|b| {
+            let id = b.id_bytes();
+            !replaced.contains(&id) || todos.contains(&id)
+        });
+    }
+
     /// The checkpoint as it goes to Cursor: `prev_wire` (the bytes `prev` was decoded from) with
     /// the owned fields that changed replaced. Input that does not scan as protobuf (it decoded,
     /// so this should not happen) falls back to our own encoding, with a warning.
@@ -228,6 +250,24 @@ mod tests {
         assert_eq!(numbers, [7, 10, 18, 200, 201, 5, 8, 8]);
         // Garbage in: our own encoding, no panic.
         assert_eq!(cp.encode_over(&prev, &[0xff]), cp.state.encode_to_vec());
+    }
+
+    #[test]
+    fn unchanged_todos_keep_cursors_blob() {
+        let kept = todo("1", pb::TodoStatus::Pending);
+        // Cursor's blob for it carries a field this build does not know.
+        let cursors = Blob::new([kept.encode_to_vec(), unknown(99, b"new")].concat());
+        let known = [(cursors.id, kept.clone())];
+        let prev = pb::ConversationStateStructure {
+            todos: vec![cursors.id_bytes()],
+            ..Default::default()
+        };
+        let todos = [kept, todo("2", pb::TodoStatus::InProgress)];
+        let mut cp = build_checkpoint(&prev, &[2; 32], &todos, 0, 0, None);
+        cp.keep_unchanged_todos(&todos, &known);
+        assert_eq!(cp.state.todos[0], cursors.id_bytes());
+        assert_eq!(cp.blobs.len(), 1, "only the new todo needs storing");
+        assert_eq!(cp.state.todos[1], cp.blobs[0].id_bytes());
     }
 
     #[test]
