@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::Usage;
 
 pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
-pub use unknown::{client_version, UnknownItem, UnknownReport, ADVICE as UNKNOWN_ADVICE};
+pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
 pub const RECENT_RUNS: usize = 100;

@@ -137,10 +137,11 @@ impl AgentTransports {
             .iter()
             .find_map(|(at, what)| report.branch_at(at).map(|u| (what, u)))?;
         Some(format!(
-            "{what} this cursor-byok {} does not know ({}); {}",
+            "{what} this cursor-byok {} does not know ({}); update cursor-byok, and if the \
+             newest release does not know it either, report it with a capture \
+             (`cursor-byok run --capture FILE`)",
             env!("CARGO_PKG_VERSION"),
             u.key,
-            crate::status::UNKNOWN_ADVICE,
         ))
     }
 }
