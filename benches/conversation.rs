@@ -96,6 +96,7 @@ fn history(steps: usize, store: &Store) -> pb::ConversationStateStructure {
             },
             steps,
             request_id: format!("hist-{t}"),
+            user_wire: None,
         };
         let encoded = encode_turn(&turn);
         for blob in &encoded.blobs {

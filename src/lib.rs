@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub(crate) mod cancel;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub(crate) mod conn_tasks;

@@ -89,7 +89,7 @@ async fn drive_with(
             .expect("the run must end with an End");
         match out {
             RunOutput::End(end) => return (messages, end),
-            RunOutput::Message(m) => {
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
                 for answer in client.respond(&m) {
                     // The run may be over already; then nobody listens.
                     let _ = handle.input.send(Box::new(answer)).await;
@@ -237,7 +237,7 @@ async fn cancel_mid_stream_stops_the_provider_and_ends_canceled() {
     loop {
         match run.output.recv().await.unwrap() {
             RunOutput::Message(m) if !text_of(std::slice::from_ref(&m)).is_empty() => break,
-            RunOutput::Message(_) => continue,
+            RunOutput::Message(_) | RunOutput::Encoded(..) => continue,
             RunOutput::End(e) => panic!("ended early: {:?}", e.error),
         }
     }

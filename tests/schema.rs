@@ -101,8 +101,24 @@ fn descriptors_match_the_high_confidence_tables() {
     let pool = pool();
 
     let mut want: BTreeMap<String, BTreeMap<String, FieldRow>> = BTreeMap::new();
-    for row in tsv(dir.join("schema.tsv"))
+    // The shared tables plus the project's local additions: fields newer Cursor releases have
+    // (`TurnEndedUpdate.ended_at_ms`, `McpArgs` field 10 from desktop 3.23.12 / CLI 2026.10.01)
+    // that the read-only shared tables do not list yet. The generator reads the same file.
+    let local = tsv(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/schema-local.tsv"));
+    assert_eq!(local.len(), 2, "local additions: {local:?}");
+    let shared = tsv(dir.join("schema.tsv"));
+    for row in &local {
+        assert!(
+            !shared.iter().any(|r| r["message"] == row["message"]
+                && r["field_number"] == row["field_number"]),
+            "{}.{} is in the shared tables now: drop it from tools/schema-local.tsv",
+            row["message"],
+            row["field_number"]
+        );
+    }
+    for row in shared
         .into_iter()
+        .chain(local)
         .filter(|r| r["confidence"] == "high")
     {
         let fields = want.entry(row["message"].clone()).or_default();

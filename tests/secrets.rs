@@ -7,9 +7,7 @@ mod common;
 #[path = "common/harness.rs"]
 mod harness;
 
-use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use common::agent_client::{frame, play, run_request, Sink, Store, API, STEP};
 use common::client::{self, Alpn, Sender};
@@ -22,18 +20,7 @@ const API_KEY: &str = "sk-test-SECRET-abc123";
 const BEARER: &str = "Bearer cursor-token-SECRET-xyz";
 const SECRETS: [&str; 3] = [API_KEY, BEARER, "cursor-token-SECRET-xyz"];
 
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use common::logs::Logs as Capture;
 
 fn assert_clean(what: &str, text: &str) {
     for s in SECRETS {
@@ -144,7 +131,7 @@ async fn no_secret_in_logs_errors_status_or_files() {
     }
 
     let _ = API;
-    let logs = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    let logs = capture.text();
     eprintln!(
         "captured {} bytes of TRACE logs, {} files in the data dir",
         logs.len(),

@@ -369,6 +369,7 @@ async fn conversation(door: Door, conv: usize, until: Instant, tally: Arc<Tally>
         {
             client.checkpoint = None; // a new conversation, as users start one
         }
+        tokio::time::sleep(pause()).await;
     }
 }
 

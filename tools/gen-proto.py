@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Rewrite proto/ from the wire-schema tables (schema.tsv, enums.tsv).
 
-Usage: python3 tools/gen-proto.py [--tables ../shared/protocol] [--out proto]
+Usage: python3 tools/gen-proto.py [--tables ../shared/protocol] [--local tools/schema-local.tsv] [--out proto]
 
-Only `high`-confidence rows are emitted. Presence, oneofs, maps and nesting are kept exactly as
+Only `high`-confidence rows are emitted. `schema-local.tsv` (same columns as schema.tsv) adds the
+fields newer Cursor releases have that the shared tables do not yet list; tests/schema.rs reads it
+too. Presence, oneofs, maps and nesting are kept exactly as
 the tables say. `agent.v1` and `aiserver.v1` refer to each other, so the `aiserver.v1` types that
 `agent.v1` needs (and their closure) get a file of their own that `agent.v1` imports; the rest of
 `aiserver.v1` imports `agent.v1`. Output is deterministic (sorted), so re-running it on the same
@@ -45,10 +47,18 @@ def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--tables", default=os.path.join(here, "..", "..", "shared", "protocol"))
+    ap.add_argument("--local", default=os.path.join(here, "schema-local.tsv"))
     ap.add_argument("--out", default=os.path.join(here, "..", "proto"))
     args = ap.parse_args()
 
-    schema = [r for r in read_tsv(os.path.join(args.tables, "schema.tsv")) if r["confidence"] == "high"]
+    rows = read_tsv(os.path.join(args.tables, "schema.tsv"))
+    local = read_tsv(args.local) if os.path.exists(args.local) else []
+    shared_keys = {(r["message"], r["field_number"]) for r in rows}
+    for r in local:
+        if (r["message"], r["field_number"]) in shared_keys:
+            print("local addition already in the shared tables (remove it): %s = %s" % (r["message"], r["field_number"]), file=sys.stderr)
+            sys.exit(1)
+    schema = [r for r in rows + local if r["confidence"] == "high"]
     enums_rows = [r for r in read_tsv(os.path.join(args.tables, "enums.tsv")) if r["confidence"] == "high"]
 
     messages = {}  # fq name -> package

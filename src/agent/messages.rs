@@ -71,7 +71,16 @@ pub fn turn_ended(usage: &crate::provider::Usage) -> pb::AgentServerMessage {
         cache_read_tokens: n(usage.cache_read),
         cache_write_tokens: n(usage.cache_write),
         reasoning_tokens: n(usage.reasoning),
+        ended_at_ms: Some(now_unix_ms()),
     }))
+}
+
+/// Milliseconds since the Unix epoch (0 on a clock set before it).
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 pub fn exec(
@@ -197,4 +206,21 @@ pub fn checkpoint(state: pb::ConversationStateStructure) -> pb::AgentServerMessa
         message: Some(Server::ConversationCheckpointUpdate(state)),
         ttft_breakdown: None,
     }
+}
+
+/// A checkpoint whose encoding `state_wire` keeps Cursor's fields (see
+/// [`Checkpoint::encode_over`](crate::agent::state::Checkpoint::encode_over)); `state` is its
+/// decoded form.
+pub fn checkpoint_encoded(
+    state: pb::ConversationStateStructure,
+    state_wire: &[u8],
+) -> crate::agent::RunOutput {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    /// `AgentServerMessage.conversation_checkpoint_update`.
+    const CHECKPOINT: u32 = 3;
+    let mut wire = Vec::with_capacity(state_wire.len() + 8);
+    encode_key(CHECKPOINT, WireType::LengthDelimited, &mut wire);
+    encode_varint(state_wire.len() as u64, &mut wire);
+    wire.extend_from_slice(state_wire);
+    crate::agent::RunOutput::Encoded(Box::new(checkpoint(state)), wire.into())
 }

@@ -38,7 +38,51 @@ const CHANNEL_CAPACITY: usize = 64;
 pub enum RunOutput {
     /// Boxed: server messages are large, and most of a run's output is small deltas.
     Message(Box<pb::AgentServerMessage>),
+    /// A message and its exact encoding, which carries fields this build does not know (a
+    /// checkpoint built over Cursor's): the transports send the bytes.
+    Encoded(Box<pb::AgentServerMessage>, bytes::Bytes),
     End(EndStream),
+}
+
+impl RunOutput {
+    /// The server message, if this is one.
+    pub fn message(&self) -> Option<&pb::AgentServerMessage> {
+        match self {
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => Some(m),
+            RunOutput::End(_) => None,
+        }
+    }
+}
+
+/// A run's first request as it arrived: decoded, and the bytes it was decoded from, so what the
+/// run hands back to Cursor (the checkpoint, the user message blob) keeps the fields this build
+/// does not know.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub decoded: pb::AgentRunRequest,
+    /// The `AgentRunRequest` exactly as received.
+    pub wire: bytes::Bytes,
+}
+
+impl RunRequest {
+    /// The run request inside `message_wire` (an encoded `AgentClientMessage`), whose decoded
+    /// form is `decoded`. Bytes that do not scan fall back to our own encoding.
+    pub fn from_client_message(decoded: pb::AgentRunRequest, message_wire: &bytes::Bytes) -> Self {
+        /// `AgentClientMessage.run_request`.
+        const RUN_REQUEST: u32 = 1;
+        match crate::proto::wire::message_field(message_wire, RUN_REQUEST) {
+            Ok(Some(wire)) => RunRequest { decoded, wire },
+            _ => decoded.into(),
+        }
+    }
+}
+
+impl From<pb::AgentRunRequest> for RunRequest {
+    fn from(decoded: pb::AgentRunRequest) -> Self {
+        use prost::Message as _;
+        let wire = decoded.encode_to_vec().into();
+        RunRequest { decoded, wire }
+    }
 }
 
 /// A started run, seen from its transport.
@@ -169,17 +213,21 @@ impl Agent {
 
     /// Start a run for its first message. The caller has already decided the run is ours;
     /// a model that turns out not to be configured ends the stream with a clear error.
-    pub fn start_run(&self, first: pb::AgentRunRequest, request_id: String) -> RunHandle {
+    pub fn start_run(&self, first: impl Into<RunRequest>, request_id: String) -> RunHandle {
         self.start_run_on(first, request_id, "")
     }
 
     /// [`Agent::start_run`], naming the transport (`Run`, `RunSSE`) for the status page.
     pub fn start_run_on(
         &self,
-        first: pb::AgentRunRequest,
+        first: impl Into<RunRequest>,
         request_id: String,
         transport: &str,
     ) -> RunHandle {
+        let RunRequest {
+            decoded: first,
+            wire: first_wire,
+        } = first.into();
         let (in_tx, in_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (out_tx, out_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
@@ -191,7 +239,8 @@ impl Agent {
             failure: failure.clone(),
         };
         match self.prepare(&first, request_id.clone()) {
-            Ok(run) => {
+            Ok(mut run) => {
+                run.first_wire = first_wire;
                 let ticket = self.inner.status.run_started(RunStart {
                     request_id,
                     model: run.model.config.cursor_id(),
@@ -258,6 +307,7 @@ impl Agent {
                 max_history_bytes: config.limits.max_history_bytes,
             },
             cache: self.inner.cache.clone(),
+            first_wire: bytes::Bytes::new(),
         })
     }
 }

@@ -60,7 +60,7 @@ pub fn run(
         .build()
         .context("cannot start the async runtime")?;
     let (listener, providers) = runtime.block_on(async {
-        let listener = doctor::check_listener(&config).await;
+        let listener = doctor::check_running(&config).await;
         let providers = if skip_providers {
             Vec::new()
         } else {
@@ -68,7 +68,9 @@ pub fn run(
         };
         (listener, providers)
     });
-    report(listener, &mut checks);
+    for c in listener {
+        report(c, &mut checks);
+    }
     for c in providers {
         report(c, &mut checks);
     }

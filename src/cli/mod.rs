@@ -36,10 +36,27 @@ pub struct Args {
     pub command: Option<Command>,
 }
 
+/// Options of `run`.
+#[derive(Debug, Default, clap::Args)]
+pub struct RunArgs {
+    /// Record a redacted trace of the agent traffic into FILE, to attach to a bug report:
+    /// message types, field numbers and sizes, what this version does not know, the Cursor
+    /// version, timings. No file contents, prompts, keys, tokens or paths.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
+    /// Stop recording after this many minutes.
+    #[arg(long, value_name = "N", requires = "capture")]
+    pub capture_minutes: Option<u64>,
+    /// Also record each message's decoded content (prompts, file contents…). Only for your
+    /// own debugging: do not share such a capture.
+    #[arg(long, requires = "capture")]
+    pub include_content: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Run,
+    Run(RunArgs),
     /// Create the CA if missing; print its path, fingerprint and how to trust it.
     Ca {
         #[command(subcommand)]
@@ -130,10 +147,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             models::run(&config);
             Ok(())
         }
-        Some(Command::Run) | None => {
+        Some(Command::Run(run)) => {
             let config = load_config(&args)?;
             let dir = data_dir(&args, &config);
-            run_proxy(config, dir)
+            run_proxy(config, dir, &run)
+        }
+        None => {
+            let config = load_config(&args)?;
+            let dir = data_dir(&args, &config);
+            run_proxy(config, dir, &RunArgs::default())
         }
     }
 }
@@ -149,7 +171,24 @@ fn data_dir(args: &Args, config: &Config) -> PathBuf {
     args.data_dir.clone().unwrap_or_else(|| config.data_dir())
 }
 
-fn run_proxy(config: Config, data_dir: PathBuf) -> anyhow::Result<()> {
+fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result<()> {
+    let capture = match &run.capture {
+        Some(path) => {
+            let c = crate::capture::Capture::create(path, run.capture_minutes, run.include_content)
+                .with_context(|| format!("cannot create the capture file {}", path.display()))?;
+            eprintln!(
+                "recording a{} capture of the agent traffic into {}",
+                if run.include_content {
+                    " full (NOT redacted)"
+                } else {
+                    " redacted"
+                },
+                path.display()
+            );
+            Some(c)
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -161,6 +200,7 @@ fn run_proxy(config: Config, data_dir: PathBuf) -> anyhow::Result<()> {
         // Checked before the CA moves into the server; they only feed warnings.
         let mut warnings = crate::setup::doctor::check_trust(&ca);
         let server = crate::proxy::Server::builder(config.clone(), ca)
+            .status(crate::status::Status::with_capture(capture))
             .bind()
             .await?;
         warnings.push(crate::setup::doctor::check_cursor_settings(

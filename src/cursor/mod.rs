@@ -28,12 +28,13 @@ use crate::connect::{decode_unary, CodecError, Limits};
 use crate::http::{boxed, empty, full, Body, RequestContext};
 use crate::proto::agent::v1 as ag;
 use crate::proto::aiserver::v1 as ai;
+use crate::status::Status;
 use crate::upstream::{error_response, Upstream, UpstreamError};
 
 pub use models::{
-    available_model, local_available_models, local_default_model_for_cli, local_usable_models,
-    merge_available_models, merge_usable_models, model_details, parse_variant_string, EFFORT_PARAM,
-    THINKING_PARAM,
+    available_model, available_models_additions, local_available_models,
+    local_default_model_for_cli, local_usable_models, merge_available_models, merge_usable_models,
+    model_details, parse_variant_string, usable_models_additions, EFFORT_PARAM, THINKING_PARAM,
 };
 pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
 
@@ -49,6 +50,9 @@ pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
 /// WebSocket agent transport probes; a 404 makes clients fall back to HTTP.
 pub const WS_PROBES: [&str; 2] = ["/agent/v1/run", "/ws-reachability-probe"];
+
+/// `GetServerConfigResponse` fields we may change: `http2_config` (7), `agent_url_config` (27).
+const SERVER_CONFIG_OWNED: &[u32] = &[7, 27];
 
 /// Largest upstream answer we read to rewrite (the real model list is ~50 KB).
 const MAX_ANSWER_WIRE: usize = 16 << 20;
@@ -108,6 +112,12 @@ pub enum CursorError {
     Timeout { secs: u64 },
     #[error("upstream's answer body: {0}")]
     Codec(#[from] CodecError),
+    #[error("upstream's {message} does not scan as protobuf: {source}")]
+    Wire {
+        message: &'static str,
+        #[source]
+        source: crate::proto::wire::WireError,
+    },
     #[error("upstream's answer is not a valid {message}: {source}")]
     Decode {
         message: &'static str,
@@ -120,11 +130,21 @@ pub enum CursorError {
 #[derive(Clone)]
 pub struct CursorServices {
     config: Arc<Config>,
+    status: Status,
 }
 
 impl CursorServices {
     pub fn new(config: Arc<Config>) -> Self {
-        CursorServices { config }
+        CursorServices {
+            config,
+            status: Status::new(),
+        }
+    }
+
+    /// Report what upstream's answers carry that this build does not know to `status`.
+    pub fn with_status(mut self, status: Status) -> Self {
+        self.status = status;
+        self
     }
 
     /// Answer one classified request. Never fails: upstream trouble and our own become the
@@ -150,6 +170,7 @@ impl CursorServices {
         upstream: &Upstream,
     ) -> Response<Body> {
         let proto_client = is_proto_request(&req);
+        let client_version = crate::status::client_version(req.headers());
         if proto_client {
             narrow_accept_encoding(req.headers_mut());
         }
@@ -201,7 +222,12 @@ impl CursorServices {
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        match self.rewrite(rpc, wire.clone(), encoding.as_deref()) {
+        match self.rewrite(
+            rpc,
+            wire.clone(),
+            encoding.as_deref(),
+            client_version.as_deref(),
+        ) {
             Ok(message) => proto_response(parts.headers, message),
             Err(err) => {
                 // Never break Cursor because our merge failed: its own answer, as it came.
@@ -211,41 +237,70 @@ impl CursorServices {
         }
     }
 
-    /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed.
+    /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed. The
+    /// answer is built over upstream's bytes (appended to, or with only our fields replaced),
+    /// so fields this build does not know pass through unchanged.
     fn rewrite(
         &self,
         rpc: CursorRpc,
         wire: Bytes,
         content_encoding: Option<&str>,
+        client_version: Option<&str>,
     ) -> Result<Vec<u8>, CursorError> {
         let limits = Limits {
             max_frame_bytes: MAX_ANSWER_WIRE,
             max_decompressed_bytes: MAX_ANSWER_DECODED,
         };
         let message = decode_unary(wire, content_encoding, limits)?;
+        if let Some((source, message_type)) = answer_type(rpc) {
+            let report = crate::proto::inspect::schema().check(message_type, &message);
+            self.status.unknown_schema(source, client_version, &report);
+            if let Some(capture) = self.status.capture() {
+                capture.message(
+                    crate::capture::Direction::FromUpstream,
+                    source,
+                    message_type,
+                    &message,
+                    client_version,
+                    Some(&report),
+                );
+            }
+        }
         let config = &self.config;
         let out = match rpc {
             CursorRpc::AvailableModels => {
-                let resp =
-                    decode::<ai::AvailableModelsResponse>(message, "AvailableModelsResponse")?;
-                let before = resp.models.len();
-                let merged = merge_available_models(resp, config);
+                let resp = decode::<ai::AvailableModelsResponse>(
+                    message.clone(),
+                    "AvailableModelsResponse",
+                )?;
+                let ours = available_models_additions(&resp, config);
                 tracing::debug!(
-                    upstream = before,
-                    total = merged.models.len(),
+                    upstream = resp.models.len(),
+                    added = ours.models.len(),
                     "model list merged"
                 );
-                merged.encode_to_vec()
+                [message.as_ref(), &ours.encode_to_vec()].concat()
             }
             CursorRpc::GetUsableModels => {
-                let resp =
-                    decode::<ag::GetUsableModelsResponse>(message, "GetUsableModelsResponse")?;
-                merge_usable_models(resp, config).encode_to_vec()
+                let resp = decode::<ag::GetUsableModelsResponse>(
+                    message.clone(),
+                    "GetUsableModelsResponse",
+                )?;
+                let ours = usable_models_additions(&resp, config);
+                [message.as_ref(), &ours.encode_to_vec()].concat()
             }
             CursorRpc::GetServerConfig => {
-                let resp =
-                    decode::<ai::GetServerConfigResponse>(message, "GetServerConfigResponse")?;
-                rewrite_server_config(resp, config).encode_to_vec()
+                let resp = decode::<ai::GetServerConfigResponse>(
+                    message.clone(),
+                    "GetServerConfigResponse",
+                )?;
+                let ours = rewrite_server_config(resp.clone(), config);
+                crate::proto::wire::update(&message, &resp, &ours, SERVER_CONFIG_OWNED).map_err(
+                    |e| CursorError::Wire {
+                        message: "GetServerConfigResponse",
+                        source: e,
+                    },
+                )?
             }
             // Not rewritten (handled before the body is read); re-encoding is the identity.
             CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => message.to_vec(),
@@ -267,6 +322,20 @@ impl CursorServices {
             CursorRpc::WsProbe => return None,
         };
         Some(proto_response(HeaderMap::new(), message))
+    }
+}
+
+/// The answers checked for what this build does not know: the status source and the type.
+fn answer_type(rpc: CursorRpc) -> Option<(&'static str, &'static str)> {
+    match rpc {
+        CursorRpc::AvailableModels => {
+            Some(("AvailableModels", "aiserver.v1.AvailableModelsResponse"))
+        }
+        CursorRpc::GetUsableModels => Some(("GetUsableModels", "agent.v1.GetUsableModelsResponse")),
+        CursorRpc::GetServerConfig => {
+            Some(("GetServerConfig", "aiserver.v1.GetServerConfigResponse"))
+        }
+        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => None,
     }
 }
 
@@ -551,7 +620,7 @@ mod tests {
         )
         .expect("gzip");
         let out = services
-            .rewrite(CursorRpc::AvailableModels, gz, Some("gzip"))
+            .rewrite(CursorRpc::AvailableModels, gz, Some("gzip"), None)
             .expect("rewrites");
         let back = ai::AvailableModelsResponse::decode(&out[..]).expect("decodes");
         assert_eq!(back.models.len(), 3);
@@ -561,14 +630,94 @@ mod tests {
             CursorRpc::AvailableModels,
             Bytes::from_static(b"\x12\xff"),
             None,
+            None,
         );
         assert!(matches!(bad, Err(CursorError::Decode { .. })), "{bad:?}");
         let bad = services.rewrite(
             CursorRpc::GetServerConfig,
             Bytes::from_static(b"x"),
             Some("br"),
+            None,
         );
         assert!(matches!(bad, Err(CursorError::Codec(_))), "{bad:?}");
+    }
+
+    #[test]
+    fn answers_keep_fields_this_build_does_not_know() {
+        let services = CursorServices::new(Arc::new(test_support::test_config()));
+        // Field 900 at the top and inside a model: unknown to this build.
+        let unknown = |n: u32| {
+            let mut v = Vec::new();
+            prost::encoding::encode_key(n, prost::encoding::WireType::LengthDelimited, &mut v);
+            v.extend_from_slice(b"\x03new");
+            v
+        };
+        let model = ai::available_models_response::AvailableModel {
+            name: "composer-2.5".into(),
+            ..Default::default()
+        };
+        let model_wire = [model.encode_to_vec(), unknown(900)].concat();
+        let mut upstream = Vec::new();
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut upstream);
+        prost::encoding::encode_varint(model_wire.len() as u64, &mut upstream);
+        upstream.extend_from_slice(&model_wire);
+        upstream.extend(unknown(901));
+        assert_eq!(
+            ai::AvailableModelsResponse::decode(&upstream[..])
+                .unwrap()
+                .models[0],
+            model,
+            "field 2 is `models`"
+        );
+        let out = services
+            .rewrite(
+                CursorRpc::AvailableModels,
+                Bytes::from(upstream.clone()),
+                None,
+                None,
+            )
+            .expect("rewrites");
+        assert!(
+            out.starts_with(&upstream),
+            "upstream's bytes come first, unchanged"
+        );
+        assert_eq!(
+            ai::AvailableModelsResponse::decode(&out[..])
+                .unwrap()
+                .models
+                .len(),
+            3
+        );
+
+        let config = ai::GetServerConfigResponse {
+            config_version: "v1".into(),
+            ..Default::default()
+        };
+        let config_wire = [config.encode_to_vec(), unknown(950)].concat();
+        let out = services
+            .rewrite(
+                CursorRpc::GetServerConfig,
+                Bytes::from(config_wire.clone()),
+                None,
+                Some("3.24.1"),
+            )
+            .expect("rewrites");
+        assert!(out.starts_with(&config_wire), "{out:?}");
+        let back = ai::GetServerConfigResponse::decode(&out[..]).unwrap();
+        assert_eq!(back.http2_config, ai::Http2Config::ForceBidiDisabled as i32);
+        assert_eq!(back.config_version, "v1");
+        // Both answers' unknown fields were reported.
+        let report = services.status.snapshot().unknown;
+        let keys: Vec<&str> = report.items.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "AvailableModelsResponse.AvailableModel.900",
+                "AvailableModelsResponse.901",
+                "GetServerConfigResponse.950"
+            ]
+        );
+        assert_eq!(report.client_version.as_deref(), Some("3.24.1"));
     }
 
     #[tokio::test]

@@ -37,7 +37,20 @@ pub fn merge_available_models(
     mut upstream: ai::AvailableModelsResponse,
     config: &Config,
 ) -> ai::AvailableModelsResponse {
-    let ours: Vec<AvailableModel> = config
+    let ours = available_models_additions(&upstream, config);
+    upstream.model_names.extend(ours.model_names);
+    upstream.models.extend(ours.models);
+    upstream
+}
+
+/// What [`merge_available_models`] appends, alone: only repeated fields, so its encoding
+/// appended to upstream's bytes is the merge (protobuf concatenates repeated fields), and
+/// upstream's bytes stay exactly as they came, fields this build does not know included.
+pub fn available_models_additions(
+    upstream: &ai::AvailableModelsResponse,
+    config: &Config,
+) -> ai::AvailableModelsResponse {
+    let models: Vec<AvailableModel> = config
         .usable_models()
         .filter(|m| {
             let id = m.cursor_id();
@@ -47,15 +60,20 @@ pub fn merge_available_models(
         .collect();
     // Older clients read the flat name list; an empty list means "use `models`", so only a
     // list upstream actually filled gets our names.
-    if !upstream.model_names.is_empty() {
-        for m in &ours {
-            if !upstream.model_names.contains(&m.name) {
-                upstream.model_names.push(m.name.clone());
-            }
-        }
+    let model_names = if upstream.model_names.is_empty() {
+        Vec::new()
+    } else {
+        models
+            .iter()
+            .map(|m| m.name.clone())
+            .filter(|n| !upstream.model_names.contains(n))
+            .collect()
+    };
+    ai::AvailableModelsResponse {
+        models,
+        model_names,
+        ..Default::default()
     }
-    upstream.models.extend(ours);
-    upstream
 }
 
 /// The answer when upstream is unreachable or refused: our models alone.
@@ -73,16 +91,26 @@ pub fn merge_usable_models(
     mut upstream: ag::GetUsableModelsResponse,
     config: &Config,
 ) -> ag::GetUsableModelsResponse {
-    let ours: Vec<ag::ModelDetails> = config
-        .usable_models()
-        .filter(|m| {
-            let id = m.cursor_id();
-            !upstream.models.iter().any(|u| u.model_id == id)
-        })
-        .map(model_details)
-        .collect();
-    upstream.models.extend(ours);
+    let ours = usable_models_additions(&upstream, config);
+    upstream.models.extend(ours.models);
     upstream
+}
+
+/// What [`merge_usable_models`] appends, alone (see [`available_models_additions`]).
+pub fn usable_models_additions(
+    upstream: &ag::GetUsableModelsResponse,
+    config: &Config,
+) -> ag::GetUsableModelsResponse {
+    ag::GetUsableModelsResponse {
+        models: config
+            .usable_models()
+            .filter(|m| {
+                let id = m.cursor_id();
+                !upstream.models.iter().any(|u| u.model_id == id)
+            })
+            .map(model_details)
+            .collect(),
+    }
 }
 
 pub fn local_usable_models(config: &Config) -> ag::GetUsableModelsResponse {

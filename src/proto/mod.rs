@@ -3,6 +3,9 @@
 //! Generated code refers across packages as `super::super::…`, so the modules nest exactly as
 //! the package names do.
 
+pub mod inspect;
+pub mod wire;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
 pub mod agent {
     pub mod v1 {

@@ -33,7 +33,7 @@ fn router(config: &Config, upstream: Upstream, status: &Status) -> Result<Router
         })?;
     Ok(Router::new(
         upstream.clone(),
-        CursorServices::new(config),
+        CursorServices::new(config).with_status(status.clone()),
         AgentTransports::new(agent, upstream),
     ))
 }

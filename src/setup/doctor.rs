@@ -120,8 +120,50 @@ pub fn check_ca(data_dir: &Path) -> (Check, Option<CertificateAuthority>) {
     }
 }
 
-/// Is the proxy running on `listen`, and is it us?
-pub async fn check_listener(config: &Config) -> Check {
+/// Is the proxy running on `listen`, is it us, and has Cursor sent it anything this build does
+/// not know (from the running proxy's status snapshot)?
+pub async fn check_running(config: &Config) -> Vec<Check> {
+    let (check, snapshot) = check_listener(config).await;
+    let mut checks = vec![check];
+    checks.extend(snapshot.as_ref().and_then(check_unknown));
+    checks
+}
+
+/// The running proxy's report of what Cursor sent that this build does not know.
+pub fn check_unknown(s: &StatusSnapshot) -> Option<Check> {
+    let u = &s.unknown;
+    if u.items.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = u
+        .items
+        .iter()
+        .take(10)
+        .map(|i| format!("{} {} (in {}, {}×)", i.kind, i.key, i.at, i.count))
+        .collect();
+    let more = u.items.len().saturating_sub(list.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Some(
+        Check::new(
+            Level::Warn,
+            "Cursor schema",
+            format!(
+                "{} (cursor-byok {}): {}{more}",
+                u.summary,
+                s.version,
+                list.join("; ")
+            ),
+        )
+        .fix(u.advice.clone()),
+    )
+}
+
+/// Is the proxy running on `listen`, and is it us? Its status snapshot when it is.
+pub async fn check_listener(config: &Config) -> (Check, Option<StatusSnapshot>) {
     let base = cursor::proxy_url(config.listen);
     let subject = "listener";
     let client = match reqwest::Client::builder()
@@ -130,25 +172,31 @@ pub async fn check_listener(config: &Config) -> Check {
         .build()
     {
         Ok(c) => c,
-        Err(e) => return Check::new(Level::Skip, subject, format!("cannot check: {e}")),
+        Err(e) => {
+            let check = Check::new(Level::Skip, subject, format!("cannot check: {e}"));
+            return (check, None);
+        }
     };
     let mut req = client.get(format!("{base}{SNAPSHOT_PATH}"));
     if let Some(auth) = &config.proxy_auth {
         req = req.basic_auth(&auth.username, Some(auth.password.expose()));
     }
-    match req.send().await {
+    let check = match req.send().await {
         Ok(resp) if resp.status().is_success() => match resp.json::<StatusSnapshot>().await {
-            Ok(s) if s.service == "cursor-byok" => Check::new(
-                Level::Ok,
-                subject,
-                format!(
-                    "cursor-byok {} answers on {base} (up {}s, {} active run(s), status page \
-                     {base}/__cursor-byok/status)",
-                    s.version,
-                    s.uptime_secs,
-                    s.active.len()
-                ),
-            ),
+            Ok(s) if s.service == "cursor-byok" => {
+                let check = Check::new(
+                    Level::Ok,
+                    subject,
+                    format!(
+                        "cursor-byok {} answers on {base} (up {}s, {} active run(s), status page \
+                         {base}/__cursor-byok/status)",
+                        s.version,
+                        s.uptime_secs,
+                        s.active.len()
+                    ),
+                );
+                return (check, Some(s));
+            }
             _ => other_program(subject, &base),
         },
         Ok(resp) => other_program(subject, &base).detail_suffix(&format!("HTTP {}", resp.status())),
@@ -162,7 +210,8 @@ pub async fn check_listener(config: &Config) -> Check {
             format!("{base} did not answer: {}", e.without_url()),
         )
         .fix("restart the proxy; if it persists, run it with -v and look at its log"),
-    }
+    };
+    (check, None)
 }
 
 fn other_program(subject: &str, base: &str) -> Check {

@@ -25,6 +25,7 @@
 //! ```
 
 mod page;
+mod unknown;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::Usage;
 
 pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
+pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
 pub const RECENT_RUNS: usize = 100;
@@ -82,6 +84,8 @@ struct Inner {
     started_unix_ms: u64,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// `run --capture`: the traffic trace, when one is being recorded.
+    capture: Option<crate::capture::Capture>,
 }
 
 impl Inner {
@@ -97,6 +101,7 @@ struct State {
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
     totals: Totals,
+    unknown: unknown::Unknowns,
 }
 
 struct Active {
@@ -198,18 +203,33 @@ pub struct StatusSnapshot {
     /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
     #[serde(default)]
     pub tasks: u64,
+    /// What Cursor sent that this build does not know. Defaulted so `doctor` can read an
+    /// older proxy's snapshot.
+    #[serde(default)]
+    pub unknown: UnknownReport,
 }
 
 impl Status {
     pub fn new() -> Status {
+        Self::with_capture(None)
+    }
+
+    /// A registry whose holders also record the agent traffic into `capture`.
+    pub fn with_capture(capture: Option<crate::capture::Capture>) -> Status {
         Status {
             inner: Arc::new(Inner {
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
                 next_id: AtomicU64::new(1),
                 state: Mutex::new(State::default()),
+                capture,
             }),
         }
+    }
+
+    /// The traffic capture, when `run --capture` asked for one.
+    pub fn capture(&self) -> Option<&crate::capture::Capture> {
+        self.inner.capture.as_ref()
     }
 
     /// Register a run; keep the ticket for its whole life.
@@ -281,6 +301,29 @@ impl Status {
             totals: state.totals.clone(),
             tasks: tokio::runtime::Handle::try_current()
                 .map_or(0, |rt| rt.metrics().num_alive_tasks() as u64),
+            unknown: state.unknown.report(),
+        }
+    }
+
+    /// Count what a schema check found in Cursor's traffic (`source`: `agent run`,
+    /// `AvailableModels`…); each kind seen for the first time is logged once, at `warn`, with
+    /// the client version (the `x-cursor-client-version` header).
+    pub fn unknown_schema(
+        &self,
+        source: &str,
+        client_version: Option<&str>,
+        report: &crate::proto::inspect::Report,
+    ) {
+        if report.unknown.is_empty() {
+            return;
+        }
+        let new = self
+            .inner
+            .lock()
+            .unknown
+            .record(source, client_version, report, unix_ms());
+        for item in &new {
+            unknown::warn_new(item);
         }
     }
 

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use cursor_byok::config::Config;
 use cursor_byok::connect::{ConnectError, EndStream};
 use cursor_byok::proxy::Server;
+use cursor_byok::status::Status;
 use cursor_byok::tls::CertificateAuthority;
 use http::StatusCode;
 use rustls::pki_types::CertificateDer;
@@ -84,6 +85,16 @@ pub async fn harness_keyed(
     api_key: &str,
     tweak: impl FnOnce(&mut Config),
 ) -> Harness {
+    harness_with_status(replies, api_key, Status::new(), tweak).await
+}
+
+/// [`harness_keyed`] reporting to `status` (e.g. one recording a capture).
+pub async fn harness_with_status(
+    replies: Vec<Reply>,
+    api_key: &str,
+    status: Status,
+    tweak: impl FnOnce(&mut Config),
+) -> Harness {
     let upstream = FakeUpstream::start(&[API]).await;
     let provider = FakeProvider::start(replies).await;
     let dir = tempfile::tempdir().unwrap();
@@ -100,7 +111,11 @@ pub async fn harness_keyed(
         .next()
         .unwrap()
         .unwrap();
-    let server = Server::builder(config, ca).bind().await.unwrap();
+    let server = Server::builder(config, ca)
+        .status(status)
+        .bind()
+        .await
+        .unwrap();
     Harness {
         upstream,
         provider,

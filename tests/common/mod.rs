@@ -5,6 +5,7 @@ pub mod client;
 pub mod cursor_upstream;
 pub mod fake_cursor;
 pub mod fake_provider;
+pub mod logs;
 
 use std::net::SocketAddr;
 

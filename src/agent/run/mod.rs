@@ -68,10 +68,11 @@ struct Outbox {
 
 impl Outbox {
     async fn send(&self, m: pb::AgentServerMessage) -> Result<(), RunError> {
-        self.tx
-            .send(RunOutput::Message(Box::new(m)))
-            .await
-            .map_err(|_| RunError::ClientGone)?;
+        self.send_output(RunOutput::Message(Box::new(m))).await
+    }
+
+    async fn send_output(&self, o: RunOutput) -> Result<(), RunError> {
+        self.tx.send(o).await.map_err(|_| RunError::ClientGone)?;
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
         Ok(())
@@ -98,6 +99,8 @@ pub(super) struct Run {
     pub provider: ProviderClient,
     pub settings: RunSettings,
     pub cache: BlobCache,
+    /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
+    pub first_wire: bytes::Bytes,
 }
 
 impl Run {
@@ -257,8 +260,14 @@ async fn pump_inbox(
             Some(In::ExecClientControlMessage(c)) => ClientEvent::ExecControl(c),
             Some(In::KvClientMessage(k)) => ClientEvent::Kv(k),
             Some(In::InteractionResponse(r)) => ClientEvent::Interaction(r),
-            Some(In::RunRequest(_)) | Some(In::PrewarmRequest(_)) | None => {
-                debug!("ignoring a repeated run/prewarm request or an empty message");
+            Some(In::RunRequest(_)) | Some(In::PrewarmRequest(_)) => {
+                debug!("ignoring a repeated run/prewarm request");
+                continue;
+            }
+            None => {
+                // A branch this build does not know (or an empty message): the transport's
+                // schema check has reported it (status page, one warning per kind).
+                debug!("client message with no branch this build knows: reported, not acted on");
                 continue;
             }
         };

@@ -53,6 +53,7 @@ impl RunState {
             None => self.fetch_request_context().await?,
         };
         let prev_state = req.conversation_state.clone().unwrap_or_default();
+        let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
         let mode = input
             .user
@@ -83,6 +84,12 @@ impl RunState {
         messages.push(prompt::user_message(&user, images));
 
         let mut todos = history.todos.clone();
+        let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
+            .todo_ids
+            .iter()
+            .copied()
+            .zip(history.todos.iter().cloned())
+            .collect();
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
@@ -160,7 +167,11 @@ impl RunState {
         }
         self.write_turn(
             &req,
-            &prev_state,
+            Previous {
+                state: &prev_state,
+                wire: &prev_wire,
+                todos: &known_todos,
+            },
             user,
             steps,
             &todos,
@@ -269,15 +280,17 @@ impl RunState {
     async fn write_turn(
         &mut self,
         req: &pb::AgentRunRequest,
-        prev: &pb::ConversationStateStructure,
+        prev: Previous<'_>,
         user: pb::UserMessage,
         steps: Vec<StepRecord>,
         todos: &[pb::TodoItem],
         mode: i32,
         summary: Option<(String, state::BlobId)>,
     ) -> Result<(), RunError> {
+        let user_wire = user_message_wire(&self.run.first_wire, &user);
         let record = TurnRecord {
             user,
+            user_wire,
             steps,
             request_id: req
                 .run_id
@@ -287,13 +300,14 @@ impl RunState {
         let encoded = state::encode_turn(&record);
         let used = self.last_call.input.saturating_add(self.last_call.output);
         let mut checkpoint = state::build_checkpoint(
-            prev,
+            prev.state,
             &encoded.turn_id,
             todos,
             u32::try_from(used).unwrap_or(u32::MAX),
             self.run.model.config.context_window,
             (mode != 0).then_some(mode),
         );
+        checkpoint.keep_unchanged_todos(todos, prev.todos);
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
@@ -301,8 +315,43 @@ impl RunState {
         blobs.extend(checkpoint.blobs.iter().cloned());
         self.store_blobs(&blobs).await?;
         self.run.cache.put_many(blobs).await;
-        self.out.send(msg::checkpoint(checkpoint.state)).await
+        let wire = checkpoint.encode_over(prev.state, prev.wire);
+        self.out
+            .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
+            .await
     }
+}
+
+/// The checkpoint the turn started from, as decoded and as received, with its todos.
+struct Previous<'a> {
+    state: &'a pb::ConversationStateStructure,
+    wire: &'a [u8],
+    todos: &'a [(state::BlobId, pb::TodoItem)],
+}
+
+/// `AgentRunRequest.conversation_state`.
+const CONVERSATION_STATE: u32 = 1;
+/// `AgentRunRequest.action`, then `ConversationAction.user_message_action` /
+/// `.start_plan_action`, then their `user_message`.
+const USER_MESSAGE_PATHS: [[u32; 3]; 2] = [[2, 1, 1], [2, 6, 1]];
+
+/// The message at `path` in `wire`; empty when absent or unreadable (then nothing of it is
+/// kept beyond what we decoded).
+fn wire_at(wire: &bytes::Bytes, path: &[u32]) -> bytes::Bytes {
+    crate::proto::wire::message_path(wire, path)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The user message as Cursor sent it, when `user` is that message (not our stand-in for a
+/// resume): its blob then keeps the fields this build does not know.
+fn user_message_wire(request_wire: &bytes::Bytes, user: &pb::UserMessage) -> Option<bytes::Bytes> {
+    use prost::Message as _;
+    USER_MESSAGE_PATHS
+        .iter()
+        .map(|path| wire_at(request_wire, path))
+        .find(|w| !w.is_empty() && pb::UserMessage::decode(w.clone()).is_ok_and(|u| &u == user))
 }
 
 /// The steps of one model call, in the order Cursor shows them: thinking, text; the tool calls

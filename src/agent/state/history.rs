@@ -59,6 +59,8 @@ pub struct RebuiltHistory {
     pub approx_tokens: u64,
     /// The todo list of the checkpoint (undecodable or unavailable entries left out).
     pub todos: Vec<pb::TodoItem>,
+    /// The blob id of each of `todos`, in the same order.
+    pub todo_ids: Vec<BlobId>,
     /// Index in `messages` where each turn starts, with its id.
     pub turn_starts: Vec<(usize, BlobId)>,
     /// The last turn covered by the summary the history starts with, if any.
@@ -402,17 +404,18 @@ impl HistoryBuilder {
                 turn_starts.push((start, id));
             }
         }
-        let todos = self
+        let (todo_ids, todos) = self
             .todo_ids
             .iter()
-            .filter_map(|id| self.todos.get(id).cloned())
-            .collect();
+            .filter_map(|id| self.todos.get(id).map(|t| (*id, t.clone())))
+            .unzip();
         Ok(RebuiltHistory {
             approx_tokens: summary::estimate_tokens(&messages),
             turns: turn_starts.len(),
             omitted_turns,
             messages,
             todos,
+            todo_ids,
             turn_starts,
             summarized_through,
         })

@@ -14,6 +14,9 @@ use crate::provider::ProviderExtra;
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnRecord {
     pub user: pb::UserMessage,
+    /// `user` exactly as Cursor sent it, when it did: the blob keeps fields this build does not
+    /// know.
+    pub user_wire: Option<bytes::Bytes>,
     pub steps: Vec<StepRecord>,
     pub request_id: String,
 }
@@ -56,7 +59,10 @@ pub struct EncodedTurn {
 
 /// Encode a turn into its blobs.
 pub fn encode_turn(turn: &TurnRecord) -> EncodedTurn {
-    let user = Blob::from_message(&turn.user);
+    let user = match &turn.user_wire {
+        Some(wire) => Blob::new(wire.clone()),
+        None => Blob::from_message(&turn.user),
+    };
     let mut blobs = vec![user.clone()];
     let mut step_ids = Vec::with_capacity(turn.steps.len());
     for step in &turn.steps {
@@ -152,6 +158,7 @@ mod tests {
                 message_id: "m1".into(),
                 ..Default::default()
             },
+            user_wire: None,
             steps: vec![
                 StepRecord::Thinking {
                     text: "let me look".into(),

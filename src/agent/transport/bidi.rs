@@ -170,7 +170,10 @@ pub(super) async fn append(
     if request_id.is_empty() || t.inner.routes.request(&request_id) == Some(Decision::Relay) {
         return relay(parts, raw).await;
     }
-    let message = match connect::decode_agent_client_message(&append) {
+    let Ok(wire) = connect::bidi_append_payload(&append) else {
+        return relay(parts, raw).await;
+    };
+    let message = match pb::AgentClientMessage::decode(wire.clone()) {
         Ok(m) => m,
         // Other features reuse BidiAppend: not an agent message, not ours.
         Err(_) => return relay(parts, raw).await,
@@ -193,8 +196,19 @@ pub(super) async fn append(
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    match accept(t, &entry, seqno, message).instrument(span).await {
-        Ok(Accepted::Ours) => ok_response(),
+    match accept(t, &entry, seqno, (message, wire.clone()))
+        .instrument(span)
+        .await
+    {
+        Ok(Accepted::Ours) => {
+            let version = crate::status::client_version(&parts.headers);
+            if let Some(reason) = t.inspect_client(&wire, version.as_deref()) {
+                if let Some(failer) = entry.run.get() {
+                    failer.fail(reason);
+                }
+            }
+            ok_response()
+        }
         Ok(Accepted::Relay) => relay(parts, raw).await,
         Err(e) => error_response(&e),
     }
@@ -209,7 +223,7 @@ async fn accept(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     seqno: i64,
-    message: pb::AgentClientMessage,
+    (message, wire): (pb::AgentClientMessage, Bytes),
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide.
     if seqno != 0 && entry.decision().await.is_none() {
@@ -229,7 +243,7 @@ async fn accept(
         let decision = t.decide(&entry.request_id, &message);
         st.decision = Some(decision.clone());
         if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, message, &decision)?;
+            start(t, entry, &mut st, (message, wire), &decision)?;
             st.next_seqno = 1;
             entry.decided.notify_waiters();
             return Ok(Accepted::Ours);
@@ -279,13 +293,16 @@ fn start(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     st: &mut Inbound,
-    first: pb::AgentClientMessage,
+    (first, first_wire): (pb::AgentClientMessage, Bytes),
     decision: &Decision,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
+        Some(In::RunRequest(r)) => crate::agent::RunRequest::from_client_message(
+            with_pinned_model(r, decision),
+            &first_wire,
+        ),
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
             st.run_over = true;
@@ -302,10 +319,11 @@ fn start(
     entry.run_started(handle.failer());
     let out = entry.out.clone();
     let mut output = handle.output;
+    let capture = t.agent().status().capture().cloned();
     tokio::spawn(
         async move {
             while let Some(o) = output.recv().await {
-                let (frame, end) = encode_output(&enc, o);
+                let (frame, end) = encode_output(&enc, o, capture.as_ref());
                 let space = {
                     let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
                     b.push(frame, end);

@@ -12,24 +12,48 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::agent::{RunFailer, RunOutput};
+use crate::capture::{Capture, Direction};
 use crate::connect::{Code, ConnectError, EndStream, FrameEncoder};
 use crate::http::{boxed, Body, BodyError};
 
 /// Encodes one run output as a Connect frame. Encoding only fails for an oversized message,
 /// which becomes an error end frame instead.
-pub(crate) fn encode_output(enc: &FrameEncoder, out: RunOutput) -> (Bytes, bool) {
-    match out {
-        RunOutput::Message(m) => match enc.message(&m.encode_to_vec()) {
-            Ok(b) => (b, false),
-            Err(e) => (
-                end_frame(
-                    enc,
-                    &EndStream::from_error(ConnectError::new(e.code(), e.to_string())),
-                ),
-                true,
+/// With a `capture`, the message (or the end's code) is recorded first.
+pub(crate) fn encode_output(
+    enc: &FrameEncoder,
+    out: RunOutput,
+    capture: Option<&Capture>,
+) -> (Bytes, bool) {
+    let wire = match out {
+        RunOutput::Message(m) => Bytes::from(m.encode_to_vec()),
+        RunOutput::Encoded(_, bytes) => bytes,
+        RunOutput::End(end) => {
+            if let Some(c) = capture {
+                c.end_of_stream(end.error.as_ref().map(|e| e.code.as_str()));
+            }
+            return (end_frame(enc, &end), true);
+        }
+    };
+    if let Some(c) = capture {
+        c.message(
+            Direction::ToClient,
+            "agent run",
+            "agent.v1.AgentServerMessage",
+            &wire,
+            None,
+            None,
+        );
+    }
+    let encoded = enc.message(&wire);
+    match encoded {
+        Ok(b) => (b, false),
+        Err(e) => (
+            end_frame(
+                enc,
+                &EndStream::from_error(ConnectError::new(e.code(), e.to_string())),
             ),
-        },
-        RunOutput::End(end) => (end_frame(enc, &end), true),
+            true,
+        ),
     }
 }
 
@@ -49,6 +73,7 @@ pub(crate) struct RunBody {
     enc: FrameEncoder,
     failer: RunFailer,
     done: bool,
+    capture: Option<Capture>,
 }
 
 impl RunBody {
@@ -62,7 +87,7 @@ impl RunBody {
         let mut chunk: Option<BytesMut> = None;
         while chunk.as_ref().map_or(first.len(), BytesMut::len) < COALESCE_BYTES {
             let Ok(out) = self.rx.try_recv() else { break };
-            let (bytes, end) = encode_output(&self.enc, out);
+            let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
             chunk
                 .get_or_insert_with(|| BytesMut::from(&first[..]))
                 .extend_from_slice(&bytes);
@@ -80,7 +105,14 @@ impl RunBody {
             enc,
             failer,
             done: false,
+            capture: None,
         }
+    }
+
+    /// Record what the body sends into `capture` (`run --capture`).
+    pub(crate) fn capturing(mut self, capture: Option<Capture>) -> Self {
+        self.capture = capture;
+        self
     }
 }
 
@@ -98,7 +130,7 @@ impl HttpBody for RunBody {
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(out)) => {
-                let (bytes, end) = encode_output(&self.enc, out);
+                let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
                 self.done = end;
                 Poll::Ready(Some(Ok(Frame::data(self.coalesce(bytes)))))
             }

@@ -136,7 +136,53 @@ impl AgentTransports {
     fn upstream(&self) -> &Upstream {
         &self.inner.upstream
     }
+
+    /// The schema check on one client message of one of our runs (`wire`, an encoded
+    /// `AgentClientMessage`): what this build does not know goes to the status registry (and
+    /// the log, once per kind). Returns why the run must end when the message carries a branch
+    /// the run cannot act on: a conversation action or an exec result it does not know would
+    /// otherwise be dropped silently, or leave the run waiting for an answer that never comes.
+    fn inspect_client(&self, wire: &[u8], client_version: Option<&str>) -> Option<String> {
+        let report = crate::proto::inspect::schema().check(AGENT_CLIENT_MESSAGE, wire);
+        let status = self.agent().status();
+        status.unknown_schema("agent run", client_version, &report);
+        if let Some(capture) = status.capture() {
+            capture.message(
+                crate::capture::Direction::FromClient,
+                "agent run",
+                AGENT_CLIENT_MESSAGE,
+                wire,
+                client_version,
+                Some(&report),
+            );
+        }
+        let (what, u) = UNHANDLED
+            .iter()
+            .find_map(|(at, what)| report.branch_at(at).map(|u| (what, u)))?;
+        Some(format!(
+            "{what} this cursor-byok {} does not know ({}); update cursor-byok, and if the \
+             newest release does not know it either, report it with a capture \
+             (`cursor-byok run --capture FILE`)",
+            env!("CARGO_PKG_VERSION"),
+            u.key,
+        ))
+    }
 }
+
+const AGENT_CLIENT_MESSAGE: &str = "agent.v1.AgentClientMessage";
+
+/// Where an unknown oneof branch ends the run, and what to call it.
+const UNHANDLED: [(&str, &str); 3] = [
+    (
+        "AgentClientMessage.run_request.action",
+        "a conversation action",
+    ),
+    (
+        "AgentClientMessage.conversation_action",
+        "a conversation action",
+    ),
+    ("AgentClientMessage.exec_client_message", "an exec result"),
+];
 
 /// A run that names no model (a resume) runs on the model its conversation is pinned to.
 fn with_pinned_model(mut run: pb::AgentRunRequest, decision: &Decision) -> pb::AgentRunRequest {

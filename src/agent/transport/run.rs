@@ -10,6 +10,7 @@ use super::{
     error_response, request_id, with_pinned_model, AgentTransports, Decision, Peek,
     FIRST_FRAME_WAIT,
 };
+use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
@@ -78,25 +79,35 @@ pub(super) async fn handle(
         }
         decision @ Decision::Ours { .. } => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            serve_ours(t, message, &decision, request_id, peek, body)
-                .instrument(span)
-                .await
+            let version = crate::status::client_version(&parts.headers);
+            serve_ours(
+                t,
+                (message, first),
+                &decision,
+                (request_id, version),
+                peek,
+                body,
+            )
+            .instrument(span)
+            .await
         }
     }
 }
 
 async fn serve_ours(
     t: &AgentTransports,
-    first: pb::AgentClientMessage,
+    (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
     decision: &Decision,
-    request_id: String,
+    (request_id, version): (String, Option<String>),
     mut peek: Peek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => with_pinned_model(r, decision),
+        Some(In::RunRequest(r)) => {
+            RunRequest::from_client_message(with_pinned_model(r, decision), &first_wire)
+        }
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
             debug!("prewarm answered locally");
@@ -106,21 +117,30 @@ async fn serve_ours(
     let handle = t.agent().start_run_on(run_request, request_id, "Run");
     let input = handle.input.clone();
     let failer = handle.failer();
+    if let Some(reason) = t.inspect_client(&first_wire, version.as_deref()) {
+        failer.fail(reason);
+    }
+    let capture = t.agent().status().capture().cloned();
+    let t = t.clone();
     // The client's later frames feed the run; the task ends with the request body.
     tokio::spawn(
         async move {
             loop {
                 match peek.next(&mut body, false).await {
-                    Ok(Some(frame)) => match pb::AgentClientMessage::decode(frame) {
-                        Ok(m) => {
-                            if input.send(Box::new(m)).await.is_err() {
-                                return;
+                    Ok(Some(frame)) => {
+                        let m = match pb::AgentClientMessage::decode(frame.clone()) {
+                            Ok(m) => m,
+                            Err(e) => {
+                                return failer.fail(format!("undecodable AgentClientMessage: {e}"))
                             }
+                        };
+                        if let Some(reason) = t.inspect_client(&frame, version.as_deref()) {
+                            return failer.fail(reason);
                         }
-                        Err(e) => {
-                            return failer.fail(format!("undecodable AgentClientMessage: {e}"))
+                        if input.send(Box::new(m)).await.is_err() {
+                            return;
                         }
-                    },
+                    }
                     Ok(None) => return,
                     Err(e) if e.code == Code::Canceled => return,
                     Err(e) => return failer.fail(e.message),
@@ -130,7 +150,8 @@ async fn serve_ours(
         .in_current_span(),
     );
     let failer = handle.failer();
-    streaming_response(boxed(RunBody::new(handle.output, enc, failer)))
+    let body = RunBody::new(handle.output, enc, failer).capturing(capture);
+    streaming_response(boxed(body))
 }
 
 pub(super) fn streaming_response(body: Body) -> Response<Body> {

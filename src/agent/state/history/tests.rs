@@ -60,6 +60,7 @@ fn text(t: &str) -> StepRecord {
 fn first_turn() -> TurnRecord {
     TurnRecord {
         user: user("list the files"),
+        user_wire: None,
         steps: vec![
             StepRecord::Thinking {
                 text: "let me look".into(),
@@ -76,6 +77,7 @@ fn first_turn() -> TurnRecord {
 fn second_turn() -> TurnRecord {
     TurnRecord {
         user: user("thanks"),
+        user_wire: None,
         steps: vec![text("You're welcome.")],
         request_id: "r2".into(),
     }
@@ -303,6 +305,7 @@ fn unavailable_blobs_are_skipped() {
     let t2 = encode_turn(&second_turn());
     let t3 = encode_turn(&TurnRecord {
         user: user("again"),
+        user_wire: None,
         steps: vec![text("ok")],
         request_id: "r3".into(),
     });
@@ -328,6 +331,7 @@ fn unavailable_blobs_are_skipped() {
 fn oldest_turns_are_dropped_over_max_bytes() {
     let big = |n: &str| TurnRecord {
         user: user(n),
+        user_wire: None,
         steps: vec![text(&n.repeat(1000))],
         request_id: n.into(),
     };
@@ -441,6 +445,7 @@ fn todos_come_back_from_the_checkpoint() {
 fn repeated_call_ids_are_made_unique() {
     let t = |u: &str| TurnRecord {
         user: user(u),
+        user_wire: None,
         steps: vec![ls_call("functions.ls:0"), text("done")],
         request_id: u.into(),
     };
