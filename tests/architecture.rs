@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 /// to `router`, which sends them to passthrough (`upstream`), Cursor's services (`cursor`) or
 /// the agent; the agent calls `provider`. Codecs, config and plumbing sit below.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("cli", &["config", "proxy", "setup", "status", "tls"]),
+    (
+        "cli",
+        &["capture", "config", "proxy", "setup", "status", "tls"],
+    ),
     ("setup", &["config", "provider", "status", "tls"]),
     (
         "proxy",
@@ -33,15 +36,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-            "cancel", "config", "connect", "cursor", "http", "proto", "provider", "status",
-            "upstream",
+            "cancel", "capture", "config", "connect", "cursor", "http", "proto", "provider",
+            "status", "upstream",
         ],
     ),
     (
         "cursor",
-        &["config", "connect", "http", "proto", "upstream"],
+        &[
+            "capture", "config", "connect", "http", "proto", "status", "upstream",
+        ],
     ),
-    ("status", &["http", "provider"]),
+    ("status", &["capture", "http", "proto", "provider"]),
+    ("capture", &["proto"]),
     (
         "upstream",
         &["config", "conn_tasks", "http", "secret", "tls"],
