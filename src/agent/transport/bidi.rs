@@ -271,10 +271,17 @@ async fn accept(
             ),
         ));
     }
-    let size = message.encoded_len();
-    st.hold(seqno, size, Box::new(message))?;
+    // Only appends that arrive ahead of their turn are held (and count against the bounds); the
+    // one that is next goes straight to the run.
+    let mut next = if seqno == st.next_seqno {
+        st.next_seqno += 1;
+        Some(Box::new(message))
+    } else {
+        st.hold(seqno, message.encoded_len(), Box::new(message))?;
+        None
+    };
     // Deliver every message that is now in order. Holding the lock keeps the order.
-    while let Some(m) = st.take_next() {
+    while let Some(m) = next.take().or_else(|| st.take_next()) {
         let delivered = match &st.input {
             Some(input) => input.send(m).await.is_ok(),
             None => false,
