@@ -21,6 +21,7 @@ use harness::{
     end_error, h2_conn, harness, partial, run_with_headers, silent, CURSORS, OURS, TEXT, TEXT_SSE,
 };
 use http::StatusCode;
+use tokio::io::AsyncReadExt;
 
 fn outcome(case: &str, code: &str, message: &str) {
     eprintln!("OUTCOME | {case} | {code} | {message}");
@@ -453,4 +454,36 @@ async fn security_defaults_hold() {
         }
     }
     assert!(keys >= 1, "the CA key is in the data dir");
+}
+
+/// `CONNECT` to one of our own listeners, in any spelling, is a 502 naming the loop; the proxy
+/// dials none of them and keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_ourselves_in_any_spelling_is_refused() {
+    let h = harness(vec![], |_| {}).await;
+    let proxy = h.server.proxy_addr();
+    let ports = [proxy.port(), h.server.http_addr().unwrap().port()];
+    for port in ports {
+        for host in [
+            "[::ffff:127.0.0.1]",
+            "127.0.0.1",
+            "127.0.0.2",
+            "[::1]",
+            "localhost",
+        ] {
+            let target = format!("{host}:{port}");
+            let (status, head, mut stream) =
+                common::client::connect_raw(proxy, &target, None).await;
+            assert_eq!(status, 502, "{target}: {head}");
+            let mut body = vec![0u8; 300];
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
+                .await
+                .unwrap()
+                .unwrap();
+            let text = String::from_utf8_lossy(&body[..n]);
+            assert!(text.contains("loop"), "{target}: {text}");
+            outcome("CONNECT to ourselves", &target, &text);
+        }
+    }
+    h.normal_run_succeeds("after-loop").await;
 }
