@@ -487,3 +487,23 @@ async fn connect_to_ourselves_in_any_spelling_is_refused() {
     }
     h.normal_run_succeeds("after-loop").await;
 }
+
+/// A `CONNECT` with an invalid port is a 400 saying so, not a dial to port 443.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_with_an_invalid_port_is_a_400() {
+    let h = harness(vec![], |_| {}).await;
+    let proxy = h.server.proxy_addr();
+    for target in ["127.0.0.1:70000", "example.com:0", "example.com:abc"] {
+        let (status, head, mut stream) = common::client::connect_raw(proxy, target, None).await;
+        assert_eq!(status, 400, "{target}: {head}");
+        let mut body = vec![0u8; 300];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&body[..n]);
+        assert!(text.contains("port must be a number"), "{target}: {text}");
+        outcome("CONNECT with an invalid port", target, &text);
+    }
+    h.normal_run_succeeds("after-bad-port").await;
+}
