@@ -367,6 +367,23 @@ impl Config {
                 ));
             }
         }
+        // A direct door spends the user's provider key for whoever reaches it, and it checks no
+        // credentials (`proxy_auth` guards only the proxy listener): loopback only.
+        for (key, addr) in [
+            ("direct.tls_listen", self.direct.tls_listen),
+            ("direct.http_listen", self.direct.http_listen),
+        ] {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+                return Err(invalid(
+                    key.into(),
+                    format!(
+                        "{addr} is not a loopback address: the direct doors check no \
+                         credentials ([proxy_auth] guards only the proxy listener), so anyone \
+                         who reaches it spends your provider key; bind it to 127.0.0.1"
+                    ),
+                ));
+            }
+        }
         if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://")
         {
             return Err(invalid(
