@@ -507,3 +507,32 @@ async fn connect_with_an_invalid_port_is_a_400() {
     }
     h.normal_run_succeeds("after-bad-port").await;
 }
+
+/// An unfinished request head on the proxy listener or the plain-HTTP door is closed after the
+/// 15 s head timeout (as the TLS door closes a silent handshake); the proxy keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_request_heads_are_closed() {
+    let h = harness(vec![], |_| {}).await;
+    let started = Instant::now();
+    let slow = |addr| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET http://x/ HTTP/1.1\r\nHost: x")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        // Closed (EOF or reset), not held: within the timeout plus slack.
+        let read = tokio::time::timeout(Duration::from_secs(25), stream.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    };
+    tokio::join!(
+        slow(h.server.proxy_addr()),
+        slow(h.server.http_addr().unwrap())
+    );
+    let took = started.elapsed();
+    outcome("unfinished request head", "closed", &format!("{took:?}"));
+    assert!(
+        took >= Duration::from_secs(10),
+        "closed too early: {took:?}"
+    );
+    h.normal_run_succeeds("after-slow-head").await;
+}
