@@ -536,3 +536,44 @@ async fn unfinished_request_heads_are_closed() {
     );
     h.normal_run_succeeds("after-slow-head").await;
 }
+
+/// With the per-listener cap reached, a new connection is closed at once; the open ones keep
+/// working, and once they close a normal run is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed() {
+    let h = harness(vec![], |c| c.limits.max_connections = 4).await;
+    let proxy = h.server.proxy_addr();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"CONNECT example.com:0 HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
+    // Let the accept loop take all four before the fifth arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    // The held connections are unaffected: each finishes its head and gets its answer.
+    for s in &mut held {
+        tokio::io::AsyncWriteExt::write_all(s, b"\r\n")
+            .await
+            .unwrap();
+        let head = tokio::time::timeout(Duration::from_secs(5), common::client::read_head(s))
+            .await
+            .unwrap();
+        assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    }
+    outcome(
+        "connections beyond the cap (4)",
+        "closed",
+        "held ones answered",
+    );
+    drop(held);
+    // The permits come back as the connection tasks see the close.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.normal_run_succeeds("after-cap").await;
+}

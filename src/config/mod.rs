@@ -192,6 +192,9 @@ pub struct Limits {
     /// Upper bound on the provider history rebuilt for one run.
     #[serde(default = "defaults::max_history_bytes")]
     pub max_history_bytes: usize,
+    /// Open client connections per listener; beyond it new ones are closed at once.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -200,6 +203,7 @@ impl Default for Limits {
             max_frame_bytes: defaults::max_frame_bytes(),
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_history_bytes: defaults::max_history_bytes(),
+            max_connections: defaults::max_connections(),
         }
     }
 }
