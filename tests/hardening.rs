@@ -456,6 +456,18 @@ async fn security_defaults_hold() {
     assert!(keys >= 1, "the CA key is in the data dir");
 }
 
+/// Send `CONNECT target`, expect `status`, and return the answer's body text.
+async fn connect_refused(proxy: std::net::SocketAddr, target: &str, status: u16) -> String {
+    let (got, head, mut stream) = common::client::connect_raw(proxy, target, None).await;
+    assert_eq!(got, status, "{target}: {head}");
+    let mut body = vec![0u8; 300];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&body[..n]).into_owned()
+}
+
 /// `CONNECT` to one of our own listeners, in any spelling, is a 502 naming the loop; the proxy
 /// dials none of them and keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,15 +484,7 @@ async fn connect_to_ourselves_in_any_spelling_is_refused() {
             "localhost",
         ] {
             let target = format!("{host}:{port}");
-            let (status, head, mut stream) =
-                common::client::connect_raw(proxy, &target, None).await;
-            assert_eq!(status, 502, "{target}: {head}");
-            let mut body = vec![0u8; 300];
-            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
-                .await
-                .unwrap()
-                .unwrap();
-            let text = String::from_utf8_lossy(&body[..n]);
+            let text = connect_refused(proxy, &target, 502).await;
             assert!(text.contains("loop"), "{target}: {text}");
             outcome("CONNECT to ourselves", &target, &text);
         }
@@ -494,14 +498,7 @@ async fn connect_with_an_invalid_port_is_a_400() {
     let h = harness(vec![], |_| {}).await;
     let proxy = h.server.proxy_addr();
     for target in ["127.0.0.1:70000", "example.com:0", "example.com:abc"] {
-        let (status, head, mut stream) = common::client::connect_raw(proxy, target, None).await;
-        assert_eq!(status, 400, "{target}: {head}");
-        let mut body = vec![0u8; 300];
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
-            .await
-            .unwrap()
-            .unwrap();
-        let text = String::from_utf8_lossy(&body[..n]);
+        let text = connect_refused(proxy, target, 400).await;
         assert!(text.contains("port must be a number"), "{target}: {text}");
         outcome("CONNECT with an invalid port", target, &text);
     }
