@@ -21,6 +21,7 @@ use harness::{
     end_error, h2_conn, harness, partial, run_with_headers, silent, CURSORS, OURS, TEXT, TEXT_SSE,
 };
 use http::StatusCode;
+use tokio::io::AsyncReadExt;
 
 fn outcome(case: &str, code: &str, message: &str) {
     eprintln!("OUTCOME | {case} | {code} | {message}");
@@ -453,4 +454,123 @@ async fn security_defaults_hold() {
         }
     }
     assert!(keys >= 1, "the CA key is in the data dir");
+}
+
+/// Send `CONNECT target`, expect `status`, and return the answer's body text.
+async fn connect_refused(proxy: std::net::SocketAddr, target: &str, status: u16) -> String {
+    let (got, head, mut stream) = common::client::connect_raw(proxy, target, None).await;
+    assert_eq!(got, status, "{target}: {head}");
+    let mut body = vec![0u8; 300];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&body[..n]).into_owned()
+}
+
+/// `CONNECT` to one of our own listeners, in any spelling, is a 502 naming the loop; the proxy
+/// dials none of them and keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_ourselves_in_any_spelling_is_refused() {
+    let h = harness(vec![], |_| {}).await;
+    let proxy = h.server.proxy_addr();
+    let ports = [proxy.port(), h.server.http_addr().unwrap().port()];
+    for port in ports {
+        for host in [
+            "[::ffff:127.0.0.1]",
+            "127.0.0.1",
+            "127.0.0.2",
+            "[::1]",
+            "localhost",
+        ] {
+            let target = format!("{host}:{port}");
+            let text = connect_refused(proxy, &target, 502).await;
+            assert!(text.contains("loop"), "{target}: {text}");
+            outcome("CONNECT to ourselves", &target, &text);
+        }
+    }
+    h.normal_run_succeeds("after-loop").await;
+}
+
+/// A `CONNECT` with an invalid port is a 400 saying so, not a dial to port 443.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_with_an_invalid_port_is_a_400() {
+    let h = harness(vec![], |_| {}).await;
+    let proxy = h.server.proxy_addr();
+    for target in ["127.0.0.1:70000", "example.com:0", "example.com:abc"] {
+        let text = connect_refused(proxy, target, 400).await;
+        assert!(text.contains("port must be a number"), "{target}: {text}");
+        outcome("CONNECT with an invalid port", target, &text);
+    }
+    h.normal_run_succeeds("after-bad-port").await;
+}
+
+/// An unfinished request head on the proxy listener or the plain-HTTP door is closed after the
+/// 15 s head timeout (as the TLS door closes a silent handshake); the proxy keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_request_heads_are_closed() {
+    let h = harness(vec![], |_| {}).await;
+    let started = Instant::now();
+    let slow = |addr| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET http://x/ HTTP/1.1\r\nHost: x")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        // Closed (EOF or reset), not held: within the timeout plus slack.
+        let read = tokio::time::timeout(Duration::from_secs(25), stream.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    };
+    tokio::join!(
+        slow(h.server.proxy_addr()),
+        slow(h.server.http_addr().unwrap())
+    );
+    let took = started.elapsed();
+    outcome("unfinished request head", "closed", &format!("{took:?}"));
+    assert!(
+        took >= Duration::from_secs(10),
+        "closed too early: {took:?}"
+    );
+    h.normal_run_succeeds("after-slow-head").await;
+}
+
+/// With the per-listener cap reached, a new connection is closed at once; the open ones keep
+/// working, and once they close a normal run is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed() {
+    let h = harness(vec![], |c| c.limits.max_connections = 4).await;
+    let proxy = h.server.proxy_addr();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"CONNECT example.com:0 HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
+    // Let the accept loop take all four before the fifth arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    // The held connections are unaffected: each finishes its head and gets its answer.
+    for s in &mut held {
+        tokio::io::AsyncWriteExt::write_all(s, b"\r\n")
+            .await
+            .unwrap();
+        let head = tokio::time::timeout(Duration::from_secs(5), common::client::read_head(s))
+            .await
+            .unwrap();
+        assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    }
+    outcome(
+        "connections beyond the cap (4)",
+        "closed",
+        "held ones answered",
+    );
+    drop(held);
+    // The permits come back as the connection tasks see the close.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.normal_run_succeeds("after-cap").await;
 }

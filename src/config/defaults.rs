@@ -91,6 +91,11 @@ pub(super) fn max_decompressed_bytes() -> usize {
     64 << 20
 }
 
+/// Per listener: far above what Cursor opens (a few dozen connections).
+pub(super) fn max_connections() -> usize {
+    1024
+}
+
 pub(super) fn max_history_bytes() -> usize {
     64 << 20
 }

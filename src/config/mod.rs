@@ -192,6 +192,9 @@ pub struct Limits {
     /// Upper bound on the provider history rebuilt for one run.
     #[serde(default = "defaults::max_history_bytes")]
     pub max_history_bytes: usize,
+    /// Open client connections per listener; beyond it new ones are closed at once.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -200,6 +203,7 @@ impl Default for Limits {
             max_frame_bytes: defaults::max_frame_bytes(),
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_history_bytes: defaults::max_history_bytes(),
+            max_connections: defaults::max_connections(),
         }
     }
 }
@@ -364,6 +368,23 @@ impl Config {
                 return Err(invalid(
                     "upstream.proxy".into(),
                     "must be an http:// or https:// URL".into(),
+                ));
+            }
+        }
+        // A direct door spends the user's provider key for whoever reaches it, and it checks no
+        // credentials (`proxy_auth` guards only the proxy listener): loopback only.
+        for (key, addr) in [
+            ("direct.tls_listen", self.direct.tls_listen),
+            ("direct.http_listen", self.direct.http_listen),
+        ] {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+                return Err(invalid(
+                    key.into(),
+                    format!(
+                        "{addr} is not a loopback address: the direct doors check no \
+                         credentials ([proxy_auth] guards only the proxy listener), so anyone \
+                         who reaches it spends your provider key; bind it to 127.0.0.1"
+                    ),
                 ));
             }
         }

@@ -79,3 +79,22 @@ fn host_patterns() {
     assert!(!host_matches(&p, "cursor.sh.evil.com"));
     assert!(host_matches(&["example.com".to_string()], "example.com"));
 }
+
+#[test]
+fn direct_doors_stay_on_loopback() {
+    let auth = "[proxy_auth]\nusername = \"u\"\npassword = \"p\"\n";
+    for key in ["tls_listen", "http_listen"] {
+        for addr in ["0.0.0.0:8443", "192.168.1.5:8443", "[::]:8443"] {
+            for prefix in ["", auth] {
+                let text = format!("{prefix}[direct]\n{key} = \"{addr}\"\n");
+                let err = Config::from_toml(&text, "c.toml").unwrap_err().to_string();
+                assert!(err.contains(&format!("direct.{key}")), "{err}");
+                assert!(err.contains("spends your provider key"), "{err}");
+            }
+        }
+        for addr in ["127.0.0.1:8443", "[::1]:8443"] {
+            let text = format!("[direct]\n{key} = \"{addr}\"\n");
+            Config::from_toml(&text, "c.toml").unwrap();
+        }
+    }
+}

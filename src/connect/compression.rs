@@ -68,25 +68,67 @@ pub(crate) fn gzip_into(out: Vec<u8>, data: &[u8]) -> Result<Vec<u8>, CodecError
     enc.finish().map_err(CodecError::Compress)
 }
 
+/// Output every payload may inflate to whatever its ratio; past it, the ratio bound applies.
+const RATIO_FLOOR: usize = 1 << 20;
+/// Past the floor, more output than this many times the input read so far is a bomb. Deflate
+/// tops out near 1032x (long runs of one byte); real messages stay far below 100x.
+const MAX_RATIO: usize = 200;
+/// How much output one inflation step asks for.
+const STEP: usize = 64 * 1024;
+
 /// Inflates `data`, refusing (without inflating further) as soon as the output would exceed
-/// `max` bytes, so a gzip bomb costs at most `max + 1` bytes of memory and work. Concatenated
-/// gzip members are accepted, as Go's and Node's readers do. An empty input is an empty message
-/// (connect-go treats a zero-length compressed payload that way).
+/// `max` bytes, or exceeds [`MAX_RATIO`] times the input read so far once past
+/// [`RATIO_FLOOR`], so a gzip bomb costs at most `max + 1` bytes of memory and a few MiB of
+/// work. Concatenated gzip members are accepted, as Go's and Node's readers do. An empty input
+/// is an empty message (connect-go treats a zero-length compressed payload that way).
 pub(crate) fn gunzip_bounded(data: &[u8], max: usize) -> Result<Bytes, CodecError> {
+    inflate(data, max, &mut 0)
+}
+
+/// [`gunzip_bounded`], counting the bytes inflated in `inflated` (what the tests bound).
+fn inflate(data: &[u8], max: usize, inflated: &mut usize) -> Result<Bytes, CodecError> {
     if data.is_empty() {
         return Ok(Bytes::new());
     }
-    let max64 = u64::try_from(max).unwrap_or(u64::MAX);
-    // A cheap first guess at the output size; read_to_end grows it as needed, up to the limit.
+    let mut dec = MultiGzDecoder::new(Counted { data, read: 0 });
+    // A cheap first guess at the output size; grown a step at a time, up to the limit.
     let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(max));
-    MultiGzDecoder::new(data)
-        .take(max64.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(CodecError::BadGzip)?;
-    if out.len() > max {
-        return Err(CodecError::DecompressedTooLarge { max: max64 });
+    loop {
+        let len = out.len();
+        // One byte past the limit at most: enough to know the limit was exceeded.
+        let want = STEP.min(max.saturating_add(1) - len);
+        out.resize(len + want, 0);
+        let n = dec.read(&mut out[len..]).map_err(CodecError::BadGzip)?;
+        out.truncate(len + n);
+        *inflated = out.len();
+        if n == 0 {
+            return Ok(Bytes::from(out));
+        }
+        if out.len() > max {
+            return Err(CodecError::DecompressedTooLarge {
+                max: u64::try_from(max).unwrap_or(u64::MAX),
+            });
+        }
+        if out.len() > RATIO_FLOOR && out.len() / MAX_RATIO > dec.get_ref().read {
+            return Err(CodecError::InflationRatio {
+                ratio: MAX_RATIO as u64,
+            });
+        }
     }
-    Ok(Bytes::from(out))
+}
+
+/// The compressed input, counting what the decoder has read of it.
+struct Counted<'a> {
+    data: &'a [u8],
+    read: usize,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.data.read(buf)?;
+        self.read += n;
+        Ok(n)
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +169,25 @@ mod tests {
     }
 
     #[test]
+    fn bombs_are_refused_while_inflating() {
+        let bomb = test_support::gzip_bomb_1gib();
+        // Under the default 64 MiB cap: the ratio trips after a few MiB.
+        let mut inflated = 0;
+        let err = inflate(bomb, 64 << 20, &mut inflated).unwrap_err();
+        assert!(
+            matches!(err, CodecError::InflationRatio { ratio: 200 }),
+            "{err}"
+        );
+        // The decoder reads its input 32 KiB at a time: at most ~200 x 32 KiB, not 64 MiB.
+        assert!(inflated <= 8 << 20, "inflated {inflated} bytes");
+        // Under a cap below the floor: the same error as ever, after max + 1 bytes.
+        let max = 1 << 19;
+        let err = inflate(bomb, max, &mut inflated).unwrap_err();
+        assert!(matches!(err, CodecError::DecompressedTooLarge { max: m } if m == max as u64));
+        assert_eq!(inflated, max + 1);
+    }
+
+    #[test]
     fn gzip_round_trip_and_bounds() {
         let data = b"hello hello hello hello".repeat(10);
         let z = gzip_into(Vec::new(), &data).expect("in-memory gzip");
@@ -146,6 +207,13 @@ mod tests {
             gunzip_bounded(&z[..z.len() - 3], 1000),
             Err(CodecError::BadGzip(_))
         ));
+        // Highly repetitive but real output under the floor is never a bomb.
+        let runs = vec![b'a'; RATIO_FLOOR];
+        let z_runs = gzip_into(Vec::new(), &runs).expect("in-memory gzip");
+        assert_eq!(
+            gunzip_bounded(&z_runs, RATIO_FLOOR).expect("fits").len(),
+            RATIO_FLOOR
+        );
         // Two members decode as their concatenation.
         let two = [z.clone(), z].concat();
         assert_eq!(

@@ -16,6 +16,11 @@ pub enum CodecError {
     #[error("decompressed message exceeds the limit of {max} bytes")]
     DecompressedTooLarge { max: u64 },
 
+    /// A gzip payload inflating more than `ratio` times its input past a floor: a compression
+    /// bomb, refused while inflating instead of after filling the size limit.
+    #[error("gzip payload inflates more than {ratio}x its size (a compression bomb)")]
+    InflationRatio { ratio: u64 },
+
     #[error("invalid gzip data: {0}")]
     BadGzip(#[source] std::io::Error),
 
@@ -114,9 +119,9 @@ impl CodecError {
     /// frame (only seen from a server) are `internal`.
     pub fn code(&self) -> Code {
         match self {
-            CodecError::FrameTooLarge { .. } | CodecError::DecompressedTooLarge { .. } => {
-                Code::ResourceExhausted
-            }
+            CodecError::FrameTooLarge { .. }
+            | CodecError::DecompressedTooLarge { .. }
+            | CodecError::InflationRatio { .. } => Code::ResourceExhausted,
             CodecError::UnsupportedEncoding(_) => Code::Unimplemented,
             CodecError::BadGzip(_)
             | CodecError::CompressedWithoutEncoding

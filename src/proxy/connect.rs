@@ -35,11 +35,9 @@ pub(crate) async fn handle(
     peer: SocketAddr,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    let Some((host, port)) = target(&req) else {
-        return plain_error(
-            StatusCode::BAD_REQUEST,
-            "cursor-byok: CONNECT needs a host:port target",
-        );
+    let (host, port) = match target(&req) {
+        Ok(target) => target,
+        Err(reason) => return plain_error(StatusCode::BAD_REQUEST, reason),
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
     if host_matches(&state.intercept, &host) {
@@ -65,18 +63,33 @@ pub(crate) async fn handle(
     }
 }
 
-/// `(host, port)` from the authority-form target; the port defaults to 443.
-fn target(req: &Request<Incoming>) -> Option<(String, u16)> {
-    let authority = req.uri().authority()?;
+/// `(host, port)` from the authority-form target; a missing port defaults to 443, an invalid
+/// one (`0`, over 65535, not a number) is refused rather than silently dialling 443.
+fn target(req: &Request<Incoming>) -> Result<(String, u16), &'static str> {
+    let authority = req
+        .uri()
+        .authority()
+        .ok_or("cursor-byok: CONNECT needs a host:port target")?;
     let host = authority
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_ascii_lowercase();
     if host.is_empty() {
-        return None;
+        return Err("cursor-byok: CONNECT needs a host:port target");
     }
-    Some((host, authority.port_u16().unwrap_or(443)))
+    Ok((host, port(authority.as_str())?))
+}
+
+/// The port after the last `:` outside an IPv6 literal's brackets.
+fn port(authority: &str) -> Result<u16, &'static str> {
+    match authority.rsplit_once(':') {
+        Some((_, port)) if !port.contains(']') => match port.parse::<u16>() {
+            Ok(port) if port != 0 => Ok(port),
+            _ => Err("cursor-byok: CONNECT target port must be a number from 1 to 65535"),
+        },
+        _ => Ok(443),
+    }
 }
 
 async fn upgraded(on_upgrade: OnUpgrade) -> Option<TokioIo<Upgraded>> {
@@ -208,6 +221,17 @@ mod tests {
 
     fn patterns() -> Vec<String> {
         vec!["*.cursor.sh".to_string()]
+    }
+
+    #[test]
+    fn ports_are_checked() {
+        assert_eq!(port("example.com:8443"), Ok(8443));
+        assert_eq!(port("example.com"), Ok(443));
+        assert_eq!(port("[::1]"), Ok(443));
+        assert_eq!(port("[::1]:22"), Ok(22));
+        for bad in ["127.0.0.1:70000", "host:0", "host:abc", "host:", "[::1]:-1"] {
+            assert!(port(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

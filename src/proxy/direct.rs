@@ -61,7 +61,8 @@ pub(crate) async fn serve_tls(state: Arc<State>, stream: TcpStream, peer: Socket
 #[instrument(skip_all, name = "direct_http_conn", fields(%peer))]
 pub(crate) async fn serve_http(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     let base = origin_context(&state, Door::DirectHttp, peer);
-    serve::serve_http(state, TokioIo::new(stream), None, base).await;
+    let timeout = Some(serve::HEAD_TIMEOUT);
+    serve::serve_http(state, TokioIo::new(stream), None, base, timeout).await;
 }
 
 fn origin_context(state: &State, door: Door, peer: SocketAddr) -> RequestContext {

@@ -26,7 +26,9 @@ pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr
         let state = st.clone();
         async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
     });
-    let conn = serve::http_builder(Some(b"http/1.1"), LocalExec::runtime())
+    let mut builder = serve::http_builder(Some(b"http/1.1"), LocalExec::runtime());
+    serve::limit_head(&mut builder, serve::HEAD_TIMEOUT);
+    let conn = builder
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
     state.shutdown.serve(conn).await;

@@ -25,6 +25,11 @@ use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+/// On the listeners a raw client reaches (the proxy listener, the plain-HTTP door), an HTTP/1.1
+/// request head not complete by then closes the connection: the same bound as a TLS handshake,
+/// so slowloris clients cannot hold memory and descriptors. An idle keep-alive connection there
+/// is closed after it too (hyper's own default is 30 s).
+pub(crate) const HEAD_TIMEOUT: Duration = HANDSHAKE_TIMEOUT;
 const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
 
@@ -70,7 +75,7 @@ pub(crate) async fn serve_tls_stream<IO>(
     {
         return relay(state, tls, base).await;
     }
-    serve_http(state, TokioIo::new(tls), alpn.as_deref(), base).await;
+    serve_http(state, TokioIo::new(tls), alpn.as_deref(), base, None).await;
 }
 
 /// Run the HTTP/2 relay on a decrypted client connection: plain passthrough streams go to the
@@ -105,6 +110,7 @@ where
                     TokioIo::new(io),
                     Some(b"h2"),
                     ctx.clone(),
+                    None,
                 ))
             }
         }),
@@ -131,6 +137,7 @@ pub(crate) async fn serve_http<I>(
     io: I,
     alpn: Option<&[u8]>,
     base: RequestContext,
+    head_timeout: Option<Duration>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -165,7 +172,11 @@ pub(crate) async fn serve_http<I>(
         });
         fut
     });
-    let conn = http_builder(alpn, exec)
+    let mut builder = http_builder(alpn, exec);
+    if let Some(timeout) = head_timeout {
+        limit_head(&mut builder, timeout);
+    }
+    let conn = builder
         .serve_connection_with_upgrades(io, service)
         .into_owned();
     let conn = state.shutdown.serve(conn);
@@ -196,4 +207,12 @@ pub(crate) fn http_builder(alpn: Option<&[u8]>, exec: LocalExec) -> auto::Builde
         Some(b"http/1.1") => builder.http1_only(),
         _ => builder,
     }
+}
+
+/// Close an HTTP/1.1 connection whose request head is not complete within `timeout`.
+pub(crate) fn limit_head(builder: &mut auto::Builder<LocalExec>, timeout: Duration) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::auth::ProxyAuthCheck;
@@ -93,12 +94,19 @@ impl ServerBuilder {
             status: status.clone(),
             h2_relay: config.upstream.h2_relay,
         });
-        let mut accept_loops = vec![tokio::spawn(accept_loop(proxy, state.clone(), Kind::Proxy))];
+        let cap = config.limits.max_connections.max(1);
+        let mut accept_loops = vec![tokio::spawn(accept_loop(
+            proxy,
+            state.clone(),
+            Kind::Proxy,
+            cap,
+        ))];
         if let Some(listener) = tls {
             accept_loops.push(tokio::spawn(accept_loop(
                 listener,
                 state.clone(),
                 Kind::DirectTls,
+                cap,
             )));
         }
         if let Some(listener) = http {
@@ -106,6 +114,7 @@ impl ServerBuilder {
                 listener,
                 state.clone(),
                 Kind::DirectHttp,
+                cap,
             )));
         }
         tracing::info!(%proxy_addr, ?tls_addr, ?http_addr, "listening");
@@ -223,7 +232,12 @@ enum Kind {
     DirectHttp,
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind) {
+/// How often the "connection cap reached" warning may repeat.
+const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind, cap: usize) {
+    let open = Arc::new(Semaphore::new(cap));
+    let mut last_warn: Option<tokio::time::Instant> = None;
     loop {
         let accepted = tokio::select! {
             _ = state.shutdown.stopping() => return,
@@ -238,10 +252,24 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind) {
                 continue;
             }
         };
+        // Beyond the cap the connection is closed at once; those already open are unaffected.
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            drop(stream);
+            if last_warn.is_none_or(|at| at.elapsed() >= CAP_WARN_EVERY) {
+                last_warn = Some(tokio::time::Instant::now());
+                tracing::warn!(
+                    ?kind,
+                    cap,
+                    "connection cap reached; closing new connections"
+                );
+            }
+            continue;
+        };
         // Small h2 frames and Connect messages must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let st = state.clone();
         state.shutdown.spawn(async move {
+            let _permit = permit;
             match kind {
                 Kind::Proxy => front::serve(st, stream, peer).await,
                 Kind::DirectTls => direct::serve_tls(st, stream, peer).await,

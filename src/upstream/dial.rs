@@ -135,12 +135,15 @@ impl Dialer {
         Err(looped.unwrap_or(last))
     }
 
+    /// Whether `target` reaches one of our listeners, in any spelling: addresses compare in
+    /// canonical form (`::ffff:127.0.0.1` is `127.0.0.1`), and any loopback or unspecified
+    /// address counts as ours on a port we listen on with a loopback or wildcard address.
     fn is_own(&self, target: SocketAddr) -> bool {
+        let ip = canonical(target.ip());
+        let local = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified();
         self.own.iter().any(|own| {
-            own.port() == target.port()
-                && (own.ip() == target.ip()
-                    || (own.ip().is_unspecified()
-                        && (target.ip().is_loopback() || target.ip().is_unspecified())))
+            let own_ip = canonical(own.ip());
+            own.port() == target.port() && (own_ip == ip || (local(own_ip) && local(ip)))
         })
     }
 
@@ -227,6 +230,14 @@ impl OutboundProxy {
     }
 }
 
+/// An IPv4-mapped IPv6 address as the IPv4 address it is; anything else unchanged.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// `Basic` credentials from a URL's user info: user and password are percent-decoded (so a
 /// password may hold `@`, `:` or `%`), the user ending at the first raw `:`.
 fn basic_auth(userinfo: &str) -> Secret {
@@ -261,6 +272,28 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, UpstreamError::Loop { .. }), "{err}");
+    }
+
+    #[test]
+    fn every_spelling_of_ourselves_is_a_loop() {
+        let d = dialer(vec!["127.0.0.1:4000".parse().unwrap()]);
+        for target in [
+            "127.0.0.1:4000",
+            "[::ffff:127.0.0.1]:4000",
+            "127.0.0.2:4000",
+            "127.255.255.254:4000",
+            "[::1]:4000",
+            "0.0.0.0:4000",
+            "[::]:4000",
+        ] {
+            assert!(d.is_own(target.parse().unwrap()), "{target}");
+        }
+        for target in ["127.0.0.1:4001", "10.0.0.1:4000", "[::ffff:10.0.0.1]:4000"] {
+            assert!(!d.is_own(target.parse().unwrap()), "{target}");
+        }
+        let lan = dialer(vec!["[::ffff:192.168.1.5]:4000".parse().unwrap()]);
+        assert!(lan.is_own("192.168.1.5:4000".parse().unwrap()));
+        assert!(!lan.is_own("192.168.1.6:4000".parse().unwrap()));
     }
 
     #[tokio::test]
