@@ -298,14 +298,26 @@ fn slow_text() -> Reply {
     Reply::sse(harness::partial("thinking")).then(common::fake_provider::After::Stall)
 }
 
+/// Our run on RunSSE + BidiAppend (append 0 sent) whose model then goes silent.
+async fn stalled_run(tag: &str) -> (Harness, Bidi) {
+    let h = harness(vec![slow_text()]).await;
+    let bidi = Bidi::new(&h.connect_door(), &format!("req-{tag}"));
+    bidi.send(&run_request(OURS, &format!("conv-{tag}"), "hi", true))
+        .await;
+    (h, bidi)
+}
+
+/// A heartbeat appended after the run ended: the answer.
+async fn late_heartbeat(bidi: &Bidi) -> common::agent_client::Answer {
+    let seqno = bidi.seqno();
+    bidi.append_body(bidi.append_bytes(seqno, &client_heartbeat()))
+        .await
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_leaves_for_good_ends_the_run_blaming_the_client() {
     let _metronome = metronome();
-    let h = harness(vec![slow_text()]).await;
-    let door = h.connect_door();
-    let bidi = Bidi::new(&door, "req-leaves");
-    bidi.send(&run_request(OURS, "conv-leaves", "hi", true))
-        .await;
+    let (h, bidi) = stalled_run("leaves").await;
     let mut sse = bidi.open_sse().await;
     assert!(matches!(sse.next().await, Some(Received::Message(_))));
     drop(sse);
@@ -321,20 +333,13 @@ async fn a_reader_that_leaves_for_good_ends_the_run_blaming_the_client() {
 #[tokio::test(start_paused = true)]
 async fn a_run_whose_reader_never_comes_ends_and_its_appends_then_get_an_error() {
     let _metronome = metronome();
-    let h = harness(vec![slow_text()]).await;
-    let door = h.connect_door();
-    let bidi = Bidi::new(&door, "req-no-reader");
-    bidi.send(&run_request(OURS, "conv-no-reader", "hi", true))
-        .await;
+    let (h, bidi) = stalled_run("no-reader").await;
     wait_recorded(&h, "req-no-reader").await;
     let (outcome, error) = record(&h, "req-no-reader");
     assert_eq!(outcome, "error");
     assert!(error.contains("no RunSSE stream came"), "{error}");
     // The run ended: an append is refused with a reason, not answered OK and dropped.
-    let seqno = bidi.seqno();
-    let answer = bidi
-        .append_body(bidi.append_bytes(seqno, &client_heartbeat()))
-        .await;
+    let answer = late_heartbeat(&bidi).await;
     assert_ne!(answer.status, http::StatusCode::OK);
     let body = String::from_utf8_lossy(&answer.body);
     assert!(body.contains("has already ended"), "{body}");
@@ -354,10 +359,7 @@ async fn appends_after_a_finished_and_forgotten_run_get_an_error() {
     drop(sse);
     // An hour later, a straggling append of that run.
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    let seqno = bidi.seqno();
-    let answer = bidi
-        .append_body(bidi.append_bytes(seqno, &client_heartbeat()))
-        .await;
+    let answer = late_heartbeat(&bidi).await;
     assert_eq!(answer.status, http::StatusCode::NOT_FOUND);
     let body = String::from_utf8_lossy(&answer.body);
     assert!(
