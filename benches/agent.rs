@@ -35,7 +35,6 @@ use cursor_byok::provider::{
     Message, ProviderClient, ProviderEvent, ProviderKind, ProviderRequest, ProviderSettings,
 };
 use cursor_byok::secret::Secret;
-use cursor_byok::tls::CertificateAuthority;
 use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -155,83 +154,22 @@ async fn start_provider() -> Arc<Provider> {
 // ---------------------------------------------------------------------------------------------
 // The proxy, as the user runs it: its own process.
 
-struct Proxy {
-    child: tokio::process::Child,
-    addr: SocketAddr,
-    roots: rustls::RootCertStore,
-    _dir: tempfile::TempDir,
-}
+/// The proxy process, with the bench's agent settings.
+struct Proxy(common::proxy_process::ProxyProcess);
 
 impl Proxy {
     async fn start(provider: SocketAddr) -> Proxy {
-        let dir = tempfile::tempdir().unwrap();
-        // A free port for the listener (the config names it; the child binds it).
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let config = format!(
-            r#"
-listen = "{addr}"
-[agent]
-provider_idle_timeout_secs = 600
-provider_max_retries = 0
-[providers.fake]
-kind = "openai-chat"
-base_url = "http://{provider}"
-api_key = "sk-bench-not-a-secret"
-[[models]]
-id = "fake-model"
-display_name = "Fake Model"
-provider = "fake"
-model = "gpt-fake"
-"#
-        );
-        let config_path = dir.path().join("config.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let data_dir = dir.path().join("data");
-        let (ca, _) = CertificateAuthority::load_or_create(&data_dir).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.cert_der().clone()).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-byok"))
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("run")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start cursor-byok");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the proxy did not start listening"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Proxy {
-            child,
-            addr,
-            roots,
-            _dir: dir,
-        }
+        let extra = "[agent]\nprovider_idle_timeout_secs = 600\nprovider_max_retries = 0\n";
+        Proxy(common::proxy_process::ProxyProcess::start(provider, extra).await)
     }
 
     fn door(&self) -> Door {
-        Door::Connect {
-            proxy: self.addr,
-            roots: self.roots.clone(),
-        }
+        self.0.door()
     }
 
     /// The proxy process's resident set, KiB.
     fn rss_kib(&self) -> u64 {
-        let pid = self.child.id().expect("the proxy is running");
-        harness::proc_status(&pid.to_string(), "VmRSS:")
+        harness::proc_status(&self.0.pid(), "VmRSS:")
     }
 }
 

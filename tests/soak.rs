@@ -26,7 +26,6 @@ use bytes::Bytes;
 use common::agent_client::{cancel, frame, run_request, Bidi, Door, H2Run, Received, ServerStream};
 use common::fake_cursor::FakeCursor;
 use cursor_byok::proto::agent::v1 as pb;
-use cursor_byok::tls::CertificateAuthority;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
@@ -153,12 +152,7 @@ async fn start_provider() -> SocketAddr {
 
 // ---- the proxy process ----
 
-struct Proxy {
-    child: tokio::process::Child,
-    addr: SocketAddr,
-    roots: rustls::RootCertStore,
-    _dir: tempfile::TempDir,
-}
+struct Proxy(common::proxy_process::ProxyProcess);
 
 impl Proxy {
     async fn start(
@@ -166,75 +160,19 @@ impl Proxy {
         upstream: SocketAddr,
         upstream_ca: &std::path::Path,
     ) -> Proxy {
-        let dir = tempfile::tempdir().unwrap();
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let config = format!(
-            r#"
-listen = "{addr}"
-[upstream]
-extra_roots = "{ca}"
-[upstream.resolve]
-"api2.cursor.sh" = "{upstream}"
-[agent]
-provider_max_retries = 0
-[providers.fake]
-kind = "openai-chat"
-base_url = "http://{provider}"
-api_key = "sk-soak-not-a-secret"
-[[models]]
-id = "fake-model"
-display_name = "Fake Model"
-provider = "fake"
-model = "gpt-fake"
-"#,
-            ca = upstream_ca.display()
+        let extra = format!(
+            "[upstream]\nextra_roots = \"{}\"\n[upstream.resolve]\n\"api2.cursor.sh\" = \"{upstream}\"\n[agent]\nprovider_max_retries = 0\n",
+            upstream_ca.display()
         );
-        let config_path = dir.path().join("config.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let data_dir = dir.path().join("data");
-        let (ca, _) = CertificateAuthority::load_or_create(&data_dir).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.cert_der().clone()).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cursor-byok"))
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("run")
-            .env("RUST_LOG", "error")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start cursor-byok");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the proxy did not start listening"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Proxy {
-            child,
-            addr,
-            roots,
-            _dir: dir,
-        }
+        Proxy(common::proxy_process::ProxyProcess::start(provider, &extra).await)
     }
 
     fn door(&self) -> Door {
-        Door::Connect {
-            proxy: self.addr,
-            roots: self.roots.clone(),
-        }
+        self.0.door()
     }
 
     fn pid(&self) -> String {
-        self.child.id().expect("the proxy is running").to_string()
+        self.0.pid()
     }
 
     /// (RSS KiB, open fds, threads, tokio tasks, active runs).
@@ -253,7 +191,7 @@ model = "gpt-fake"
 
     async fn status(&self) -> serde_json::Value {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(self.0.addr).await.unwrap();
         s.write_all(b"GET /__cursor-byok/status.json HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();

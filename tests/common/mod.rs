@@ -6,6 +6,7 @@ pub mod cursor_upstream;
 pub mod fake_cursor;
 pub mod fake_provider;
 pub mod logs;
+pub mod proxy_process;
 
 use std::net::SocketAddr;
 
