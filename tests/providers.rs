@@ -42,7 +42,8 @@ fn kind_for(path: &Path) -> Option<ProviderKind> {
         "openai-chat" | "openai-compatible" => Some(ProviderKind::OpenAiChat),
         "openai-responses" => Some(ProviderKind::OpenAiResponses),
         "anthropic" => Some(ProviderKind::Anthropic),
-        _ => None, // gemini (native format not implemented), errors
+        "gemini" => Some(ProviderKind::Gemini),
+        _ => None, // errors
     }
 }
 
@@ -273,7 +274,87 @@ fn own_responses_reasoning_and_function_call() {
     assert_eq!(t.finish, Some(FinishReason::ToolCalls));
 }
 
+#[test]
+fn own_gemini_thoughts_and_parallel_calls() {
+    let t = turn(&own("gemini/thinking-parallel-calls.sse"));
+    assert_eq!(t.reasoning(), "The user wants two files. Read both — café.");
+    assert_eq!(
+        extra_of(&t, 0),
+        ExtraData::GeminiThought {
+            signature: "c2lnLXRob3VnaHQ=".into()
+        }
+    );
+    assert_eq!(t.text(), "Reading both files.");
+    assert_eq!(
+        tool(&t, 0),
+        (
+            "gemini_call_ownfixture1_0".into(),
+            "read_file".into(),
+            json!({"path": "src/a.rs"})
+        )
+    );
+    assert_eq!(tool(&t, 1).2, json!({"path": "src/b.rs", "limit": 20}));
+    let call_extras: Vec<Option<ExtraData>> = t
+        .parts()
+        .iter()
+        .filter_map(|p| match p {
+            AssistantPart::ToolCall { extra, .. } => Some(extra.as_ref().map(|e| e.data.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        call_extras,
+        [
+            Some(ExtraData::GeminiCall {
+                signature: "c2lnLWNhbGw=".into()
+            }),
+            None
+        ]
+    );
+    // Thoughts count as output; the cached prompt part is a cache read.
+    assert_eq!(t.usage, Some(usage(120, 41, 96, 0, 11)));
+    assert_eq!(t.finish, Some(FinishReason::ToolCalls));
+}
+
 // ---------- shared recorded fixtures ----------
+
+#[test]
+fn shared_gemini_fixtures() {
+    let Some(d) = shared_dir() else { return };
+    let t = turn(&d.join("gemini/text-thought-signature.jsonl"));
+    assert_eq!(
+        t.text(),
+        "There are **3** \"r\"s in strawberry.\n\nst**r**awbe**rr**y"
+    );
+    let ExtraData::GeminiTextSignature {
+        signature,
+        empty_part: true,
+    } = extra_of(&t, 0)
+    else {
+        panic!("{:?}", t.parts());
+    };
+    assert!(signature.starts_with("EqsFCqgFAb4+9vvtAF5n87lB") && signature.ends_with("G37eeWcow="));
+    // candidatesTokenCount excludes the 185 thought tokens.
+    assert_eq!(t.usage, Some(usage(9, 23 + 185, 0, 0, 185)));
+    assert_eq!(t.finish, Some(FinishReason::Stop));
+
+    let t = turn(&d.join("gemini/tool-call.jsonl"));
+    let (id, name, args) = tool(&t, 0);
+    assert_eq!(
+        (name.as_str(), args),
+        ("weather", json!({"location": "San Francisco"}))
+    );
+    assert_eq!(id, "gemini_call_b36LacjwM668nsEP2tbsgQQ_0");
+    let AssistantPart::ToolCall { extra: Some(e), .. } = &t.parts()[0] else {
+        panic!("{:?}", t.parts());
+    };
+    assert!(
+        matches!(&e.data, ExtraData::GeminiCall { signature } if signature.starts_with("EqUCCqICAb4+") && signature.ends_with("AMkHj4="))
+    );
+    assert_eq!(t.text(), "");
+    assert_eq!(t.usage, Some(usage(29, 60, 0, 0, 45)));
+    assert_eq!(t.finish, Some(FinishReason::ToolCalls));
+}
 
 #[test]
 fn shared_openai_chat_fixtures() {
@@ -1399,4 +1480,245 @@ async fn streamed_extras_replay_to_the_same_provider_only() {
         json!({"google": {"thought_signature": "c2ln"}})
     );
     assert!(assistant["tool_calls"][1].get("extra_content").is_none());
+}
+
+// ---------- Gemini over HTTP ----------
+
+fn gemini_sse(chunks: &[Value]) -> Reply {
+    let body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    Reply::sse(body)
+}
+
+fn gemini_request() -> ProviderRequest {
+    ProviderRequest {
+        model: "gemini-3-pro-preview".into(),
+        tools: tools(),
+        options: RequestOptions {
+            reasoning_effort: Some("high".into()),
+            ..Default::default()
+        },
+        ..simple_request()
+    }
+}
+
+/// Text and thinking stream through; the key goes in `x-goog-api-key`, never the URL.
+#[tokio::test]
+async fn gemini_text_thinking_and_where_the_key_goes() {
+    let fake = FakeProvider::start(vec![]).await;
+    let s = settings(ProviderKind::Gemini, &fake);
+    fake.push(Reply::fixture(&own("gemini/thinking-parallel-calls.sse")).chunked(5));
+    let turn = ProviderClient::new(s)
+        .unwrap()
+        .stream(gemini_request(), CancellationToken::new())
+        .collect_turn()
+        .await;
+    assert_eq!(turn.error, None);
+    assert_eq!(
+        turn.reasoning(),
+        "The user wants two files. Read both — café."
+    );
+    assert_eq!(turn.text(), "Reading both files.");
+    let rec = &fake.requests()[0];
+    assert_eq!(
+        rec.path,
+        "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse"
+    );
+    assert_eq!(rec.header("x-goog-api-key"), Some(KEY));
+    assert!(rec.header("authorization").is_none());
+    assert!(!rec.path.contains(KEY));
+    let body = rec.json();
+    assert_eq!(body["systemInstruction"]["parts"][0]["text"], "Be brief.");
+    assert_eq!(
+        body["contents"],
+        json!([{"role": "user", "parts": [{"text": "hi"}]}])
+    );
+    assert_eq!(
+        body["generationConfig"]["thinkingConfig"],
+        json!({"includeThoughts": true, "thinkingLevel": "high"})
+    );
+    assert_eq!(
+        body["tools"][0]["functionDeclarations"][0]["name"],
+        "read_file"
+    );
+}
+
+/// A tool round trip over two turns: the second request carries every signature of the first
+/// response byte for byte, on the part it came with, and the results as `functionResponse`s.
+#[tokio::test]
+async fn gemini_tool_round_trip_replays_signatures_exactly() {
+    let fake = FakeProvider::start(vec![]).await;
+    let s = settings(ProviderKind::Gemini, &fake);
+    fake.push(Reply::fixture(&own("gemini/thinking-parallel-calls.sse")));
+    let first = ProviderClient::new(s.clone())
+        .unwrap()
+        .stream(gemini_request(), CancellationToken::new())
+        .collect_turn()
+        .await;
+    let mut req = gemini_request();
+    req.messages.push(first.message.clone());
+    for (i, (id, name, _)) in first.tool_calls().into_iter().enumerate() {
+        req.messages.push(Message::ToolResult {
+            call_id: id.into(),
+            name: name.into(),
+            content: format!("contents {i}"),
+            is_error: i == 1,
+        });
+    }
+    let answer = gemini_sse(&[
+        json!({"responseId": "r2", "candidates": [{"content": {"role": "model",
+        "parts": [{"text": "Both read.", "thoughtSignature": "c2lnLXRleHQ="}]}, "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 200, "candidatesTokenCount": 3}}),
+    ]);
+    let rec = send_and_record(s.clone(), &fake, answer, req.clone()).await;
+    let contents = &rec.json()["contents"];
+    assert_eq!(
+        contents[1],
+        json!({"role": "model", "parts": [
+            {"text": "The user wants two files. Read both — café.", "thought": true, "thoughtSignature": "c2lnLXRob3VnaHQ="},
+            {"text": "Reading both files."},
+            {"functionCall": {"name": "read_file", "args": {"path": "src/a.rs"}}, "thoughtSignature": "c2lnLWNhbGw="},
+            {"functionCall": {"name": "read_file", "args": {"path": "src/b.rs", "limit": 20}}},
+        ]})
+    );
+    assert_eq!(
+        contents[2],
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "read_file", "response": {"output": "contents 0"}}},
+            {"functionResponse": {"name": "read_file", "response": {"error": "contents 1"}}},
+        ]})
+    );
+    // The raw body holds the signature bytes unchanged (no re-encoding of base64 `+` or `=`).
+    let raw = String::from_utf8(rec.body.clone()).unwrap();
+    assert!(
+        raw.contains("\"thoughtSignature\":\"c2lnLWNhbGw=\""),
+        "{raw}"
+    );
+
+    // Third turn: the text part's signature from the second answer goes back on that text.
+    fake.push(gemini_sse(&[json!({"responseId": "r2", "candidates": [{"content": {"role": "model",
+        "parts": [{"text": "Both read.", "thoughtSignature": "c2lnLXRleHQ="}]}, "finishReason": "STOP"}]})]));
+    let second = ProviderClient::new(s.clone())
+        .unwrap()
+        .stream(req.clone(), CancellationToken::new())
+        .collect_turn()
+        .await;
+    req.messages.push(second.message);
+    req.messages.push(Message::user_text("Thanks"));
+    let rec = send_and_record(
+        s,
+        &fake,
+        Reply::fixture(&own("gemini/thinking-parallel-calls.sse")),
+        req,
+    )
+    .await;
+    assert_eq!(
+        rec.json()["contents"][3],
+        json!({"role": "model", "parts": [{"text": "Both read.", "thoughtSignature": "c2lnLXRleHQ="}]})
+    );
+}
+
+/// The recorded Gemini 3 call (a real signature) goes back exactly as received.
+#[tokio::test]
+async fn gemini_recorded_signature_replays_byte_for_byte() {
+    let Some(d) = shared_dir() else { return };
+    let path = d.join("gemini/tool-call.jsonl");
+    let recorded: Value = serde_json::from_str(
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let signature = recorded["candidates"][0]["content"]["parts"][0]["thoughtSignature"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fake = FakeProvider::start(vec![Reply::fixture(&path)]).await;
+    let s = settings(ProviderKind::Gemini, &fake);
+    let first = ProviderClient::new(s.clone())
+        .unwrap()
+        .stream(gemini_request(), CancellationToken::new())
+        .collect_turn()
+        .await;
+    let (id, name, _) = first.tool_calls()[0];
+    let mut req = gemini_request();
+    req.messages.push(first.message.clone());
+    req.messages.push(Message::ToolResult {
+        call_id: id.into(),
+        name: name.into(),
+        content: "sunny".into(),
+        is_error: false,
+    });
+    let ok = Reply::fixture(&d.join("gemini/text-thought-signature.jsonl"));
+    let rec = send_and_record(s, &fake, ok, req).await;
+    let part = &rec.json()["contents"][1]["parts"][0];
+    assert_eq!(part["thoughtSignature"].as_str(), Some(signature.as_str()));
+    assert_eq!(
+        part["functionCall"],
+        json!({"name": "weather", "args": {"location": "San Francisco"}})
+    );
+    assert_eq!(
+        rec.json()["contents"][2]["parts"][0]["functionResponse"],
+        json!({"name": "weather", "response": {"output": "sunny"}})
+    );
+}
+
+/// A 429 with `RetryInfo.retryDelay` waits that long, then retries.
+#[tokio::test]
+async fn gemini_429_retry_delay_is_honoured() {
+    let body = r#"{"error":{"code":429,"message":"Resource exhausted","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"0.3s"}]}}"#;
+    let fake = FakeProvider::start(vec![
+        Reply::json(429, body),
+        Reply::fixture(&own("gemini/thinking-parallel-calls.sse")),
+    ])
+    .await;
+    let started = Instant::now();
+    let turn = client(ProviderKind::Gemini, &fake)
+        .stream(gemini_request(), CancellationToken::new())
+        .collect_turn()
+        .await;
+    assert_eq!(turn.error, None);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(fake.requests().len(), 2);
+}
+
+/// Tool names a provider refuses are renamed on the wire and mapped back in the events.
+#[tokio::test]
+async fn tool_names_are_renamed_on_the_wire_and_mapped_back() {
+    let odd = ToolSpec {
+        name: "9srv/odd tool".into(),
+        description: "Odd".into(),
+        parameters: json!({"properties": {"q": {"type": ["string", "null"]}}}),
+    };
+    let fake = FakeProvider::start(vec![]).await;
+    let reply = gemini_sse(&[
+        json!({"candidates": [{"content": {"role": "model", "parts": [
+        {"functionCall": {"name": "_9srv_odd_tool", "args": {"q": "x"}}}]}, "finishReason": "STOP"}]}),
+    ]);
+    fake.push(reply);
+    let mut req = gemini_request();
+    req.tools = vec![odd.clone()];
+    let turn = client(ProviderKind::Gemini, &fake)
+        .stream(req, CancellationToken::new())
+        .collect_turn()
+        .await;
+    assert_eq!(tool(&turn, 0).1, "9srv/odd tool");
+    let decl = &fake.requests()[0].json()["tools"][0]["functionDeclarations"][0];
+    assert_eq!(
+        decl,
+        &json!({"name": "_9srv_odd_tool", "description": "Odd", "parameters":
+            {"type": "object", "properties": {"q": {"type": "string", "nullable": true}}}})
+    );
+
+    // The same tool to an OpenAI endpoint: its own rules, its own name.
+    let mut req = simple_request();
+    req.tools = vec![odd];
+    let ok = Reply::fixture(&own("openai-chat/text-usage.sse"));
+    let rec = send_and_record(settings(ProviderKind::OpenAiChat, &fake), &fake, ok, req).await;
+    assert_eq!(
+        rec.json()["tools"][0]["function"],
+        json!({"name": "9srv_odd_tool", "description": "Odd", "parameters":
+            {"type": "object", "properties": {"q": {"type": ["string", "null"]}}}})
+    );
 }

@@ -337,6 +337,7 @@ fn display_provider(name: &str, p: &ProviderConfig) -> String {
     use crate::provider::ProviderKind;
     match (p.kind, p.base_url.is_none()) {
         (ProviderKind::Anthropic, true) => "Anthropic".into(),
+        (ProviderKind::Gemini, true) => "Gemini".into(),
         (ProviderKind::OpenAiChat | ProviderKind::OpenAiResponses, true) => "OpenAI".into(),
         _ => {
             let mut c = name.chars();

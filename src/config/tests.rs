@@ -60,12 +60,25 @@ fn unknown_keys_and_references_fail() {
         "{err}"
     );
     let err = Config::from_toml(
-        "[providers.p]\nkind = \"gemini\"\napi_key_env = \"X\"\n",
+        "[providers.p]\nkind = \"bedrock\"\napi_key_env = \"X\"\n",
         "c.toml",
     )
     .unwrap_err()
     .to_string();
     assert!(err.contains("providers.p.kind"), "{err}");
+}
+
+#[test]
+fn gemini_kind_defaults() {
+    let c = Config::from_toml(
+        "[providers.g]\nkind = \"gemini\"\napi_key_env = \"GEMINI_API_KEY\"\n",
+        "c.toml",
+    )
+    .unwrap();
+    let g = &c.providers["g"];
+    assert_eq!(g.kind, ProviderKind::Gemini);
+    assert_eq!(g.auth(), AuthMode::XGoogApiKey);
+    assert_eq!(g.base_url(), "https://generativelanguage.googleapis.com");
 }
 
 #[test]

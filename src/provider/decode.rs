@@ -4,9 +4,11 @@
 //! same events.
 
 use super::anthropic::AnthropicMachine;
+use super::gemini::GeminiMachine;
 use super::machine::{DecodeCtx, Machine};
 use super::openai_chat::ChatMachine;
 use super::openai_responses::ResponsesMachine;
+use super::schema::ToolNames;
 use super::sse::{SseEvent, SseParser};
 use super::types::ProviderEvent;
 use super::ProviderKind;
@@ -18,6 +20,8 @@ use super::ProviderKind;
 pub struct StreamDecoder {
     sse: SseParser,
     machine: Box<dyn Machine>,
+    /// Tool names as sent, mapped back to ours in the events.
+    names: ToolNames,
     done: bool,
 }
 
@@ -33,12 +37,19 @@ impl StreamDecoder {
             ProviderKind::OpenAiChat => Box::new(ChatMachine::new(ctx)),
             ProviderKind::OpenAiResponses => Box::new(ResponsesMachine::new(ctx)),
             ProviderKind::Anthropic => Box::new(AnthropicMachine::new(ctx)),
+            ProviderKind::Gemini => Box::new(GeminiMachine::new(ctx)),
         };
         StreamDecoder {
             sse: SseParser::new(),
             machine,
+            names: ToolNames::default(),
             done: false,
         }
+    }
+
+    /// Map the tool names of the request (see `schema::prepare_request`) back in tool-call events.
+    pub fn set_tool_names(&mut self, names: ToolNames) {
+        self.names = names;
     }
 
     /// Whether a terminal event was produced.
@@ -73,6 +84,7 @@ impl StreamDecoder {
         for ev in events {
             self.machine.on_event(ev, &mut out);
             if self.cut_at_terminal(&mut out) {
+                self.restore_names(&mut out);
                 return out;
             }
         }
@@ -80,7 +92,24 @@ impl StreamDecoder {
             self.machine.on_eof(&mut out);
             self.cut_at_terminal(&mut out);
         }
+        self.restore_names(&mut out);
         out
+    }
+
+    fn restore_names(&self, out: &mut [ProviderEvent]) {
+        if self.names.is_identity() {
+            return;
+        }
+        for ev in out {
+            if let ProviderEvent::ToolCallStarted { name, .. }
+            | ProviderEvent::ToolCallFinished { name, .. } = ev
+            {
+                let original = self.names.original(name);
+                if original != name {
+                    *name = original.to_string();
+                }
+            }
+        }
     }
 
     fn cut_at_terminal(&mut self, out: &mut Vec<ProviderEvent>) -> bool {

@@ -177,15 +177,22 @@ impl ProviderError {
     pub fn from_stream_payload(provider: &str, payload: &Value) -> Self {
         let parsed = parse_error_value(payload);
         let kind = match parsed.code.as_deref() {
-            Some("overloaded_error" | "overloaded" | "server_is_overloaded") => {
+            // Gemini's `status` names come last in each arm.
+            Some("overloaded_error" | "overloaded" | "server_is_overloaded" | "UNAVAILABLE") => {
                 ProviderErrorKind::Overloaded
             }
-            Some("rate_limit_error" | "rate_limit_exceeded") => ProviderErrorKind::RateLimited {
-                retry_after: parsed.retry_delay,
-            },
-            Some("api_error" | "server_error" | "internal_error" | "internal_server_error") => {
-                ProviderErrorKind::Server
+            Some("rate_limit_error" | "rate_limit_exceeded" | "RESOURCE_EXHAUSTED") => {
+                ProviderErrorKind::RateLimited {
+                    retry_after: parsed.retry_delay,
+                }
             }
+            Some(
+                "api_error"
+                | "server_error"
+                | "internal_error"
+                | "internal_server_error"
+                | "INTERNAL",
+            ) => ProviderErrorKind::Server,
             _ => ProviderErrorKind::StreamError,
         };
         let message = parsed

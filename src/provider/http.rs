@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::decode::StreamDecoder;
 use super::error::{ProviderError, ProviderErrorKind};
+use super::schema::ToolNames;
 use super::types::ProviderEvent;
 use super::{Resolved, RetryPolicy};
 
@@ -21,6 +22,13 @@ use super::{Resolved, RetryPolicy};
 const MAX_PENDING_BYTES: usize = 32 << 20;
 /// Error bodies are read up to this size.
 const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// One call's request: where, what, and the tool names to map back in its events.
+pub(crate) struct Call {
+    pub url: reqwest::Url,
+    pub body: Bytes,
+    pub names: ToolNames,
+}
 
 enum Outcome {
     /// Terminal event delivered, or the receiver is gone.
@@ -34,14 +42,14 @@ enum Outcome {
 pub(crate) async fn run(
     http: reqwest::Client,
     r: Arc<Resolved>,
-    body: Bytes,
+    call: Call,
     tx: mpsc::Sender<ProviderEvent>,
     cancel: CancellationToken,
 ) {
     let mut emitted = false;
     let mut attempt: u32 = 0;
     loop {
-        let err = match attempt_once(&http, &r, body.clone(), &tx, &cancel, &mut emitted).await {
+        let err = match attempt_once(&http, &r, &call, &tx, &cancel, &mut emitted).await {
             Outcome::Done => return,
             Outcome::Failed(e) => e.scrub(r.api_key.expose()),
         };
@@ -96,16 +104,16 @@ fn retry_delay(err: &ProviderError, attempt: u32, p: &RetryPolicy) -> Option<Dur
 async fn attempt_once(
     http: &reqwest::Client,
     r: &Resolved,
-    body: Bytes,
+    call: &Call,
     tx: &mpsc::Sender<ProviderEvent>,
     cancel: &CancellationToken,
     emitted: &mut bool,
 ) -> Outcome {
     let name = r.name.as_str();
     let send = http
-        .post(r.url.clone())
+        .post(call.url.clone())
         .headers(r.headers.clone())
-        .body(body)
+        .body(call.body.clone())
         .send();
     let resp = tokio::select! {
         _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
@@ -155,6 +163,7 @@ async fn attempt_once(
     }
 
     let mut decoder = StreamDecoder::new(r.kind, &r.ctx.origin, name);
+    decoder.set_tool_names(call.names.clone());
     let mut chunks = resp.bytes_stream();
     // One waiter and one timer for the whole stream, not a fresh pair per chunk and event.
     let mut canceled = crate::cancel::cancelled(cancel);

@@ -10,10 +10,12 @@
 pub mod anthropic;
 pub mod decode;
 pub mod error;
+pub mod gemini;
 mod http;
 mod machine;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod schema;
 pub mod sse;
 pub mod types;
 
@@ -44,6 +46,9 @@ pub enum ProviderKind {
     OpenAiResponses,
     #[serde(rename = "anthropic")]
     Anthropic,
+    /// Gemini's native `streamGenerateContent`.
+    #[serde(rename = "gemini")]
+    Gemini,
 }
 
 impl ProviderKind {
@@ -52,20 +57,23 @@ impl ProviderKind {
             ProviderKind::OpenAiChat => "openai-chat",
             ProviderKind::OpenAiResponses => "openai-responses",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
         }
     }
 
     pub fn default_base_url(self) -> &'static str {
         match self {
             ProviderKind::Anthropic => "https://api.anthropic.com",
+            ProviderKind::Gemini => "https://generativelanguage.googleapis.com",
             _ => "https://api.openai.com/v1",
         }
     }
 
-    /// `XApiKey` for Anthropic, `Bearer` otherwise.
+    /// `XApiKey` for Anthropic, `XGoogApiKey` for Gemini, `Bearer` otherwise.
     pub fn default_auth(self) -> AuthMode {
         match self {
             ProviderKind::Anthropic => AuthMode::XApiKey,
+            ProviderKind::Gemini => AuthMode::XGoogApiKey,
             _ => AuthMode::Bearer,
         }
     }
@@ -87,6 +95,8 @@ pub enum AuthMode {
     ApiKey,
     /// `x-api-key: <key>` (Anthropic).
     XApiKey,
+    /// `x-goog-api-key: <key>` (Gemini; never in the URL, where logs would keep it).
+    XGoogApiKey,
 }
 
 /// Retry schedule: exponential backoff with jitter, before any output only.
@@ -204,6 +214,7 @@ impl ProviderSettings {
         }
         match (host.is_empty(), self.kind) {
             (true, ProviderKind::Anthropic) => "Anthropic".into(),
+            (true, ProviderKind::Gemini) => "Gemini".into(),
             (true, _) => "OpenAI".into(),
             (false, _) => host,
         }
@@ -221,12 +232,26 @@ impl ProviderSettings {
             ProviderKind::OpenAiResponses => &["responses"],
             ProviderKind::Anthropic if ends_v1 => &["messages"],
             ProviderKind::Anthropic => &["v1", "messages"],
+            // The model and method are added per call (see `Resolved::call_url`).
+            ProviderKind::Gemini if ends_version(&url) => &["models"],
+            ProviderKind::Gemini => &["v1beta", "models"],
         };
         if let Ok(mut segs) = url.path_segments_mut() {
             segs.pop_if_empty().extend(tail);
         }
         Ok(url)
     }
+}
+
+/// A Gemini base URL that already names the API version (`.../v1beta`, `.../v1`).
+fn ends_version(url: &reqwest::Url) -> bool {
+    let last = url
+        .path()
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    last == "v1" || last.starts_with("v1beta") || last.starts_with("v1alpha")
 }
 
 /// The resolved, immutable per-client state shared with stream tasks.
@@ -242,6 +267,25 @@ pub(crate) struct Resolved {
     pub retry: RetryPolicy,
     /// api.openai.com wants `max_completion_tokens`.
     pub openai_host: bool,
+    /// Tool schema and naming rules of this endpoint.
+    pub dialect: schema::Dialect,
+}
+
+impl Resolved {
+    /// The URL of one call: Gemini puts the model in the path
+    /// (`models/{model}:streamGenerateContent?alt=sse`), the other kinds have one endpoint.
+    pub(crate) fn call_url(&self, model: &str) -> reqwest::Url {
+        let mut url = self.url.clone();
+        if self.kind == ProviderKind::Gemini {
+            let model = model.strip_prefix("models/").unwrap_or(model);
+            if let Ok(mut segs) = url.path_segments_mut() {
+                segs.pop_if_empty()
+                    .push(&format!("{model}:streamGenerateContent"));
+            }
+            url.query_pairs_mut().append_pair("alt", "sse");
+        }
+        url
+    }
 }
 
 /// A client for one provider endpoint; cheap to clone (the HTTP pool is shared).
@@ -275,6 +319,7 @@ impl ProviderClient {
         let headers = build_headers(&settings).map_err(config_err)?;
         let inner = Resolved {
             kind: settings.kind,
+            dialect: schema::Dialect::for_endpoint(settings.kind, settings.base()),
             openai_host: url.host_str() == Some("api.openai.com"),
             ctx: DecodeCtx {
                 kind: settings.kind,
@@ -310,12 +355,21 @@ impl ProviderClient {
 
     /// The JSON body [`ProviderClient::stream`] would send.
     pub fn request_body(&self, req: &ProviderRequest) -> serde_json::Value {
+        self.prepare(req.clone()).0
+    }
+
+    /// The body for `req` after its tools are normalised for this endpoint, and the tool names
+    /// to map back.
+    fn prepare(&self, mut req: ProviderRequest) -> (serde_json::Value, schema::ToolNames) {
+        let names = schema::prepare_request(self.inner.dialect, &mut req);
         let ctx = &self.inner.ctx;
-        match self.inner.kind {
-            ProviderKind::OpenAiChat => openai_chat::build_body(req, ctx, self.inner.openai_host),
-            ProviderKind::OpenAiResponses => openai_responses::build_body(req, ctx),
-            ProviderKind::Anthropic => anthropic::build_body(req, ctx),
-        }
+        let body = match self.inner.kind {
+            ProviderKind::OpenAiChat => openai_chat::build_body(&req, ctx, self.inner.openai_host),
+            ProviderKind::OpenAiResponses => openai_responses::build_body(&req, ctx),
+            ProviderKind::Anthropic => anthropic::build_body(&req, ctx),
+            ProviderKind::Gemini => gemini::build_body(&req, ctx),
+        };
+        (body, names)
     }
 
     /// Start a streamed call. Events arrive through a bounded channel (backpressure); the call
@@ -324,18 +378,25 @@ impl ProviderClient {
     pub fn stream(&self, req: ProviderRequest, cancel: CancellationToken) -> ProviderStream {
         let (tx, rx) = mpsc::channel(64);
         let token = cancel.child_token();
-        let body = serde_json::to_vec(&self.request_body(&req)).unwrap_or_default();
+        let url = self.inner.call_url(&req.model);
+        let model = req.model.clone();
+        let (body, names) = self.prepare(req);
+        let body = serde_json::to_vec(&body).unwrap_or_default();
         let span = tracing::info_span!(
             "provider",
             provider = %self.inner.name,
             kind = %self.inner.kind,
-            model = %req.model,
+            model = %model,
         );
         tokio::spawn(tracing::Instrument::instrument(
             http::run(
                 self.http.clone(),
                 self.inner.clone(),
-                body.into(),
+                http::Call {
+                    url,
+                    body: body.into(),
+                    names,
+                },
                 tx,
                 token.clone(),
             ),
@@ -390,6 +451,7 @@ fn build_headers(s: &ProviderSettings) -> Result<HeaderMap, String> {
             AuthMode::Bearer => (reqwest::header::AUTHORIZATION, format!("Bearer {key}")),
             AuthMode::ApiKey => (HeaderName::from_static("api-key"), key.to_string()),
             AuthMode::XApiKey => (HeaderName::from_static("x-api-key"), key.to_string()),
+            AuthMode::XGoogApiKey => (HeaderName::from_static("x-goog-api-key"), key.to_string()),
         };
         let mut value = HeaderValue::from_str(&raw)
             .map_err(|_| "the API key contains characters not allowed in a header".to_string())?;

@@ -3,8 +3,8 @@
 //! The agent keeps its history in these types (they are serde-serializable so it can persist
 //! them); each implementation translates them to its wire format. Provider-native data that must
 //! go back verbatim (Anthropic thinking signatures, DeepSeek `reasoning_content`, Responses
-//! encrypted reasoning) rides along as a [`ProviderExtra`] tagged with where it came from, and is
-//! replayed only to that same provider.
+//! encrypted reasoning, Gemini thought signatures) rides along as a [`ProviderExtra`] tagged
+//! with where it came from, and is replayed only to that same provider.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -146,6 +146,13 @@ pub enum ExtraData {
         encrypted_content: Option<String>,
         summary: Vec<String>,
     },
+    /// Gemini thought parts (`thought: true`) and the `thoughtSignature` that came on them.
+    GeminiThought { signature: String },
+    /// Gemini `thoughtSignature` that came on a text part: replayed on the text part before it,
+    /// or (`empty_part`) on an empty text part of its own, as it arrived.
+    GeminiTextSignature { signature: String, empty_part: bool },
+    /// Gemini `thoughtSignature` of a `functionCall` part (the first call of a step has one).
+    GeminiCall { signature: String },
 }
 
 /// Token counts, normalised across providers:

@@ -342,6 +342,7 @@ async fn check_provider(name: &str, p: &ProviderConfig, config: &Config) -> Chec
                     crate::provider::AuthMode::Bearer => "Authorization: Bearer",
                     crate::provider::AuthMode::ApiKey => "api-key",
                     crate::provider::AuthMode::XApiKey => "x-api-key",
+                    crate::provider::AuthMode::XGoogApiKey => "x-goog-api-key",
                 }
             ),
             ProviderErrorKind::NotFound => format!(
