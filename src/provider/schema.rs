@@ -386,10 +386,16 @@ fn tuple_items(o: &mut Map<String, Value>) {
     ) && !matches!(o.get("additionalItems"), Some(v) if v != &json!(false));
     o.remove("additionalItems");
     let n = list.len();
-    let items = match list.len() {
+    let mut distinct: Vec<Value> = Vec::new();
+    for s in list {
+        if !distinct.contains(&s) {
+            distinct.push(s);
+        }
+    }
+    let items = match distinct.len() {
         0 => json!({}),
-        1 => list.into_iter().next().unwrap_or_default(),
-        _ => json!({"anyOf": list}),
+        1 => distinct.pop().unwrap_or_default(),
+        _ => json!({"anyOf": distinct}),
     };
     o.insert("items".into(), items);
     if closed && n > 0 {
