@@ -676,3 +676,122 @@ async fn an_ask_question_round_trip_reaches_the_model() {
     );
     h.assert_nothing_relayed();
 }
+
+// ---- Gemini native through the proxy ----
+
+/// A Gemini `streamGenerateContent` body of these chunks.
+fn gemini_sse(chunks: &[serde_json::Value]) -> Reply {
+    Reply::sse(
+        chunks
+            .iter()
+            .map(|c| format!("data: {c}\n\n"))
+            .collect::<String>(),
+    )
+}
+
+const CALL_SIG: &str = "Q2FsbC1zaWcrLz0=";
+const THOUGHT_SIG: &str = "VGhvdWdodC1zaWc=";
+const TEXT_SIG: &str = "VGV4dC1zaWc=";
+
+/// The `contents` of the provider's `n`-th request.
+fn gemini_contents(h: &Harness, n: usize) -> Vec<serde_json::Value> {
+    h.provider.requests()[n].json()["contents"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Thinking, a tool round trip and a second turn on a Gemini provider: every request carries
+/// the thought signatures exactly as Gemini sent them, on the parts they came with, also when the
+/// second turn's history is rebuilt from the conversation cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_thinking_tool_round_trip_and_signatures_across_turns() {
+    use serde_json::json;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("n.txt"), "forty-two\n").unwrap();
+    let h = harness_with(
+        vec![
+            gemini_sse(&[
+                json!({"responseId": "g1", "candidates": [{"content": {"role": "model", "parts": [
+                    {"text": "Read n.txt first.", "thought": true, "thoughtSignature": THOUGHT_SIG}]}}]}),
+                json!({"candidates": [{"content": {"role": "model", "parts": [
+                    {"functionCall": {"name": "read_file", "args": {"path": "n.txt"}}, "thoughtSignature": CALL_SIG}]},
+                    "finishReason": "STOP"}],
+                    "usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": 10, "thoughtsTokenCount": 4}}),
+            ]),
+            gemini_sse(&[json!({"candidates": [{"content": {"role": "model", "parts": [
+                {"text": "It says forty-two.", "thoughtSignature": TEXT_SIG}]}, "finishReason": "STOP"}],
+                "usageMetadata": {"promptTokenCount": 80, "candidatesTokenCount": 5}})]),
+            gemini_sse(&[json!({"candidates": [{"content": {"role": "model", "parts": [
+                {"text": "Yes."}]}, "finishReason": "STOP"}]})]),
+        ],
+        |c| {
+            let p = c.providers.get_mut("fake").unwrap();
+            p.kind = cursor_byok::provider::ProviderKind::Gemini;
+        },
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-gemini", "what is in n.txt?", false);
+    let (messages, end) = turn(&h, Transport::H2, "req-gemini-1", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(text_of(&messages).ends_with("It says forty-two."));
+
+    let reqs = h.provider.requests();
+    assert_eq!(
+        reqs[0].path,
+        "/v1beta/models/gpt-fake:streamGenerateContent?alt=sse"
+    );
+    assert_eq!(reqs[0].header("x-goog-api-key"), Some(PROVIDER_KEY));
+    assert!(reqs[0].header("authorization").is_none());
+    let tools = &reqs[0].json()["tools"][0]["functionDeclarations"];
+    assert!(tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "read_file"));
+
+    let model_turn = json!({"role": "model", "parts": [
+        {"text": "Read n.txt first.", "thought": true, "thoughtSignature": THOUGHT_SIG},
+        {"functionCall": {"name": "read_file", "args": {"path": "n.txt"}}, "thoughtSignature": CALL_SIG},
+    ]});
+    let contents = gemini_contents(&h, 1);
+    assert_eq!(contents[1], model_turn);
+    let response = &contents[2]["parts"][0]["functionResponse"];
+    assert_eq!(response["name"], "read_file");
+    assert!(
+        response["response"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("forty-two"),
+        "{response}"
+    );
+
+    // The second turn, its history rebuilt from the proxy's cache.
+    let checkpoint = client.checkpoint.clone().expect("a checkpoint");
+    let mut second = run_request(OURS, "conv-gemini", "are you sure?", false);
+    if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut second.message {
+        r.conversation_state = Some(checkpoint);
+    }
+    let (messages, end) = turn(&h, Transport::H2, "req-gemini-2", &second, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(text_of(&messages), "Yes.");
+    let contents = gemini_contents(&h, 2);
+    assert_eq!(contents[1], model_turn);
+    assert_eq!(
+        contents[3],
+        json!({"role": "model", "parts": [{"text": "It says forty-two.", "thoughtSignature": TEXT_SIG}]})
+    );
+    assert_eq!(
+        contents.last().unwrap(),
+        &json!({"role": "user", "parts": [{"text": "are you sure?"}]})
+    );
+    let raw = String::from_utf8(h.provider.requests()[2].body.clone()).unwrap();
+    for sig in [THOUGHT_SIG, CALL_SIG, TEXT_SIG] {
+        assert!(
+            raw.contains(&format!("\"thoughtSignature\":\"{sig}\"")),
+            "{sig}"
+        );
+    }
+    h.assert_nothing_relayed();
+}
