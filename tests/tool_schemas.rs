@@ -16,7 +16,7 @@
 
 use cursor_byok::agent::tools::{catalog, ToolContext};
 use cursor_byok::proto::agent::v1 as pb;
-use cursor_byok::provider::schema::{Dialect, ToolNames};
+use cursor_byok::provider::schema::{Dialect, ToolNames, GEMINI_KEYWORDS};
 use cursor_byok::provider::*;
 use cursor_byok::secret::Secret;
 use serde_json::{json, Value};
@@ -208,29 +208,6 @@ fn check_moonshot(name: &str, params: &Value) {
     check_json_schema(name, params, true);
 }
 
-const GEMINI_KEYS: &[&str] = &[
-    "type",
-    "format",
-    "title",
-    "description",
-    "nullable",
-    "enum",
-    "items",
-    "properties",
-    "required",
-    "anyOf",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "minimum",
-    "maximum",
-    "propertyOrdering",
-];
-
 fn check_gemini(name: &str, params: Option<&Value>) {
     let mut chars = name.chars();
     let first_ok = chars
@@ -249,7 +226,7 @@ fn check_gemini(name: &str, params: Option<&Value>) {
             .as_object()
             .unwrap_or_else(|| panic!("{at}: not an object"));
         for k in o.keys() {
-            assert!(GEMINI_KEYS.contains(&k.as_str()), "{at}: keyword `{k}`");
+            assert!(GEMINI_KEYWORDS.contains(&k.as_str()), "{at}: keyword `{k}`");
         }
         let ty = o.get("type").map(|t| {
             t.as_str()

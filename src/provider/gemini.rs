@@ -471,13 +471,13 @@ impl Machine for GeminiMachine {
         }
     }
 
+    /// Gemini ends the body after the chunk with `finishReason`; without one it was cut off.
     fn on_eof(&mut self, out: &mut Vec<ProviderEvent>) {
-        if self.finish.is_some() {
-            self.complete(out);
-        } else {
-            out.push(ProviderEvent::Error(ProviderError::truncated(
+        match self.finish {
+            Some(_) => self.complete(out),
+            None => out.push(ProviderEvent::Error(ProviderError::truncated(
                 &self.ctx.name,
-            )));
+            ))),
         }
     }
 }

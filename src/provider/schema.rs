@@ -252,8 +252,9 @@ struct Cx<'a> {
     defs: &'a Map<String, Value>,
 }
 
-/// Keywords Gemini's schema subset knows (others are dropped).
-const GEMINI_KEYS: &[&str] = &[
+/// The fields of Gemini's `Schema` object (its OpenAPI 3 subset), as documented; others are
+/// dropped.
+pub const GEMINI_KEYWORDS: &[&str] = &[
     "type",
     "format",
     "title",
@@ -485,7 +486,7 @@ fn gemini_keywords(o: &mut Map<String, Value>) {
     if !fmt_ok {
         o.remove("format");
     }
-    o.retain(|k, _| GEMINI_KEYS.contains(&k.as_str()));
+    o.retain(|k, _| GEMINI_KEYWORDS.contains(&k.as_str()));
 }
 
 /// `allOf` members are folded into the node (properties and `required` unioned; other keys
