@@ -1722,3 +1722,40 @@ async fn tool_names_are_renamed_on_the_wire_and_mapped_back() {
             {"type": "object", "properties": {"q": {"type": ["string", "null"]}}}})
     );
 }
+
+/// The recorded Gemini 429 through a Gemini client: typed, with the delay, not retried (34.4 s is
+/// beyond `max_retry_after`); a 400 body keeps Gemini's own message.
+#[tokio::test]
+async fn gemini_error_bodies_become_typed_errors() {
+    let Some(d) = shared_dir() else { return };
+    let body = std::fs::read(d.join("errors/gemini-429-retry-info.json")).unwrap();
+    let fake = FakeProvider::start(vec![Reply::json(429, body)]).await;
+    let events = collect(
+        client(ProviderKind::Gemini, &fake).stream(gemini_request(), CancellationToken::new()),
+    )
+    .await;
+    let e = error_of(&events);
+    assert_eq!(
+        e.kind,
+        ProviderErrorKind::RateLimited {
+            retry_after: Some(Duration::from_secs_f64(34.4))
+        }
+    );
+    assert_eq!(e.code.as_deref(), Some("RESOURCE_EXHAUSTED"));
+    assert_eq!(fake.requests().len(), 1);
+
+    let bad = r#"{"error":{"code":400,"message":"Please ensure that function call turn comes immediately after a user turn or after a function response turn.","status":"INVALID_ARGUMENT"}}"#;
+    let fake = FakeProvider::start(vec![Reply::json(400, bad)]).await;
+    let events = collect(
+        client(ProviderKind::Gemini, &fake).stream(gemini_request(), CancellationToken::new()),
+    )
+    .await;
+    let e = error_of(&events);
+    assert_eq!(e.kind, ProviderErrorKind::InvalidRequest);
+    assert!(
+        e.to_string()
+            .contains("rejected the request (HTTP 400): Please ensure"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains(KEY));
+}

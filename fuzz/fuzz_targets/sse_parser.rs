@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         ProviderKind::OpenAiChat,
         ProviderKind::Anthropic,
         ProviderKind::OpenAiResponses,
+        ProviderKind::Gemini,
     ] {
         let mut d = StreamDecoder::new(kind, "fuzz", "fuzz");
         for piece in body.chunks(chunk) {
