@@ -736,6 +736,22 @@ async fn gemini_thinking_tool_round_trip_and_signatures_across_turns() {
     let (messages, end) = turn(&h, Transport::H2, "req-gemini-1", &first, &mut client).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert!(text_of(&messages).ends_with("It says forty-two."));
+    let thinking: String = updates(&messages)
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::ThinkingDelta(t) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(thinking, "Read n.txt first.");
+    let usage = updates(&messages).into_iter().find_map(|u| match u {
+        Update::TurnEnded(t) => Some(*t),
+        _ => None,
+    });
+    assert!(
+        usage.is_some_and(|u| u.input_tokens.is_some()),
+        "usage reported"
+    );
 
     let reqs = h.provider.requests();
     assert_eq!(
