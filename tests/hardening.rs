@@ -574,3 +574,154 @@ async fn connections_beyond_the_cap_are_closed() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     h.normal_run_succeeds("after-cap").await;
 }
+
+/// A raw TCP peer on loopback that echoes what it reads and, at the client's FIN, keeps its
+/// side open for ever (a peer that ignores FIN).
+async fn echo_peer() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, &buf[..n]).await;
+                }
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy with `tunnel.example` resolving to an [`echo_peer`].
+async fn tunnel_harness(tweak: impl FnOnce(&mut cursor_byok::config::Config)) -> harness::Harness {
+    let peer = echo_peer().await;
+    harness(vec![], |c| {
+        c.upstream.resolve.insert("tunnel.example".into(), peer);
+        tweak(c);
+    })
+    .await
+}
+
+/// Wait (at most `limit`) for the proxy to close `stream`: EOF or a reset.
+async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+async fn echo_round(stream: &mut tokio::net::TcpStream) {
+    tokio::io::AsyncWriteExt::write_all(stream, b"ping")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+}
+
+/// 50 tunnels whose far peer ignores the client's FIN are closed after the half-close timeout
+/// (1 s here) instead of staying in CLOSE-WAIT; the proxy then serves a normal run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_closed_tunnels_are_closed_after_the_timeout() {
+    let h = tunnel_harness(|c| c.limits.tunnel_half_close_secs = 1).await;
+    let proxy = h.server.proxy_addr();
+    let mut tunnels = Vec::new();
+    for _ in 0..50 {
+        let mut stream = common::client::tunnel(proxy, "tunnel.example:7000").await;
+        echo_round(&mut stream).await;
+        tunnels.push(stream);
+    }
+    let started = Instant::now();
+    for stream in &mut tunnels {
+        tokio::io::AsyncWriteExt::shutdown(stream).await.unwrap();
+    }
+    for stream in &mut tunnels {
+        assert!(closed_within(stream, Duration::from_secs(10)).await);
+    }
+    let took = started.elapsed();
+    outcome(
+        "50 tunnels, peer ignores FIN",
+        "closed",
+        &format!("{took:?}"),
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed too early: {took:?}"
+    );
+    h.normal_run_succeeds("after-half-close").await;
+}
+
+/// A silent tunnel closes at the idle timeout (1 s here); one with traffic every 400 ms lives
+/// on past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_tunnels_close_at_the_idle_timeout() {
+    let h = tunnel_harness(|c| c.limits.tunnel_idle_secs = 1).await;
+    let proxy = h.server.proxy_addr();
+    let mut silent = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let mut busy = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let started = Instant::now();
+    let busy_run = async {
+        while started.elapsed() < Duration::from_secs(3) {
+            echo_round(&mut busy).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    };
+    let (_, closed) = tokio::join!(busy_run, async {
+        let closed = closed_within(&mut silent, Duration::from_secs(5)).await;
+        (closed, started.elapsed())
+    });
+    outcome(
+        "silent tunnel (idle 1 s)",
+        "closed",
+        &format!("{:?}", closed.1),
+    );
+    assert!(closed.0, "the silent tunnel stayed open");
+    assert!(closed.1 >= Duration::from_millis(900), "{:?}", closed.1);
+    echo_round(&mut busy).await;
+    h.normal_run_succeeds("after-idle").await;
+}
+
+/// Beyond `[limits] max_tunnels` a CONNECT is a 503 naming the limit; once a tunnel closes a
+/// new one is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_beyond_the_cap_are_refused_with_503() {
+    let h = tunnel_harness(|c| {
+        c.limits.max_tunnels = 2;
+        c.limits.tunnel_half_close_secs = 1;
+    })
+    .await;
+    let proxy = h.server.proxy_addr();
+    let mut first = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let mut second = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let text = connect_refused(proxy, "tunnel.example:7000", 503).await;
+    assert!(text.contains("max_tunnels"), "{text}");
+    outcome("tunnels beyond the cap (2)", "503", &text);
+    echo_round(&mut first).await;
+    echo_round(&mut second).await;
+    // The peer ignores the FIN: the tunnel ends at the half-close timeout and frees its place.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, mut stream) =
+            common::client::connect_raw(proxy, "tunnel.example:7000", None).await;
+        if status == 200 {
+            echo_round(&mut stream).await;
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed tunnel's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.normal_run_succeeds("after-tunnel-cap").await;
+}

@@ -195,6 +195,19 @@ pub struct Limits {
     /// Open client connections per listener; beyond it new ones are closed at once.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// Open byte tunnels (CONNECT to hosts we do not terminate); beyond it a CONNECT is a 503.
+    #[serde(default = "defaults::max_tunnels")]
+    pub max_tunnels: usize,
+    /// Seconds a tunnel or upgraded connection may carry no byte either way before it closes.
+    #[serde(default = "defaults::tunnel_idle_secs")]
+    pub tunnel_idle_secs: u64,
+    /// Seconds a tunnel may stay half closed (one side sent FIN) before both sides close.
+    #[serde(default = "defaults::tunnel_half_close_secs")]
+    pub tunnel_half_close_secs: u64,
+    /// Seconds an HTTP/1.1 request head may take on the proxy listener and the plain-HTTP
+    /// door; an idle keep-alive connection there closes after it too.
+    #[serde(default = "defaults::head_timeout_secs")]
+    pub head_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -204,6 +217,10 @@ impl Default for Limits {
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_history_bytes: defaults::max_history_bytes(),
             max_connections: defaults::max_connections(),
+            max_tunnels: defaults::max_tunnels(),
+            tunnel_idle_secs: defaults::tunnel_idle_secs(),
+            tunnel_half_close_secs: defaults::tunnel_half_close_secs(),
+            head_timeout_secs: defaults::head_timeout_secs(),
         }
     }
 }

@@ -25,11 +25,6 @@ use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
-/// On the listeners a raw client reaches (the proxy listener, the plain-HTTP door), an HTTP/1.1
-/// request head not complete by then closes the connection: the same bound as a TLS handshake,
-/// so slowloris clients cannot hold memory and descriptors. An idle keep-alive connection there
-/// is closed after it too (hyper's own default is 30 s).
-pub(crate) const HEAD_TIMEOUT: Duration = HANDSHAKE_TIMEOUT;
 const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
 
