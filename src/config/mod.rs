@@ -268,6 +268,25 @@ impl ProviderConfig {
     }
 }
 
+/// A proxy URL's user info, as written, the password, and `user:password`, percent-decoded.
+fn userinfo_secrets(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let Some((userinfo, _)) = rest.rsplit_once('@') else {
+        return Vec::new();
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    vec![
+        userinfo.to_string(),
+        decode(password),
+        format!("{}:{}", decode(user), decode(password)),
+    ]
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -314,6 +333,26 @@ impl ModelConfig {
 const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high", "xhigh"];
 
 impl Config {
+    /// Every secret value the config holds, for the scrubber ([`crate::secret::register`]):
+    /// provider keys and extra header values, the outbound proxy's URL and credentials (as
+    /// written and percent-decoded), and the `proxy_auth` password.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for provider in self.providers.values() {
+            out.extend(provider.resolve_api_key().map(|k| k.expose().to_string()));
+            out.extend(provider.headers.values().map(|v| v.expose().to_string()));
+        }
+        if let Some(url) = &self.upstream.proxy {
+            out.push(url.expose().to_string());
+            out.extend(userinfo_secrets(url.expose()));
+        }
+        if let Some(auth) = &self.proxy_auth {
+            out.push(auth.password.expose().to_string());
+            out.push(format!("{}:{}", auth.username, auth.password.expose()));
+        }
+        out
+    }
+
     /// Parse and validate TOML text; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let de =

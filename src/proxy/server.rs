@@ -63,6 +63,8 @@ impl ServerBuilder {
     /// Bind every enabled door and start accepting.
     pub async fn bind(self) -> Result<Server, ProxyError> {
         let config = self.config;
+        // From here on, error text leaving the process is scrubbed of the config's secrets.
+        crate::secret::register(config.secret_values().iter().map(String::as_str));
         let origin = Origin::parse(&config.direct.origin)?;
         let proxy = bind(config.listen).await?;
         let tls = match config.direct.tls_listen {
