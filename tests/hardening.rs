@@ -841,3 +841,66 @@ async fn head_flood_returns_memory_and_fds_to_baseline() {
     );
     status_ok().await;
 }
+
+/// With `[direct] token` set, every direct-door request must carry it: without it (or with a
+/// wrong one) the answer is a 401, with it our runs and relayed runs work, and the token never
+/// reaches Cursor. The plain door listens on every address here (allowed with a token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_doors_with_a_token_check_every_request() {
+    const TOKEN: &str = "door-token-SECRET-0123456789";
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |c| {
+        c.direct.token = Some(cursor_byok::secret::Secret::new(TOKEN));
+        c.direct.http_listen = Some("0.0.0.0:0".parse().unwrap());
+    })
+    .await;
+    let http = h.server.http_addr().unwrap();
+    assert!(http.ip().is_unspecified(), "{http}");
+    let plain = std::net::SocketAddr::from(([127, 0, 0, 1], http.port()));
+    for token in ["", "x-cursor-byok-token: door-token-SECRET-012345678X\r\n"] {
+        let mut s = tokio::net::TcpStream::connect(plain).await.unwrap();
+        let req = format!(
+            "POST {} HTTP/1.1\r\nHost: api2.cursor.sh\r\n{token}content-length: 0\r\n\r\n",
+            common::cursor_upstream::AGENT_RUN
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+            .await
+            .unwrap();
+        let head = common::client::read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+        outcome(
+            "direct door without the token",
+            "401",
+            head.lines().next().unwrap(),
+        );
+    }
+
+    let door = h.tls_door();
+    let conn = h2_conn(&door).await;
+    let store = Store::default();
+    let with_token = [("x-cursor-byok-token", TOKEN)];
+    let first = frame(&run_request(OURS, "conv-door", "hi", true));
+    let refused = run_with_headers(&conn, &door, "req-door-0", &[], first.clone()).await;
+    assert_eq!(refused.stream.status, StatusCode::UNAUTHORIZED);
+    let mut run = run_with_headers(&conn, &door, "req-door-1", &with_token, first).await;
+    assert_eq!(run.stream.status, StatusCode::OK);
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), TEXT);
+
+    // A run of Cursor's model is relayed without our credential.
+    let first = frame(&run_request(CURSORS, "conv-door-2", "hi", true));
+    let run = run_with_headers(&conn, &door, "req-door-2", &with_token, first).await;
+    let common::agent_client::H2Run { tx, stream } = run;
+    drop(tx);
+    let _ = stream.raw_to_end().await;
+    let recorded = h
+        .upstream
+        .wait_recorded(
+            common::cursor_upstream::AGENT_RUN,
+            1,
+            common::agent_client::STEP,
+        )
+        .await;
+    assert!(recorded[0].headers.get("x-cursor-byok-token").is_none());
+    assert!(recorded[0].headers.get("proxy-authorization").is_none());
+}

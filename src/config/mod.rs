@@ -75,6 +75,21 @@ pub struct DirectDoors {
     /// The Cursor origin requests on the direct doors are sent to.
     #[serde(default = "defaults::origin")]
     pub origin: String,
+    /// A door token: when set, every direct-door request must carry it in
+    /// `x-cursor-byok-token` (or `proxy_auth`'s credentials), and the doors may listen beyond
+    /// loopback.
+    #[serde(default)]
+    pub token: Option<Secret>,
+}
+
+impl DirectDoors {
+    /// Whether a direct door listens beyond loopback.
+    pub fn exposed(&self) -> bool {
+        [self.tls_listen, self.http_listen]
+            .into_iter()
+            .flatten()
+            .any(|a| !a.ip().is_loopback())
+    }
 }
 
 impl Default for DirectDoors {
@@ -83,6 +98,7 @@ impl Default for DirectDoors {
             tls_listen: None,
             http_listen: None,
             origin: defaults::origin(),
+            token: None,
         }
     }
 }
@@ -346,6 +362,7 @@ impl Config {
             out.push(url.expose().to_string());
             out.extend(userinfo_secrets(url.expose()));
         }
+        out.extend(self.direct.token.iter().map(|t| t.expose().to_string()));
         if let Some(auth) = &self.proxy_auth {
             out.push(auth.password.expose().to_string());
             out.push(format!("{}:{}", auth.username, auth.password.expose()));
@@ -427,22 +444,34 @@ impl Config {
                 ));
             }
         }
-        // A direct door spends the user's provider key for whoever reaches it, and it checks no
-        // credentials (`proxy_auth` guards only the proxy listener): loopback only.
+        // A direct door spends the user's provider key for whoever reaches it: beyond loopback
+        // only with a credential it checks (a door token, or `proxy_auth`'s).
+        let guarded = self.direct.token.is_some() || self.proxy_auth.is_some();
         for (key, addr) in [
             ("direct.tls_listen", self.direct.tls_listen),
             ("direct.http_listen", self.direct.http_listen),
         ] {
-            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !guarded) {
                 return Err(invalid(
                     key.into(),
                     format!(
-                        "{addr} is not a loopback address: the direct doors check no \
-                         credentials ([proxy_auth] guards only the proxy listener), so anyone \
-                         who reaches it spends your provider key; bind it to 127.0.0.1"
+                        "{addr} is not a loopback address and neither [direct] token nor \
+                         [proxy_auth] is set, so anyone who reaches it spends your provider \
+                         key; bind it to 127.0.0.1 or set a door token"
                     ),
                 ));
             }
+        }
+        if self
+            .direct
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose().len() < 16)
+        {
+            return Err(invalid(
+                "direct.token".into(),
+                "must be at least 16 characters".into(),
+            ));
         }
         if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://")
         {

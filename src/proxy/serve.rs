@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use super::auth::DoorCheck;
 use super::state::State;
 use crate::conn_tasks::LocalExec;
 use crate::http::{Door, RequestContext};
@@ -121,6 +122,8 @@ struct Shared {
     router: crate::router::Router,
     link: Link,
     base: RequestContext,
+    /// On a direct door, the credential every request must carry (when configured).
+    door_auth: Option<Arc<DoorCheck>>,
 }
 
 type ServiceFuture =
@@ -147,16 +150,25 @@ pub(crate) async fn serve_http<I>(
     // What every request on this connection shares, behind one `Arc`: the router, this
     // connection's own upstream connection (dialled on its first passthrough request) and
     // the context the CONNECT (or the listener) gave.
+    let direct = matches!(base.door, Door::DirectTls | Door::DirectHttp);
     let shared = Arc::new(Shared {
         router: state.router.clone(),
         link: Link::new(exec.clone()),
         base,
+        door_auth: state.door_auth.clone().filter(|_| direct),
     });
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
         // Boxed once here: the request's future is a few KiB and hyper would otherwise move it
         // by value into its dispatcher (HTTP/1.1) or a stream task (HTTP/2).
         let fut: ServiceFuture = Box::pin(async move {
+            let mut req = req;
+            if let Some(check) = &shared.door_auth {
+                if !check.allows(req.headers()) {
+                    return Ok(super::auth::door_required());
+                }
+                DoorCheck::strip(req.headers_mut());
+            }
             let mut ctx = shared.base.clone();
             ctx.client_version = req.version();
             let resp = shared

@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::auth::ProxyAuthCheck;
+use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
 use super::state::{Origin, State, Tunnels};
 use super::{direct, front, ProxyError};
@@ -96,6 +96,7 @@ impl ServerBuilder {
             certs: CertStore::new(self.ca)?,
             router: router(&config, upstream, &status)?,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
+            door_auth: DoorCheck::from_config(&config).map(Arc::new),
             origin,
             shutdown: shutdown.clone(),
             status: status.clone(),

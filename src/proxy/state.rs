@@ -7,7 +7,7 @@ use http::uri::Scheme;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::auth::ProxyAuthCheck;
+use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
 use super::ProxyError;
 use crate::router::Router;
@@ -21,6 +21,8 @@ pub(crate) struct State {
     pub(crate) certs: CertStore,
     pub(crate) router: Router,
     pub(crate) auth: Option<ProxyAuthCheck>,
+    /// The direct doors' credential check, when the config asks for one.
+    pub(crate) door_auth: Option<Arc<DoorCheck>>,
     pub(crate) origin: Origin,
     pub(crate) shutdown: Shutdown,
     /// Live runs for the status page (served by the proxy listener itself).
