@@ -10,10 +10,12 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use common::agent_client::STEP;
 use common::agent_client::{
     frame, play, play_until, run_request, text_of, Bidi, H2Run, Sink, Store,
 };
 use common::closed_port;
+use common::cursor_upstream::AGENT_RUN;
 use common::fake_provider::{After, Reply};
 use cursor_byok::connect::{Code, ConnectError};
 use cursor_byok::proto::agent::v1 as pb;
@@ -386,14 +388,7 @@ async fn wrong_content_type_on_run_is_not_decoded_as_ours() {
         },
     );
     assert!(relayed, "relayed upstream");
-    let recorded = h
-        .upstream
-        .wait_recorded(
-            common::cursor_upstream::AGENT_RUN,
-            1,
-            common::agent_client::STEP,
-        )
-        .await;
+    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
     assert_eq!(recorded[0].body, first);
     assert!(h.provider.requests().is_empty(), "never run as ours");
     h.normal_run_succeeds("after-content-type").await;
@@ -505,6 +500,13 @@ async fn connect_with_an_invalid_port_is_a_400() {
     h.normal_run_succeeds("after-bad-port").await;
 }
 
+/// Report how long after `started` the case's connections closed; not before `at_least`.
+fn closed_no_earlier(case: &str, started: Instant, at_least: Duration) {
+    let took = started.elapsed();
+    outcome(case, "closed", &format!("{took:?}"));
+    assert!(took >= at_least, "closed too early: {took:?}");
+}
+
 /// An unfinished request head on the proxy listener or the plain-HTTP door is closed after the
 /// 15 s head timeout (as the TLS door closes a silent handshake); the proxy keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,12 +527,7 @@ async fn unfinished_request_heads_are_closed() {
         slow(h.server.proxy_addr()),
         slow(h.server.http_addr().unwrap())
     );
-    let took = started.elapsed();
-    outcome("unfinished request head", "closed", &format!("{took:?}"));
-    assert!(
-        took >= Duration::from_secs(10),
-        "closed too early: {took:?}"
-    );
+    closed_no_earlier("unfinished request head", started, Duration::from_secs(10));
     h.normal_run_succeeds("after-slow-head").await;
 }
 
@@ -647,16 +644,8 @@ async fn half_closed_tunnels_are_closed_after_the_timeout() {
     for stream in &mut tunnels {
         assert!(closed_within(stream, Duration::from_secs(10)).await);
     }
-    let took = started.elapsed();
-    outcome(
-        "50 tunnels, peer ignores FIN",
-        "closed",
-        &format!("{took:?}"),
-    );
-    assert!(
-        took >= Duration::from_millis(900),
-        "closed too early: {took:?}"
-    );
+    let case = "50 tunnels, peer ignores FIN";
+    closed_no_earlier(case, started, Duration::from_millis(900));
     h.normal_run_succeeds("after-half-close").await;
 }
 
@@ -860,7 +849,7 @@ async fn direct_doors_with_a_token_check_every_request() {
         let mut s = tokio::net::TcpStream::connect(plain).await.unwrap();
         let req = format!(
             "POST {} HTTP/1.1\r\nHost: api2.cursor.sh\r\n{token}content-length: 0\r\n\r\n",
-            common::cursor_upstream::AGENT_RUN
+            AGENT_RUN
         );
         tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
             .await
@@ -893,14 +882,7 @@ async fn direct_doors_with_a_token_check_every_request() {
     let common::agent_client::H2Run { tx, stream } = run;
     drop(tx);
     let _ = stream.raw_to_end().await;
-    let recorded = h
-        .upstream
-        .wait_recorded(
-            common::cursor_upstream::AGENT_RUN,
-            1,
-            common::agent_client::STEP,
-        )
-        .await;
+    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
     assert!(recorded[0].headers.get("x-cursor-byok-token").is_none());
     assert!(recorded[0].headers.get("proxy-authorization").is_none());
 }

@@ -121,19 +121,8 @@ async fn no_secret_in_logs_errors_status_or_files() {
     assert_eq!(recorded[0].headers["authorization"], BEARER);
 
     // The status page (HTML and JSON) on the proxy listener.
-    let tcp = tokio::net::TcpStream::connect(h.server.proxy_addr())
-        .await
-        .unwrap();
-    let mut status = Sender::handshake(tcp, Alpn::H1).await;
-    for path in ["/__cursor-byok/status.json", "/__cursor-byok/status"] {
-        let req = Request::get(path).body(client::empty()).unwrap();
-        let resp = status
-            .send(&h.server.proxy_addr().to_string(), req)
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK, "{path}");
-        let body = client::collect(resp).await;
-        assert_clean(path, &String::from_utf8_lossy(&body));
+    for (path, body) in status_pages(&h).await {
+        assert_clean(path, &body);
     }
     let snapshot = serde_json::to_string(&h.server.status().snapshot()).unwrap();
     assert!(snapshot.contains("req-secret-2"), "{snapshot}");
@@ -178,13 +167,13 @@ fn forms(value: &str) -> Vec<String> {
     ]
 }
 
-/// Status JSON and HTML, the snapshot, and every file in the data dir, without `secrets`.
-async fn assert_status_and_files_clean(h: &harness::Harness, secrets: &[String]) {
+/// The status page's JSON and HTML from the proxy listener, each with its path.
+async fn status_pages(h: &harness::Harness) -> Vec<(&'static str, String)> {
     let tcp = tokio::net::TcpStream::connect(h.server.proxy_addr())
         .await
         .unwrap();
     let mut status = Sender::handshake(tcp, Alpn::H1).await;
-    let mut shown = vec![serde_json::to_string(&h.server.status().snapshot()).unwrap()];
+    let mut pages = Vec::new();
     for path in ["/__cursor-byok/status.json", "/__cursor-byok/status"] {
         let req = Request::get(path).body(client::empty()).unwrap();
         let resp = status
@@ -192,8 +181,16 @@ async fn assert_status_and_files_clean(h: &harness::Harness, secrets: &[String])
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "{path}");
-        shown.push(String::from_utf8_lossy(&client::collect(resp).await).into_owned());
+        let body = String::from_utf8_lossy(&client::collect(resp).await).into_owned();
+        pages.push((path, body));
     }
+    pages
+}
+
+/// Status JSON and HTML, the snapshot, and every file in the data dir, without `secrets`.
+async fn assert_status_and_files_clean(h: &harness::Harness, secrets: &[String]) {
+    let mut shown = vec![serde_json::to_string(&h.server.status().snapshot()).unwrap()];
+    shown.extend(status_pages(h).await.into_iter().map(|(_, body)| body));
     let mut files = Vec::new();
     walk(&h.data_dir(), &mut files);
     for f in &files {
