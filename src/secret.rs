@@ -1,6 +1,12 @@
-//! A string that never prints: API keys, bearer tokens, credentials.
+//! A string that never prints: API keys, bearer tokens, credentials; and the scrubber that
+//! takes their values out of text that leaves the process (a provider may echo a header back
+//! in its error body).
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::RwLock;
+
+use base64::Engine;
 
 /// A secret value. `Debug` and `Display` print `<redacted>`; the value is reachable only through
 /// [`Secret::expose`], so every use of the raw value is visible in review.
@@ -41,9 +47,133 @@ impl From<String> for Secret {
     }
 }
 
+/// What a scrubbed value is replaced with.
+pub const REDACTED: &str = "[redacted]";
+/// Shorter values are not scrubbed: they would mask ordinary words, and are no real secret.
+const MIN_SECRET_LEN: usize = 6;
+/// Bound on the process-wide registry (each value brings a handful of encodings).
+const MAX_NEEDLES: usize = 4096;
+
+/// Replaces every occurrence of known secret values in a text with [`REDACTED`], as written
+/// and in the simple encodings a provider might echo them in: percent-encoded, base64
+/// (standard and URL-safe, with or without padding) and JSON-escaped.
+#[derive(Debug, Clone, Default)]
+pub struct Scrubber {
+    /// Longest first, so a value is masked whole before any shorter one inside it.
+    needles: Vec<String>,
+}
+
+impl Scrubber {
+    pub fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut scrubber = Scrubber::default();
+        scrubber.add(values);
+        scrubber
+    }
+
+    /// Add `values` (and their encodings); values under 6 bytes are ignored.
+    pub fn add<'a>(&mut self, values: impl IntoIterator<Item = &'a str>) {
+        for value in values {
+            for needle in encodings(value) {
+                if self.needles.len() < MAX_NEEDLES && !self.needles.contains(&needle) {
+                    self.needles.push(needle);
+                }
+            }
+        }
+        self.needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    }
+
+    pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        let mut out = Cow::Borrowed(text);
+        for needle in &self.needles {
+            if out.contains(needle.as_str()) {
+                out = Cow::Owned(out.replace(needle.as_str(), REDACTED));
+            }
+        }
+        out
+    }
+}
+
+/// `value` as written and as it may be echoed back.
+fn encodings(value: &str) -> Vec<String> {
+    let value = value.trim();
+    if value.len() < MIN_SECRET_LEN {
+        return Vec::new();
+    }
+    let mut out = vec![value.to_string()];
+    let bytes = value.as_bytes();
+    let engines = [
+        &base64::engine::general_purpose::STANDARD,
+        &base64::engine::general_purpose::STANDARD_NO_PAD,
+        &base64::engine::general_purpose::URL_SAFE,
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    ];
+    out.extend(engines.iter().map(|e| e.encode(bytes)));
+    let percent = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC)
+        .to_string();
+    out.push(percent.to_ascii_lowercase());
+    out.push(percent);
+    if let Ok(json) = serde_json::to_string(value) {
+        out.push(json.trim_matches('"').to_string());
+    }
+    out.dedup();
+    out
+}
+
+/// The process-wide registry: the configured secrets, added when a server starts, so every
+/// error text leaving the process can be scrubbed without being handed the config.
+static REGISTRY: RwLock<Scrubber> = RwLock::new(Scrubber {
+    needles: Vec::new(),
+});
+
+/// Add `values` to the process-wide registry (see [`scrub`]).
+pub fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
+    // A poisoned lock only means a panic elsewhere; the needles are still whole.
+    let mut registry = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    registry.add(values);
+}
+
+/// `text` with every registered secret replaced by [`REDACTED`].
+pub fn scrub(text: &str) -> Cow<'_, str> {
+    REGISTRY
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .scrub(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrubs_values_and_their_encodings() {
+        let s = Scrubber::new(["sek-org/tok en+1", "short", "p@ss:w%rd"]);
+        let b64 = base64::engine::general_purpose::STANDARD.encode("sek-org/tok en+1");
+        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("sek-org/tok en+1");
+        for text in [
+            "echo: sek-org/tok en+1 end".to_string(),
+            format!("b64 {b64} end"),
+            format!("b64url {url} end"),
+            "pct sek%2Dorg%2Ftok%20en%2B1 end".to_string(),
+            "pct sek%2dorg%2ftok%20en%2b1 end".to_string(),
+            "pw p@ss:w%rd and p%40ss%3Aw%25rd end".to_string(),
+        ] {
+            let out = s.scrub(&text);
+            assert!(out.contains(REDACTED), "{text} -> {out}");
+            assert!(!out.contains("sek-org") && !out.contains("w%rd"), "{out}");
+            assert!(out.ends_with(" end"), "{out}");
+        }
+        // Short values are left alone; a clean text is not copied.
+        assert!(matches!(s.scrub("a short text"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn the_registry_scrubs_what_was_registered() {
+        register(["registered-secret-42"]);
+        assert_eq!(
+            scrub("key registered-secret-42 was refused"),
+            "key [redacted] was refused"
+        );
+    }
 
     #[test]
     fn never_prints() {

@@ -26,6 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "http",
             "relay",
             "router",
+            "secret",
             "status",
             "tls",
             "upstream",
@@ -46,7 +47,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "capture", "config", "connect", "http", "proto", "status", "upstream",
         ],
     ),
-    ("status", &["capture", "http", "proto", "provider"]),
+    (
+        "status",
+        &["capture", "http", "proto", "provider", "secret"],
+    ),
     ("capture", &["proto"]),
     (
         "upstream",

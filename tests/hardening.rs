@@ -10,10 +10,12 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use common::agent_client::STEP;
 use common::agent_client::{
     frame, play, play_until, run_request, text_of, Bidi, H2Run, Sink, Store,
 };
 use common::closed_port;
+use common::cursor_upstream::AGENT_RUN;
 use common::fake_provider::{After, Reply};
 use cursor_byok::connect::{Code, ConnectError};
 use cursor_byok::proto::agent::v1 as pb;
@@ -386,14 +388,7 @@ async fn wrong_content_type_on_run_is_not_decoded_as_ours() {
         },
     );
     assert!(relayed, "relayed upstream");
-    let recorded = h
-        .upstream
-        .wait_recorded(
-            common::cursor_upstream::AGENT_RUN,
-            1,
-            common::agent_client::STEP,
-        )
-        .await;
+    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
     assert_eq!(recorded[0].body, first);
     assert!(h.provider.requests().is_empty(), "never run as ours");
     h.normal_run_succeeds("after-content-type").await;
@@ -505,6 +500,13 @@ async fn connect_with_an_invalid_port_is_a_400() {
     h.normal_run_succeeds("after-bad-port").await;
 }
 
+/// Report how long after `started` the case's connections closed; not before `at_least`.
+fn closed_no_earlier(case: &str, started: Instant, at_least: Duration) {
+    let took = started.elapsed();
+    outcome(case, "closed", &format!("{took:?}"));
+    assert!(took >= at_least, "closed too early: {took:?}");
+}
+
 /// An unfinished request head on the proxy listener or the plain-HTTP door is closed after the
 /// 15 s head timeout (as the TLS door closes a silent handshake); the proxy keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,12 +527,7 @@ async fn unfinished_request_heads_are_closed() {
         slow(h.server.proxy_addr()),
         slow(h.server.http_addr().unwrap())
     );
-    let took = started.elapsed();
-    outcome("unfinished request head", "closed", &format!("{took:?}"));
-    assert!(
-        took >= Duration::from_secs(10),
-        "closed too early: {took:?}"
-    );
+    closed_no_earlier("unfinished request head", started, Duration::from_secs(10));
     h.normal_run_succeeds("after-slow-head").await;
 }
 
@@ -573,4 +570,319 @@ async fn connections_beyond_the_cap_are_closed() {
     // The permits come back as the connection tasks see the close.
     tokio::time::sleep(Duration::from_millis(500)).await;
     h.normal_run_succeeds("after-cap").await;
+}
+
+/// A raw TCP peer on loopback that echoes what it reads and, at the client's FIN, keeps its
+/// side open for ever (a peer that ignores FIN).
+async fn echo_peer() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, &buf[..n]).await;
+                }
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy with `tunnel.example` resolving to an [`echo_peer`].
+async fn tunnel_harness(tweak: impl FnOnce(&mut cursor_byok::config::Config)) -> harness::Harness {
+    let peer = echo_peer().await;
+    harness(vec![], |c| {
+        c.upstream.resolve.insert("tunnel.example".into(), peer);
+        tweak(c);
+    })
+    .await
+}
+
+/// Wait (at most `limit`) for the proxy to close `stream`: EOF or a reset.
+async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+async fn echo_round(stream: &mut tokio::net::TcpStream) {
+    tokio::io::AsyncWriteExt::write_all(stream, b"ping")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+}
+
+/// 50 tunnels whose far peer ignores the client's FIN are closed after the half-close timeout
+/// (1 s here) instead of staying in CLOSE-WAIT; the proxy then serves a normal run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_closed_tunnels_are_closed_after_the_timeout() {
+    let h = tunnel_harness(|c| c.limits.tunnel_half_close_secs = 1).await;
+    let proxy = h.server.proxy_addr();
+    let mut tunnels = Vec::new();
+    for _ in 0..50 {
+        let mut stream = common::client::tunnel(proxy, "tunnel.example:7000").await;
+        echo_round(&mut stream).await;
+        tunnels.push(stream);
+    }
+    let started = Instant::now();
+    for stream in &mut tunnels {
+        tokio::io::AsyncWriteExt::shutdown(stream).await.unwrap();
+    }
+    for stream in &mut tunnels {
+        assert!(closed_within(stream, Duration::from_secs(10)).await);
+    }
+    let case = "50 tunnels, peer ignores FIN";
+    closed_no_earlier(case, started, Duration::from_millis(900));
+    h.normal_run_succeeds("after-half-close").await;
+}
+
+/// A silent tunnel closes at the idle timeout (1 s here); one with traffic every 400 ms lives
+/// on past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_tunnels_close_at_the_idle_timeout() {
+    let h = tunnel_harness(|c| c.limits.tunnel_idle_secs = 1).await;
+    let proxy = h.server.proxy_addr();
+    let mut silent = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let mut busy = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let started = Instant::now();
+    let busy_run = async {
+        while started.elapsed() < Duration::from_secs(3) {
+            echo_round(&mut busy).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    };
+    let (_, closed) = tokio::join!(busy_run, async {
+        let closed = closed_within(&mut silent, Duration::from_secs(5)).await;
+        (closed, started.elapsed())
+    });
+    outcome(
+        "silent tunnel (idle 1 s)",
+        "closed",
+        &format!("{:?}", closed.1),
+    );
+    assert!(closed.0, "the silent tunnel stayed open");
+    assert!(closed.1 >= Duration::from_millis(900), "{:?}", closed.1);
+    echo_round(&mut busy).await;
+    h.normal_run_succeeds("after-idle").await;
+}
+
+/// Beyond `[limits] max_tunnels` a CONNECT is a 503 naming the limit; once a tunnel closes a
+/// new one is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_beyond_the_cap_are_refused_with_503() {
+    let h = tunnel_harness(|c| {
+        c.limits.max_tunnels = 2;
+        c.limits.tunnel_half_close_secs = 1;
+    })
+    .await;
+    let proxy = h.server.proxy_addr();
+    let mut first = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let mut second = common::client::tunnel(proxy, "tunnel.example:7000").await;
+    let text = connect_refused(proxy, "tunnel.example:7000", 503).await;
+    assert!(text.contains("max_tunnels"), "{text}");
+    outcome("tunnels beyond the cap (2)", "503", &text);
+    echo_round(&mut first).await;
+    echo_round(&mut second).await;
+    // The peer ignores the FIN: the tunnel ends at the half-close timeout and frees its place.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, mut stream) =
+            common::client::connect_raw(proxy, "tunnel.example:7000", None).await;
+        if status == 200 {
+            echo_round(&mut stream).await;
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed tunnel's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.normal_run_succeeds("after-tunnel-cap").await;
+}
+
+/// Open descriptors of process `pid`.
+fn fd_count(pid: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// This process's soft limit on open files, from /proc (no libc here).
+fn open_files_limit() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 1,000 connections each sending an unfinished large header to the proxy as its own process:
+/// while held its RSS and descriptors grow; after the head timeout (10 s here) both are back
+/// near their baseline and a normal request is served. `HEAD_FLOOD_KIB` sets each header's
+/// size (64 KiB by default; the run used 390). Figures go to docs/benchmarks.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_flood_returns_memory_and_fds_to_baseline() {
+    const CONNS: usize = 1000;
+    if open_files_limit() < 2 * CONNS as u64 + 200 {
+        eprintln!("skipped: the open-files limit is below {}", 2 * CONNS + 200);
+        return;
+    }
+    let kib: usize = std::env::var("HEAD_FLOOD_KIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let provider = common::closed_port();
+    let proxy = common::proxy_process::ProxyProcess::start(
+        provider.addr,
+        "[limits]\nhead_timeout_secs = 10\n",
+    )
+    .await;
+    let pid = proxy.pid();
+    let status_ok = || async {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let req = format!(
+            "GET /__cursor-byok/status.json HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            proxy.addr
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+            .await
+            .unwrap();
+        let head = common::client::read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    };
+    status_ok().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss0, fds0) = (harness::proc_status(&pid, "VmRSS:"), fd_count(&pid));
+
+    let mut pad = b"GET http://x/ HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
+    pad.resize(pad.len() + kib * 1024, b'a');
+    let pad = std::sync::Arc::new(pad);
+    let started = Instant::now();
+    let mut held = Vec::with_capacity(CONNS);
+    let addr = proxy.addr;
+    for _ in 0..CONNS / 100 {
+        let mut batch = Vec::new();
+        for _ in 0..100 {
+            let pad = pad.clone();
+            batch.push(tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                tokio::io::AsyncWriteExt::write_all(&mut s, &pad)
+                    .await
+                    .unwrap();
+                s
+            }));
+        }
+        for task in batch {
+            held.push(task.await.unwrap());
+        }
+    }
+    let sent = started.elapsed();
+    // The peak while held: sampled until the proxy has taken them all (or the timeout began
+    // closing them).
+    let (mut rss1, mut fds1) = (0, 0);
+    for _ in 0..30 {
+        rss1 = rss1.max(harness::proc_status(&pid, "VmRSS:"));
+        fds1 = fds1.max(fd_count(&pid));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        fds1 >= fds0 + CONNS * 9 / 10,
+        "held: {fds0} -> {fds1} (sent in {sent:?})"
+    );
+
+    // After the head timeout every one is closed.
+    for s in &mut held {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(15), s.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    }
+    let closed_after = started.elapsed();
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss2, fds2) = (harness::proc_status(&pid, "VmRSS:"), fd_count(&pid));
+    outcome(
+        &format!("{CONNS} unfinished {kib} KiB heads (timeout 10 s)"),
+        &format!("sent in {sent:?}, all closed after {closed_after:?}"),
+        &format!("RSS {rss0} -> {rss1} -> {rss2} KiB, fds {fds0} -> {fds1} -> {fds2}"),
+    );
+    assert!(fds2 <= fds0 + 10, "fds {fds0} -> {fds2}");
+    let grown = rss1.saturating_sub(rss0);
+    // What stays is the allocator keeping freed pages (glibc does not hand back every arena),
+    // not buffers still held: the descriptors are all gone.
+    assert!(
+        rss2 <= rss0 + grown / 2,
+        "RSS {rss0} -> {rss1} -> {rss2} KiB"
+    );
+    status_ok().await;
+}
+
+/// With `[direct] token` set, every direct-door request must carry it: without it (or with a
+/// wrong one) the answer is a 401, with it our runs and relayed runs work, and the token never
+/// reaches Cursor. The plain door listens on every address here (allowed with a token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_doors_with_a_token_check_every_request() {
+    const TOKEN: &str = "door-token-SECRET-0123456789";
+    let h = harness(vec![Reply::sse(TEXT_SSE)], |c| {
+        c.direct.token = Some(cursor_byok::secret::Secret::new(TOKEN));
+        c.direct.http_listen = Some("0.0.0.0:0".parse().unwrap());
+    })
+    .await;
+    let http = h.server.http_addr().unwrap();
+    assert!(http.ip().is_unspecified(), "{http}");
+    let plain = std::net::SocketAddr::from(([127, 0, 0, 1], http.port()));
+    for token in ["", "x-cursor-byok-token: door-token-SECRET-012345678X\r\n"] {
+        let mut s = tokio::net::TcpStream::connect(plain).await.unwrap();
+        let req = format!(
+            "POST {} HTTP/1.1\r\nHost: api2.cursor.sh\r\n{token}content-length: 0\r\n\r\n",
+            AGENT_RUN
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+            .await
+            .unwrap();
+        let head = common::client::read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+        outcome(
+            "direct door without the token",
+            "401",
+            head.lines().next().unwrap(),
+        );
+    }
+
+    let door = h.tls_door();
+    let conn = h2_conn(&door).await;
+    let store = Store::default();
+    let with_token = [("x-cursor-byok-token", TOKEN)];
+    let first = frame(&run_request(OURS, "conv-door", "hi", true));
+    let refused = run_with_headers(&conn, &door, "req-door-0", &[], first.clone()).await;
+    assert_eq!(refused.stream.status, StatusCode::UNAUTHORIZED);
+    let mut run = run_with_headers(&conn, &door, "req-door-1", &with_token, first).await;
+    assert_eq!(run.stream.status, StatusCode::OK);
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), TEXT);
+
+    // A run of Cursor's model is relayed without our credential.
+    let first = frame(&run_request(CURSORS, "conv-door-2", "hi", true));
+    let run = run_with_headers(&conn, &door, "req-door-2", &with_token, first).await;
+    let common::agent_client::H2Run { tx, stream } = run;
+    drop(tx);
+    let _ = stream.raw_to_end().await;
+    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
+    assert!(recorded[0].headers.get("x-cursor-byok-token").is_none());
+    assert!(recorded[0].headers.get("proxy-authorization").is_none());
 }

@@ -39,16 +39,38 @@ fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// The TRACE-level log capture every test in this binary shares (one global subscriber).
+fn capture() -> Capture {
+    static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    CAPTURE
+        .get_or_init(|| {
+            let capture = Capture::default();
+            let writer = capture.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            capture
+        })
+        .clone()
+}
+
+/// Panic with the log line holding any of `secrets`.
+fn assert_logs_clean(logs: &str, secrets: &[String]) {
+    for s in secrets {
+        if let Some(at) = logs.find(s.as_str()) {
+            let start = logs[..at].rfind('\n').map_or(0, |i| i + 1);
+            let end = logs[at..].find('\n').map_or(logs.len(), |i| at + i);
+            panic!("the logs contain {s:?}: {}", &logs[start..end]);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_in_logs_errors_status_or_files() {
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let capture = capture();
 
     let unauthorized = r#"{"error":{"message":"Incorrect API key provided: sk-test-***123","type":"invalid_request_error","code":"invalid_api_key"}}"#;
     let h = harness_keyed(
@@ -99,19 +121,8 @@ async fn no_secret_in_logs_errors_status_or_files() {
     assert_eq!(recorded[0].headers["authorization"], BEARER);
 
     // The status page (HTML and JSON) on the proxy listener.
-    let tcp = tokio::net::TcpStream::connect(h.server.proxy_addr())
-        .await
-        .unwrap();
-    let mut status = Sender::handshake(tcp, Alpn::H1).await;
-    for path in ["/__cursor-byok/status.json", "/__cursor-byok/status"] {
-        let req = Request::get(path).body(client::empty()).unwrap();
-        let resp = status
-            .send(&h.server.proxy_addr().to_string(), req)
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK, "{path}");
-        let body = client::collect(resp).await;
-        assert_clean(path, &String::from_utf8_lossy(&body));
+    for (path, body) in status_pages(&h).await {
+        assert_clean(path, &body);
     }
     let snapshot = serde_json::to_string(&h.server.status().snapshot()).unwrap();
     assert!(snapshot.contains("req-secret-2"), "{snapshot}");
@@ -139,11 +150,198 @@ async fn no_secret_in_logs_errors_status_or_files() {
     );
     assert!(logs.contains("TRACE"), "trace level was captured");
     assert!(logs.contains("req-secret-1"), "our spans were captured");
-    for s in SECRETS {
-        if let Some(at) = logs.find(s) {
-            let start = logs[..at].rfind('\n').map_or(0, |i| i + 1);
-            let end = logs[at..].find('\n').map_or(logs.len(), |i| at + i);
-            panic!("the logs contain {s:?}: {}", &logs[start..end]);
+    assert_logs_clean(&logs, &SECRETS.map(String::from));
+}
+
+const ORG_TOKEN: &str = "sek-org-SECRET-4f1c9a";
+const ECHO_KEY: &str = "sk-echo-SECRET-77aa11";
+
+/// `value` and the encodings a provider might echo it in.
+fn forms(value: &str) -> Vec<String> {
+    use base64::Engine;
+    let pct = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC);
+    vec![
+        value.to_string(),
+        base64::engine::general_purpose::STANDARD.encode(value),
+        pct.to_string(),
+    ]
+}
+
+/// The status page's JSON and HTML from the proxy listener, each with its path.
+async fn status_pages(h: &harness::Harness) -> Vec<(&'static str, String)> {
+    let tcp = tokio::net::TcpStream::connect(h.server.proxy_addr())
+        .await
+        .unwrap();
+    let mut status = Sender::handshake(tcp, Alpn::H1).await;
+    let mut pages = Vec::new();
+    for path in ["/__cursor-byok/status.json", "/__cursor-byok/status"] {
+        let req = Request::get(path).body(client::empty()).unwrap();
+        let resp = status
+            .send(&h.server.proxy_addr().to_string(), req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let body = String::from_utf8_lossy(&client::collect(resp).await).into_owned();
+        pages.push((path, body));
+    }
+    pages
+}
+
+/// Status JSON and HTML, the snapshot, and every file in the data dir, without `secrets`.
+async fn assert_status_and_files_clean(h: &harness::Harness, secrets: &[String]) {
+    let mut shown = vec![serde_json::to_string(&h.server.status().snapshot()).unwrap()];
+    shown.extend(status_pages(h).await.into_iter().map(|(_, body)| body));
+    let mut files = Vec::new();
+    walk(&h.data_dir(), &mut files);
+    for f in &files {
+        shown.push(String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned());
+    }
+    for text in &shown {
+        for s in secrets {
+            assert!(!text.contains(s.as_str()), "{s:?} shown in {text}");
         }
     }
+}
+
+/// A provider that echoes the request's headers — a configured extra header and the key, as
+/// written, base64- and percent-encoded — in a 400 body, an SSE error event and a non-JSON 502:
+/// none of it reaches the Connect end frame, the logs, the status page or the data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_header_values_are_scrubbed_everywhere() {
+    let capture = capture();
+    let [raw, b64, pct] = <[String; 3]>::try_from(forms(ORG_TOKEN)).unwrap();
+    let echo = format!(
+        "invalid headers: x-org-token={raw} (base64 {b64}, url {pct}); authorization=Bearer {ECHO_KEY}"
+    );
+    let body_400 = serde_json::json!({"error": {"message": echo, "type": "invalid_request_error"}});
+    let sse_error = format!(
+        "data: {}\n\n",
+        serde_json::json!({"error": {"message": echo, "type": "server_error"}})
+    );
+    let html_502 = format!("<html><pre>{echo}</pre></html>");
+    let replies = vec![
+        Reply::json(400, body_400.to_string()),
+        Reply::sse(sse_error),
+        Reply::json(502, html_502),
+    ];
+    let h = harness_keyed(replies, ECHO_KEY, |c| {
+        let fake = c.providers.get_mut("fake").unwrap();
+        fake.headers.insert(
+            "x-org-token".into(),
+            cursor_byok::secret::Secret::new(ORG_TOKEN),
+        );
+    })
+    .await;
+    let door = h.connect_door();
+    let conn = h2_conn(&door).await;
+    let store = Store::default();
+    let mut secrets = forms(ORG_TOKEN);
+    secrets.extend(forms(ECHO_KEY));
+    for (i, expect) in ["400", "server error", "502"].into_iter().enumerate() {
+        let first = frame(&run_request(OURS, &format!("conv-echo-{i}"), "hi", true));
+        let mut run = run_with_headers(&conn, &door, &format!("req-echo-{i}"), &[], first).await;
+        let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+        let err = t.end().error.clone().expect("a provider error");
+        let mut shown = format!("{err:?}");
+        if let Ok(Some(details)) = err.decode_error_details() {
+            shown.push_str(&format!("{details:?}"));
+        }
+        eprintln!("end frame {i}: {}", err.message);
+        assert!(err.message.contains(expect), "{}", err.message);
+        assert!(err.message.contains("[redacted]"), "{}", err.message);
+        for s in &secrets {
+            assert!(
+                !shown.contains(s.as_str()),
+                "{s:?} in the end frame: {shown}"
+            );
+        }
+    }
+    // The header really went out, and the provider really echoed it.
+    let requests = h.provider.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[0].header("x-org-token"), Some(ORG_TOKEN));
+    assert_status_and_files_clean(&h, &secrets).await;
+    assert_logs_clean(&capture.text(), &secrets);
+}
+
+const PROXY_PASSWORD: &str = "p@ss:w%rd-SECRET-31";
+const PROXY_PASSWORD_ENCODED: &str = "p%40ss%3Aw%25rd-SECRET-31";
+
+/// An outbound proxy that admits the first tunnel only with `Basic us:er:<password>` (then
+/// echoes), and refuses every later one with a 407 whose reason echoes the credentials.
+async fn outbound_proxy() -> std::net::SocketAddr {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let plain = format!("us:er:{PROXY_PASSWORD}");
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(plain)
+    );
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let head = client::read_head(&mut stream).await;
+            let auth = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Proxy-Authorization: "))
+                .unwrap_or_default()
+                .to_string();
+            if first && auth == expected {
+                first = false;
+                stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 256];
+                    while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                        let _ = stream.write_all(&buf[..n]).await;
+                    }
+                });
+            } else {
+                let answer = format!("HTTP/1.1 407 no for {auth} {PROXY_PASSWORD}\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        }
+    });
+    addr
+}
+
+/// `upstream.proxy` with a password holding `@`, `:` and `%` (percent-encoded in the URL)
+/// opens a tunnel; a refusal echoing the credentials shows none of them to the client or logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_proxy_credentials_work_and_never_show() {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let capture = capture();
+    let proxy = outbound_proxy().await;
+    let url = format!("http://us%3Aer:{PROXY_PASSWORD_ENCODED}@{proxy}");
+    let h = harness_keyed(vec![], API_KEY, |c| {
+        c.upstream.proxy = Some(cursor_byok::secret::Secret::new(url));
+    })
+    .await;
+    let mut tunnel = client::tunnel(h.server.proxy_addr(), "outside.example:443").await;
+    tunnel.write_all(b"through").await.unwrap();
+    let mut buf = [0u8; 7];
+    tunnel.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"through");
+
+    let (status, head, mut refused) =
+        client::connect_raw(h.server.proxy_addr(), "outside.example:443", None).await;
+    assert_eq!(status, 502, "{head}");
+    let mut body = vec![0u8; 1024];
+    let n = refused.read(&mut body).await.unwrap();
+    let body = String::from_utf8_lossy(&body[..n]).into_owned();
+    eprintln!("refused: {body}");
+    assert!(body.contains("407"), "{body}");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(format!("us:er:{PROXY_PASSWORD}"));
+    let secrets = [
+        PROXY_PASSWORD.to_string(),
+        PROXY_PASSWORD_ENCODED.to_string(),
+        b64,
+    ];
+    for s in &secrets {
+        assert!(!body.contains(s.as_str()), "{s:?} in {body}");
+    }
+    assert_status_and_files_clean(&h, &secrets).await;
+    assert_logs_clean(&capture.text(), &secrets);
 }

@@ -96,6 +96,22 @@ pub(super) fn max_connections() -> usize {
     1024
 }
 
+pub(super) fn max_tunnels() -> usize {
+    512
+}
+
+pub(super) fn tunnel_idle_secs() -> u64 {
+    600
+}
+
+pub(super) fn tunnel_half_close_secs() -> u64 {
+    60
+}
+
+pub(super) fn head_timeout_secs() -> u64 {
+    15
+}
+
 pub(super) fn max_history_bytes() -> usize {
     64 << 20
 }

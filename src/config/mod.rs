@@ -75,6 +75,21 @@ pub struct DirectDoors {
     /// The Cursor origin requests on the direct doors are sent to.
     #[serde(default = "defaults::origin")]
     pub origin: String,
+    /// A door token: when set, every direct-door request must carry it in
+    /// `x-cursor-byok-token` (or `proxy_auth`'s credentials), and the doors may listen beyond
+    /// loopback.
+    #[serde(default)]
+    pub token: Option<Secret>,
+}
+
+impl DirectDoors {
+    /// Whether a direct door listens beyond loopback.
+    pub fn exposed(&self) -> bool {
+        [self.tls_listen, self.http_listen]
+            .into_iter()
+            .flatten()
+            .any(|a| !a.ip().is_loopback())
+    }
 }
 
 impl Default for DirectDoors {
@@ -83,6 +98,7 @@ impl Default for DirectDoors {
             tls_listen: None,
             http_listen: None,
             origin: defaults::origin(),
+            token: None,
         }
     }
 }
@@ -195,6 +211,19 @@ pub struct Limits {
     /// Open client connections per listener; beyond it new ones are closed at once.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// Open byte tunnels (CONNECT to hosts we do not terminate); beyond it a CONNECT is a 503.
+    #[serde(default = "defaults::max_tunnels")]
+    pub max_tunnels: usize,
+    /// Seconds a tunnel or upgraded connection may carry no byte either way before it closes.
+    #[serde(default = "defaults::tunnel_idle_secs")]
+    pub tunnel_idle_secs: u64,
+    /// Seconds a tunnel may stay half closed (one side sent FIN) before both sides close.
+    #[serde(default = "defaults::tunnel_half_close_secs")]
+    pub tunnel_half_close_secs: u64,
+    /// Seconds an HTTP/1.1 request head may take on the proxy listener and the plain-HTTP
+    /// door; an idle keep-alive connection there closes after it too.
+    #[serde(default = "defaults::head_timeout_secs")]
+    pub head_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -204,6 +233,10 @@ impl Default for Limits {
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_history_bytes: defaults::max_history_bytes(),
             max_connections: defaults::max_connections(),
+            max_tunnels: defaults::max_tunnels(),
+            tunnel_idle_secs: defaults::tunnel_idle_secs(),
+            tunnel_half_close_secs: defaults::tunnel_half_close_secs(),
+            head_timeout_secs: defaults::head_timeout_secs(),
         }
     }
 }
@@ -249,6 +282,25 @@ impl ProviderConfig {
             .filter(|v| !v.is_empty())
             .map(Secret::new)
     }
+}
+
+/// A proxy URL's user info, as written, the password, and `user:password`, percent-decoded.
+fn userinfo_secrets(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let Some((userinfo, _)) = rest.rsplit_once('@') else {
+        return Vec::new();
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    vec![
+        userinfo.to_string(),
+        decode(password),
+        format!("{}:{}", decode(user), decode(password)),
+    ]
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -297,6 +349,27 @@ impl ModelConfig {
 const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high", "xhigh"];
 
 impl Config {
+    /// Every secret value the config holds, for the scrubber ([`crate::secret::register`]):
+    /// provider keys and extra header values, the outbound proxy's URL and credentials (as
+    /// written and percent-decoded), and the `proxy_auth` password.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for provider in self.providers.values() {
+            out.extend(provider.resolve_api_key().map(|k| k.expose().to_string()));
+            out.extend(provider.headers.values().map(|v| v.expose().to_string()));
+        }
+        if let Some(url) = &self.upstream.proxy {
+            out.push(url.expose().to_string());
+            out.extend(userinfo_secrets(url.expose()));
+        }
+        out.extend(self.direct.token.iter().map(|t| t.expose().to_string()));
+        if let Some(auth) = &self.proxy_auth {
+            out.push(auth.password.expose().to_string());
+            out.push(format!("{}:{}", auth.username, auth.password.expose()));
+        }
+        out
+    }
+
     /// Parse and validate TOML text; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let de =
@@ -371,22 +444,34 @@ impl Config {
                 ));
             }
         }
-        // A direct door spends the user's provider key for whoever reaches it, and it checks no
-        // credentials (`proxy_auth` guards only the proxy listener): loopback only.
+        // A direct door spends the user's provider key for whoever reaches it: beyond loopback
+        // only with a credential it checks (a door token, or `proxy_auth`'s).
+        let guarded = self.direct.token.is_some() || self.proxy_auth.is_some();
         for (key, addr) in [
             ("direct.tls_listen", self.direct.tls_listen),
             ("direct.http_listen", self.direct.http_listen),
         ] {
-            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !guarded) {
                 return Err(invalid(
                     key.into(),
                     format!(
-                        "{addr} is not a loopback address: the direct doors check no \
-                         credentials ([proxy_auth] guards only the proxy listener), so anyone \
-                         who reaches it spends your provider key; bind it to 127.0.0.1"
+                        "{addr} is not a loopback address and neither [direct] token nor \
+                         [proxy_auth] is set, so anyone who reaches it spends your provider \
+                         key; bind it to 127.0.0.1 or set a door token"
                     ),
                 ));
             }
+        }
+        if self
+            .direct
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose().len() < 16)
+        {
+            return Err(invalid(
+                "direct.token".into(),
+                "must be at least 16 characters".into(),
+            ));
         }
         if !self.direct.origin.starts_with("https://") && !self.direct.origin.starts_with("http://")
         {

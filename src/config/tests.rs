@@ -94,20 +94,32 @@ fn host_patterns() {
 }
 
 #[test]
-fn direct_doors_stay_on_loopback() {
+fn direct_doors_stay_on_loopback_without_a_credential() {
     let auth = "[proxy_auth]\nusername = \"u\"\npassword = \"p\"\n";
     for key in ["tls_listen", "http_listen"] {
         for addr in ["0.0.0.0:8443", "192.168.1.5:8443", "[::]:8443"] {
-            for prefix in ["", auth] {
-                let text = format!("{prefix}[direct]\n{key} = \"{addr}\"\n");
-                let err = Config::from_toml(&text, "c.toml").unwrap_err().to_string();
-                assert!(err.contains(&format!("direct.{key}")), "{err}");
-                assert!(err.contains("spends your provider key"), "{err}");
-            }
+            let text = format!("[direct]\n{key} = \"{addr}\"\n");
+            let err = Config::from_toml(&text, "c.toml").unwrap_err().to_string();
+            assert!(err.contains(&format!("direct.{key}")), "{err}");
+            assert!(err.contains("spends your provider key"), "{err}");
+            // With a credential the doors check, any address is allowed.
+            let token = "token = \"door-token-0123456789\"\n";
+            let with_token = format!("[direct]\n{key} = \"{addr}\"\n{token}");
+            assert!(Config::from_toml(&with_token, "c.toml")
+                .unwrap()
+                .direct
+                .exposed());
+            Config::from_toml(&format!("{auth}{text}"), "c.toml").unwrap();
         }
         for addr in ["127.0.0.1:8443", "[::1]:8443"] {
             let text = format!("[direct]\n{key} = \"{addr}\"\n");
-            Config::from_toml(&text, "c.toml").unwrap();
+            assert!(!Config::from_toml(&text, "c.toml").unwrap().direct.exposed());
         }
     }
+    let short = "[direct]\ntoken = \"short\"\n";
+    let err = Config::from_toml(short, "c.toml").unwrap_err().to_string();
+    assert!(
+        err.contains("direct.token") && !err.contains("short"),
+        "{err}"
+    );
 }

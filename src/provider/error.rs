@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::secret::Scrubber;
+
 /// What went wrong, coarse enough to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderErrorKind {
@@ -124,11 +126,11 @@ impl ProviderError {
         Self::new(ProviderErrorKind::Canceled, provider, "canceled")
     }
 
-    /// Remove `secret` from the message (defence in depth: a provider may echo a key back).
-    pub fn scrub(mut self, secret: &str) -> Self {
-        if secret.len() >= 4 && self.message.contains(secret) {
-            self.message = self.message.replace(secret, "<redacted>");
-        }
+    /// Remove `scrubber`'s secrets from the message and code (a provider may echo its key or
+    /// a header back). [`Display`](fmt::Display) also applies the process-wide registry.
+    pub fn scrub(mut self, scrubber: &Scrubber) -> Self {
+        self.message = scrubber.scrub(&self.message).into_owned();
+        self.code = self.code.map(|c| scrubber.scrub(&c).into_owned());
         self
     }
 
@@ -230,7 +232,7 @@ impl fmt::Display for ProviderError {
             ProviderErrorKind::Other => write!(f, "{p} returned an error")?,
         }
         http(f)?;
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", crate::secret::scrub(&self.message))
     }
 }
 
@@ -449,7 +451,7 @@ mod tests {
             None,
             br#"{"error":{"message":"Incorrect API key provided: sk-secret-123"}}"#,
         )
-        .scrub("sk-secret-123");
+        .scrub(&Scrubber::new(["sk-secret-123"]));
         assert!(!e.to_string().contains("sk-secret-123"));
         assert!(!format!("{e:?}").contains("sk-secret-123"));
     }

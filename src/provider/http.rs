@@ -17,6 +17,7 @@ use super::error::{ProviderError, ProviderErrorKind};
 use super::schema::ToolNames;
 use super::types::ProviderEvent;
 use super::{Resolved, RetryPolicy};
+use crate::secret::Scrubber;
 
 /// An SSE event larger than this is treated as a broken stream rather than buffered forever.
 const MAX_PENDING_BYTES: usize = 32 << 20;
@@ -51,7 +52,7 @@ pub(crate) async fn run(
     loop {
         let err = match attempt_once(&http, &r, &call, &tx, &cancel, &mut emitted).await {
             Outcome::Done => return,
-            Outcome::Failed(e) => e.scrub(r.api_key.expose()),
+            Outcome::Failed(e) => e.scrub(&scrubber(&r)),
         };
         if err.kind == ProviderErrorKind::Canceled {
             let _ = tx.try_send(ProviderEvent::Error(err));
@@ -85,6 +86,17 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// This client's own secrets (the key, and every header marked sensitive: the extra headers
+/// are) on top of the process-wide registry's.
+fn scrubber(r: &Resolved) -> Scrubber {
+    let headers = r
+        .headers
+        .values()
+        .filter(|v| v.is_sensitive())
+        .filter_map(|v| v.to_str().ok());
+    Scrubber::new(headers.chain([r.api_key.expose()]))
 }
 
 /// The wait before the next attempt: the provider's `retry-after` when given (no retry if it is

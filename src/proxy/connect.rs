@@ -21,12 +21,12 @@ use super::sni::{self, Peek};
 use super::state::State;
 use crate::config::host_matches;
 use crate::http::{empty, Body, Door, RequestContext};
+use crate::upstream::{splice, SpliceLimits};
 
 /// How long a client may stay silent after `CONNECT` before we assume the server speaks first.
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a ClientHello may take to arrive in full.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-const TUNNEL_BUF: usize = 64 * 1024;
 
 /// Answer a `CONNECT`. Hosts outside the intercept patterns are dialled first, so a failure is
 /// a clear 502, and then tunnelled without looking at a byte.
@@ -47,11 +47,19 @@ pub(crate) async fn handle(
             .spawn(intercept_or_tunnel(st, on_upgrade, host, port, peer));
         return Response::new(empty());
     }
+    let Some(permit) = state.tunnels.admit() else {
+        return plain_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cursor-byok: too many open tunnels ([limits] max_tunnels); retry later",
+        );
+    };
     match state.router.upstream().dialer().dial(&host, port).await {
         Ok(server) => {
+            let limits = state.tunnels.limits;
             state.shutdown.spawn(async move {
+                let _permit = permit;
                 if let Some(client) = upgraded(on_upgrade).await {
-                    tunnel(client, server, Bytes::new()).await;
+                    tunnel(client, server, Bytes::new(), limits).await;
                 }
             });
             Response::new(empty())
@@ -165,8 +173,12 @@ async fn intercept_or_tunnel(
         }
         Decision::Tunnel => {
             tracing::debug!(?peek, "tunnelling");
+            // The CONNECT was answered already: beyond the cap all we can do is close.
+            let Some(_permit) = state.tunnels.admit() else {
+                return;
+            };
             match state.router.upstream().dialer().dial(&host, port).await {
-                Ok(server) => tunnel(client, server, seen.freeze()).await,
+                Ok(server) => tunnel(client, server, seen.freeze(), state.tunnels.limits).await,
                 Err(e) => tracing::info!(error = %e, "tunnel target unreachable"),
             }
         }
@@ -198,8 +210,9 @@ async fn read_client_hello<IO: AsyncRead + Unpin>(io: &mut IO) -> (BytesMut, Pee
     }
 }
 
-/// Byte-exact tunnel: replay what was already read, then copy both ways until either side ends.
-async fn tunnel<C>(mut client: C, mut server: TcpStream, seen: Bytes)
+/// Byte-exact tunnel: replay what was already read, then copy both ways until both sides end
+/// or one of `limits` does.
+async fn tunnel<C>(client: C, mut server: TcpStream, seen: Bytes, limits: SpliceLimits)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
@@ -209,10 +222,8 @@ where
             return;
         }
     }
-    let result =
-        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, TUNNEL_BUF, TUNNEL_BUF)
-            .await;
-    tracing::debug!(?result, "tunnel closed");
+    let end = splice(client, server, limits).await;
+    tracing::debug!(?end, "tunnel closed");
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ pub(crate) async fn serve_tls(state: Arc<State>, stream: TcpStream, peer: Socket
 #[instrument(skip_all, name = "direct_http_conn", fields(%peer))]
 pub(crate) async fn serve_http(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     let base = origin_context(&state, Door::DirectHttp, peer);
-    let timeout = Some(serve::HEAD_TIMEOUT);
+    let timeout = Some(state.head_timeout);
     serve::serve_http(state, TokioIo::new(stream), None, base, timeout).await;
 }
 

@@ -27,7 +27,7 @@ pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr
         async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
     });
     let mut builder = serve::http_builder(Some(b"http/1.1"), LocalExec::runtime());
-    serve::limit_head(&mut builder, serve::HEAD_TIMEOUT);
+    serve::limit_head(&mut builder, state.head_timeout);
     let conn = builder
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use super::auth::DoorCheck;
 use super::state::State;
 use crate::conn_tasks::LocalExec;
 use crate::http::{Door, RequestContext};
@@ -25,11 +26,6 @@ use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
-/// On the listeners a raw client reaches (the proxy listener, the plain-HTTP door), an HTTP/1.1
-/// request head not complete by then closes the connection: the same bound as a TLS handshake,
-/// so slowloris clients cannot hold memory and descriptors. An idle keep-alive connection there
-/// is closed after it too (hyper's own default is 30 s).
-pub(crate) const HEAD_TIMEOUT: Duration = HANDSHAKE_TIMEOUT;
 const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
 
@@ -126,6 +122,8 @@ struct Shared {
     router: crate::router::Router,
     link: Link,
     base: RequestContext,
+    /// On a direct door, the credential every request must carry (when configured).
+    door_auth: Option<Arc<DoorCheck>>,
 }
 
 type ServiceFuture =
@@ -152,16 +150,25 @@ pub(crate) async fn serve_http<I>(
     // What every request on this connection shares, behind one `Arc`: the router, this
     // connection's own upstream connection (dialled on its first passthrough request) and
     // the context the CONNECT (or the listener) gave.
+    let direct = matches!(base.door, Door::DirectTls | Door::DirectHttp);
     let shared = Arc::new(Shared {
         router: state.router.clone(),
         link: Link::new(exec.clone()),
         base,
+        door_auth: state.door_auth.clone().filter(|_| direct),
     });
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
         // Boxed once here: the request's future is a few KiB and hyper would otherwise move it
         // by value into its dispatcher (HTTP/1.1) or a stream task (HTTP/2).
         let fut: ServiceFuture = Box::pin(async move {
+            let mut req = req;
+            if let Some(check) = &shared.door_auth {
+                if !check.allows(req.headers()) {
+                    return Ok(super::auth::door_required());
+                }
+                DoorCheck::strip(req.headers_mut());
+            }
             let mut ctx = shared.base.clone();
             ctx.client_version = req.version();
             let resp = shared

@@ -8,9 +8,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::auth::ProxyAuthCheck;
+use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
-use super::state::{Origin, State};
+use super::state::{Origin, State, Tunnels};
 use super::{direct, front, ProxyError};
 use crate::agent::transport::AgentTransports;
 use crate::agent::Agent;
@@ -19,7 +19,7 @@ use crate::cursor::CursorServices;
 use crate::router::Router;
 use crate::status::Status;
 use crate::tls::{CertStore, CertificateAuthority};
-use crate::upstream::Upstream;
+use crate::upstream::{SpliceLimits, Upstream};
 
 /// Grace period for live streams when shutting down on a signal.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
@@ -63,6 +63,8 @@ impl ServerBuilder {
     /// Bind every enabled door and start accepting.
     pub async fn bind(self) -> Result<Server, ProxyError> {
         let config = self.config;
+        // From here on, error text leaving the process is scrubbed of the config's secrets.
+        crate::secret::register(config.secret_values().iter().map(String::as_str));
         let origin = Origin::parse(&config.direct.origin)?;
         let proxy = bind(config.listen).await?;
         let tls = match config.direct.tls_listen {
@@ -82,17 +84,25 @@ impl ServerBuilder {
             .collect();
 
         let shutdown = Shutdown::default();
-        let upstream = Upstream::new(&config.upstream, own, shutdown.hard_token())?;
+        let limits = &config.limits;
+        let splice = SpliceLimits {
+            idle: Duration::from_secs(limits.tunnel_idle_secs.max(1)),
+            half_close: Duration::from_secs(limits.tunnel_half_close_secs.max(1)),
+        };
+        let upstream = Upstream::with_splice(&config.upstream, own, shutdown.hard_token(), splice)?;
         let status = self.status.unwrap_or_default();
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,
             router: router(&config, upstream, &status)?,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
+            door_auth: DoorCheck::from_config(&config).map(Arc::new),
             origin,
             shutdown: shutdown.clone(),
             status: status.clone(),
             h2_relay: config.upstream.h2_relay,
+            tunnels: Tunnels::new(limits.max_tunnels, splice),
+            head_timeout: Duration::from_secs(limits.head_timeout_secs.max(1)),
         });
         let cap = config.limits.max_connections.max(1);
         let mut accept_loops = vec![tokio::spawn(accept_loop(

@@ -1,13 +1,19 @@
 //! What every connection task shares, built once by the server and read by every door.
 
-use http::uri::Scheme;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::auth::ProxyAuthCheck;
+use http::uri::Scheme;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
 use super::ProxyError;
 use crate::router::Router;
 use crate::status::Status;
 use crate::tls::CertStore;
+use crate::upstream::SpliceLimits;
 
 /// What every connection task shares.
 pub(crate) struct State {
@@ -15,12 +21,58 @@ pub(crate) struct State {
     pub(crate) certs: CertStore,
     pub(crate) router: Router,
     pub(crate) auth: Option<ProxyAuthCheck>,
+    /// The direct doors' credential check, when the config asks for one.
+    pub(crate) door_auth: Option<Arc<DoorCheck>>,
     pub(crate) origin: Origin,
     pub(crate) shutdown: Shutdown,
     /// Live runs for the status page (served by the proxy listener itself).
     pub(crate) status: Status,
     /// HTTP/2 passthrough through the frame relay (`upstream.h2_relay`).
     pub(crate) h2_relay: bool,
+    /// Byte tunnels: the cap on open ones and their timeouts.
+    pub(crate) tunnels: Tunnels,
+    /// Bound on an HTTP/1.1 request head on the listeners raw clients reach.
+    pub(crate) head_timeout: Duration,
+}
+
+/// The open byte tunnels, capped; the "cap reached" warning is rate-limited.
+pub(crate) struct Tunnels {
+    open: Arc<Semaphore>,
+    cap: usize,
+    pub(crate) limits: SpliceLimits,
+    last_warn: Mutex<Option<Instant>>,
+}
+
+/// How often the "tunnel cap reached" warning may repeat.
+const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
+
+impl Tunnels {
+    pub(crate) fn new(cap: usize, limits: SpliceLimits) -> Self {
+        let cap = cap.max(1);
+        Tunnels {
+            open: Arc::new(Semaphore::new(cap)),
+            cap,
+            limits,
+            last_warn: Mutex::new(None),
+        }
+    }
+
+    /// A place for one more tunnel, held until it closes; `None` (logged) at the cap.
+    pub(crate) fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.open.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        // A poisoned lock only means a panic elsewhere mid-update of a timestamp.
+        let mut last = self.last_warn.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|at| at.elapsed() >= CAP_WARN_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                cap = self.cap,
+                "tunnel cap reached ([limits] max_tunnels); refusing new tunnels with 503"
+            );
+        }
+        None
+    }
 }
 
 /// The Cursor origin behind the direct doors.

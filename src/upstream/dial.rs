@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 
 use super::error::{io_reason, UpstreamError};
 use crate::config::UpstreamConfig;
-use crate::secret::Secret;
+use crate::secret::{Scrubber, Secret};
 
 /// Upper bound on the outbound proxy's answer to our `CONNECT`.
 const PROXY_RESPONSE_MAX: usize = 8 * 1024;
@@ -154,10 +154,16 @@ impl Dialer {
         port: u16,
     ) -> Result<TcpStream, UpstreamError> {
         let mut stream = self.connect_host(&proxy.host, proxy.port).await?;
+        // The proxy's answer may echo our credentials: its own (and the registry's) come out.
+        let own = proxy.auth.as_ref().map(|a| a.expose());
+        let own = own
+            .into_iter()
+            .flat_map(|a| [a, a.trim_start_matches("Basic ")]);
+        let scrubber = Scrubber::new(own);
         let fail = |reason: String| UpstreamError::Proxy {
             proxy: format!("{}:{}", proxy.host, proxy.port),
             host: host.to_string(),
-            reason,
+            reason: crate::secret::scrub(&scrubber.scrub(&reason)).into_owned(),
         };
         let target = authority(host, port);
         let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");

@@ -58,7 +58,7 @@ impl UpstreamError {
         } else {
             ""
         };
-        format!("cursor-byok: {self}{hint}")
+        crate::secret::scrub(&format!("cursor-byok: {self}{hint}")).into_owned()
     }
 
     /// From a legacy-client error: our own connector error if that is what failed, else the

@@ -12,6 +12,7 @@ mod dial;
 mod error;
 pub(crate) mod headers;
 mod link;
+mod splice;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ pub(crate) use connector::Stream;
 pub use dial::Dialer;
 pub use error::{Side, UpstreamError};
 pub use link::Link;
+pub use splice::{splice, SpliceEnd, SpliceLimits};
 
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(90);
@@ -59,6 +61,8 @@ struct Inner {
     h2_connector: Connector,
     /// Cancelled when the server closes for good: spliced upgrades end with it.
     closing: CancellationToken,
+    /// Idle and half-close bounds on spliced upgrades.
+    splice: SpliceLimits,
 }
 
 impl Upstream {
@@ -68,6 +72,16 @@ impl Upstream {
         config: &UpstreamConfig,
         own_addrs: Vec<SocketAddr>,
         closing: CancellationToken,
+    ) -> Result<Self, UpstreamError> {
+        Self::with_splice(config, own_addrs, closing, SpliceLimits::default())
+    }
+
+    /// As [`Upstream::new`], with `splice` bounding upgraded (WebSocket) connections.
+    pub fn with_splice(
+        config: &UpstreamConfig,
+        own_addrs: Vec<SocketAddr>,
+        closing: CancellationToken,
+        splice: SpliceLimits,
     ) -> Result<Self, UpstreamError> {
         let dialer = Arc::new(Dialer::new(config, own_addrs)?);
         let roots = connector::root_store(config.extra_roots.as_deref())?;
@@ -96,6 +110,7 @@ impl Upstream {
                 h1_connector,
                 h2_connector,
                 closing,
+                splice,
             }),
         })
     }
@@ -206,6 +221,7 @@ impl Upstream {
     /// After a 101, join the client's and the origin's upgraded connections.
     fn splice_upgrade(&self, client: hyper::upgrade::OnUpgrade, server: hyper::upgrade::OnUpgrade) {
         let closing = self.inner.closing.clone();
+        let limits = self.inner.splice;
         tokio::spawn(async move {
             let (client, server) = match tokio::try_join!(client, server) {
                 Ok(pair) => pair,
@@ -214,16 +230,9 @@ impl Upstream {
                     return;
                 }
             };
-            let mut client = TokioIo::new(client);
-            let mut server = TokioIo::new(server);
-            let copy = tokio::io::copy_bidirectional_with_sizes(
-                &mut client,
-                &mut server,
-                SPLICE_BUF,
-                SPLICE_BUF,
-            );
+            let copy = splice(TokioIo::new(client), TokioIo::new(server), limits);
             tokio::select! {
-                result = copy => tracing::debug!(?result, "upgraded connection ended"),
+                end = copy => tracing::debug!(?end, "upgraded connection ended"),
                 _ = closing.cancelled() => {}
             }
         });
