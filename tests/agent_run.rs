@@ -26,11 +26,16 @@ const TEXT_SSE: &str = concat!(
 );
 
 fn config(base_url: &str, heartbeat_secs: u64) -> Arc<Config> {
+    config_with(base_url, heartbeat_secs, "")
+}
+
+/// [`config`] with `model_extra` appended to the model's table (a price, a fallback chain…).
+fn config_with(base_url: &str, heartbeat_secs: u64, model_extra: &str) -> Arc<Config> {
     let dir = tempfile::tempdir().unwrap().keep();
     let text = format!(
         "data_dir = \"{}\"\n[agent]\nheartbeat_secs = {heartbeat_secs}\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
          [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{base_url}\"\napi_key = \"sk-test-agent-run\"\n\
-         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n",
+         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n{model_extra}",
         dir.display()
     );
     Arc::new(Config::from_toml(&text, "test").unwrap())
@@ -175,6 +180,49 @@ async fn a_text_turn_streams_and_ends_with_usage() {
         "{system}"
     );
     assert_eq!(body["messages"][1]["content"], "Say hello");
+}
+
+#[tokio::test]
+async fn a_finished_run_records_its_cost_beside_its_tokens() {
+    let provider = FakeProvider::start(vec![Reply::sse(TEXT_SSE), Reply::sse(TEXT_SSE)]).await;
+    let priced = "[models.price]\ninput = 2.0\noutput = 8.0\ncache_read = 0.5\n";
+    let status = cursor_byok::status::Status::new();
+    let agent =
+        Agent::with_status(config_with(&provider.base_url(), 5, priced), status.clone()).unwrap();
+    let mut run = agent.start_run(run_request("Say hello", true), "req-cost".into());
+    let (_, end) = drive(&mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let snap = status.snapshot();
+    let r = &snap.recent[0];
+    assert_eq!(
+        (r.input_tokens, r.cache_read_tokens, r.output_tokens),
+        (120, 100, 7)
+    );
+    // 20 fresh × $2 + 100 cached × $0.50 + 7 out × $8, per million.
+    let want = (20.0 * 2.0 + 100.0 * 0.5 + 7.0 * 8.0) / 1e6;
+    assert!(
+        (r.cost_usd.unwrap() - want).abs() < 1e-12,
+        "{:?}",
+        r.cost_usd
+    );
+    let m = &snap.models[0];
+    assert_eq!(
+        (m.model.as_str(), m.runs, m.priced_runs),
+        ("byok-fake-model", 1, 1)
+    );
+    assert!((m.cache_read_share - 100.0 / 120.0).abs() < 1e-9);
+    assert!((snap.totals.cost_usd - want).abs() < 1e-12);
+
+    // A model without a known price counts tokens only.
+    let agent = Agent::with_status(config(&provider.base_url(), 5), status.clone()).unwrap();
+    let mut run = agent.start_run(run_request("Say hello", true), "req-free".into());
+    let (_, end) = drive(&mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let snap = status.snapshot();
+    assert_eq!(snap.recent[0].cost_usd, None);
+    assert_eq!(snap.recent[0].input_tokens, 120);
+    assert_eq!((snap.models[0].runs, snap.models[0].priced_runs), (2, 1));
+    assert_eq!(snap.totals.input_tokens, 240);
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::secret::Secret;
 
-pub use crate::provider::{AuthMode, ProviderKind};
+pub use crate::provider::{AuthMode, Price, ProviderKind};
 
 pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
 pub use error::ConfigError;
@@ -277,6 +277,9 @@ pub struct ModelConfig {
     pub temperature: Option<f32>,
     #[serde(default = "defaults::yes")]
     pub supports_images: bool,
+    /// Dollars per million tokens; without it, the list price of `model` if we know one.
+    #[serde(default)]
+    pub price: Option<Price>,
 }
 
 impl ModelConfig {
@@ -291,6 +294,11 @@ impl ModelConfig {
 
     pub fn thinks(&self) -> bool {
         self.thinking_budget.is_some() || self.reasoning_effort.is_some()
+    }
+
+    /// The configured price, else the list price of the provider's model; `None`: unknown.
+    pub fn price(&self) -> Option<Price> {
+        self.price.or_else(|| Price::list(&self.model))
     }
 }
 
@@ -441,6 +449,12 @@ impl Config {
                 return Err(invalid(
                     key("context_window"),
                     "token limits must be positive".into(),
+                ));
+            }
+            if m.price.is_some_and(|p| !p.is_valid()) {
+                return Err(invalid(
+                    key("price"),
+                    "prices must be finite and not negative".into(),
                 ));
             }
             if let Some(effort) = &m.reasoning_effort {

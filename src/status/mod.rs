@@ -101,6 +101,7 @@ struct State {
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
     totals: Totals,
+    models: BTreeMap<String, ModelTotals>,
     unknown: unknown::Unknowns,
 }
 
@@ -108,8 +109,9 @@ struct Active {
     start: RunStart,
     started: Instant,
     started_unix_ms: u64,
-    input_tokens: u64,
-    output_tokens: u64,
+    usage: Usage,
+    cost_usd: Option<f64>,
+    route: Route,
 }
 
 impl Active {
@@ -121,9 +123,13 @@ impl Active {
             transport: self.start.transport.clone(),
             started_unix_ms: self.started_unix_ms,
             duration_ms: millis(now.saturating_duration_since(self.started)),
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            cache_read_tokens: 0,
+            input_tokens: self.usage.input,
+            output_tokens: self.usage.output,
+            cache_read_tokens: self.usage.cache_read,
+            cache_write_tokens: self.usage.cache_write,
+            cost_usd: self.cost_usd,
+            target: self.route.target.clone(),
+            skipped: self.route.skipped.clone(),
             outcome: None,
             error: None,
         }
@@ -140,8 +146,17 @@ struct LatencyStats {
     last_unix_ms: u64,
 }
 
+/// Which target of a model's fallback chain served a run, and why earlier ones did not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// `provider/model` of the target that served the (last) call.
+    pub target: Option<String>,
+    /// `provider/model: reason` for each target passed over.
+    pub skipped: Vec<String>,
+}
+
 /// One run as the page shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub request_id: String,
     pub model: String,
@@ -153,6 +168,17 @@ pub struct RunRecord {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Dollars; `None` when a price was unknown.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// The fallback-chain target that served the run (`provider/model`).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Targets passed over, each with its reason.
+    #[serde(default)]
+    pub skipped: Vec<String>,
     /// `None` while the run is active; then `ok`, `error`, `canceled`, `abandoned`, …
     pub outcome: Option<String>,
     pub error: Option<String>,
@@ -171,7 +197,7 @@ pub struct ProviderLatency {
 }
 
 /// Since the server started.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
     pub started: u64,
     pub finished: u64,
@@ -180,12 +206,49 @@ pub struct Totals {
     pub failed: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Dollars, over the runs whose price is known.
+    #[serde(default)]
+    pub cost_usd: f64,
     /// Finished runs per outcome.
     pub by_outcome: BTreeMap<String, u64>,
 }
 
+/// Finished runs of one model (the id Cursor sees), since the server started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelTotals {
+    pub model: String,
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    /// `cache_read_tokens / input_tokens`, 0 without input.
+    pub cache_read_share: f64,
+    /// Dollars, over `priced_runs`.
+    pub cost_usd: f64,
+    /// Runs whose price is known (the others count tokens only).
+    pub priced_runs: u64,
+}
+
+impl ModelTotals {
+    /// Count one finished run.
+    pub fn add(&mut self, input: u64, output: u64, cache_read: u64, cost_usd: Option<f64>) {
+        self.runs += 1;
+        self.input_tokens = self.input_tokens.saturating_add(input);
+        self.output_tokens = self.output_tokens.saturating_add(output);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(cache_read);
+        self.cache_read_share =
+            crate::provider::price::cache_read_share(self.input_tokens, self.cache_read_tokens);
+        if let Some(c) = cost_usd {
+            self.cost_usd += c;
+            self.priced_runs += 1;
+        }
+    }
+}
+
 /// Everything the page shows, as served at [`SNAPSHOT_PATH`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusSnapshot {
     /// Always `cursor-byok`: lets `doctor` tell our listener from another program's.
     pub service: String,
@@ -200,6 +263,9 @@ pub struct StatusSnapshot {
     /// By provider name.
     pub providers: Vec<ProviderLatency>,
     pub totals: Totals,
+    /// Per model, by model id.
+    #[serde(default)]
+    pub models: Vec<ModelTotals>,
     /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
     #[serde(default)]
     pub tasks: u64,
@@ -243,8 +309,9 @@ impl Status {
                 start,
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
-                input_tokens: 0,
-                output_tokens: 0,
+                usage: Usage::default(),
+                cost_usd: None,
+                route: Route::default(),
             },
         );
         RunTicket {
@@ -299,6 +366,7 @@ impl Status {
             recent: state.recent.iter().rev().cloned().collect(),
             providers,
             totals: state.totals.clone(),
+            models: state.models.values().cloned().collect(),
             tasks: tokio::runtime::Handle::try_current()
                 .map_or(0, |rt| rt.metrics().num_alive_tasks() as u64),
             unknown: state.unknown.report(),
@@ -344,9 +412,11 @@ impl Status {
             record.input_tokens = u.input;
             record.output_tokens = u.output;
             record.cache_read_tokens = u.cache_read;
+            record.cache_write_tokens = u.cache_write;
         }
         record.outcome = Some(outcome.to_string());
         record.error = error.map(|e| scrub(&e));
+        let state = &mut *state;
         let t = &mut state.totals;
         t.finished += 1;
         if outcome == "ok" {
@@ -356,6 +426,21 @@ impl Status {
         }
         t.input_tokens = t.input_tokens.saturating_add(record.input_tokens);
         t.output_tokens = t.output_tokens.saturating_add(record.output_tokens);
+        t.cache_read_tokens = t.cache_read_tokens.saturating_add(record.cache_read_tokens);
+        t.cost_usd += record.cost_usd.unwrap_or(0.0);
+        state
+            .models
+            .entry(record.model.clone())
+            .or_insert_with(|| ModelTotals {
+                model: record.model.clone(),
+                ..ModelTotals::default()
+            })
+            .add(
+                record.input_tokens,
+                record.output_tokens,
+                record.cache_read_tokens,
+                record.cost_usd,
+            );
         *t.by_outcome.entry(outcome.to_string()).or_default() += 1;
         if state.recent.len() == RECENT_RUNS {
             state.recent.pop_front();
@@ -429,9 +514,22 @@ impl RunProgress {
     /// The run's token counts so far (cumulative, not increments).
     pub fn tokens(&self, input: u64, output: u64) {
         self.status.update(self.id, |a| {
-            a.input_tokens = input;
-            a.output_tokens = output;
+            a.usage.input = input;
+            a.usage.output = output;
         });
+    }
+
+    /// The run's usage and cost so far (cumulative); `None`: a price is unknown.
+    pub fn usage(&self, usage: Usage, cost_usd: Option<f64>) {
+        self.status.update(self.id, |a| {
+            a.usage = usage;
+            a.cost_usd = cost_usd;
+        });
+    }
+
+    /// Which fallback target serves the run, and why earlier ones were passed over.
+    pub fn route(&self, route: Route) {
+        self.status.update(self.id, |a| a.route = route);
     }
 
     /// One latency sample for the run's provider (e.g. time to the first streamed event).

@@ -91,6 +91,8 @@ impl Outbox {
 pub struct RunSummary {
     pub usage: Usage,
     pub steps: u64,
+    /// Dollars, when every call's price is known.
+    pub cost_usd: Option<f64>,
 }
 
 pub(super) struct Run {
@@ -160,6 +162,7 @@ impl Run {
             step: 0,
             usage: Usage::default(),
             last_call: Usage::default(),
+            cost_usd: Some(0.0),
             progress: ticket.progress(),
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
@@ -172,7 +175,8 @@ impl Run {
                     Err(e) if e.is_panic() => {
                         warn!("agent run task panicked");
                         Err(RunError::Internal(
-                            "the agent run failed unexpectedly (a bug in cursor-byok; see its log)".into(),
+                            "the agent run failed unexpectedly (a bug in cursor-byok; see its log)"
+                                .into(),
                         ))
                     }
                     Err(_) => Err(RunError::Canceled),
@@ -199,10 +203,11 @@ impl Run {
                             input_tokens = summary.usage.input,
                             output_tokens = summary.usage.output,
                             cache_read_tokens = summary.usage.cache_read,
+                            cache_write_tokens = summary.usage.cache_write,
+                            cost_usd = summary.cost_usd,
                             steps = summary.steps,
-                            "run finished: {model_name} via {provider_name}, {} in / {} out tokens, {secs:.1}s",
-                            summary.usage.input,
-                            summary.usage.output,
+                            "run finished: {model_name} via {provider_name}, {}, {secs:.1}s",
+                            usage_words(&summary.usage, summary.cost_usd),
                         );
                         EndStream::ok()
                     }
@@ -310,6 +315,8 @@ struct RunState {
     usage: Usage,
     /// The latest model call's usage: the size of the context now.
     last_call: Usage,
+    /// Dollars so far; `None` once a call's price is unknown.
+    cost_usd: Option<f64>,
     /// Live figures for the status page.
     progress: crate::status::RunProgress,
 }
@@ -331,6 +338,7 @@ impl RunState {
         Ok(RunSummary {
             usage: self.usage,
             steps: self.step,
+            cost_usd: self.cost_usd,
         })
     }
 
@@ -457,13 +465,22 @@ impl RunState {
         }
         let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.out.send(msg::step_completed(step, elapsed)).await?;
-        add_usage(&mut self.usage, &usage);
+        self.record_call(&usage);
         self.last_call = usage;
-        self.progress.tokens(self.usage.input, self.usage.output);
         Ok(ModelCall {
             turn: builder.finish(),
             thinking_ms,
         })
+    }
+
+    /// Count one model call's tokens and cost in the run's totals.
+    fn record_call(&mut self, usage: &Usage) {
+        add_usage(&mut self.usage, usage);
+        self.cost_usd = match (self.cost_usd, self.run.model.config.price()) {
+            (Some(sum), Some(price)) => Some(sum + price.cost(usage)),
+            _ => None,
+        };
+        self.progress.usage(self.usage, self.cost_usd);
     }
 
     /// Close an open thinking block; returns how long it lasted.
@@ -626,10 +643,57 @@ fn cursor_call_id(step: u64, model_call_id: &str) -> String {
     format!("{model_call_id}#s{step}")
 }
 
+/// `120 in (100 cache read) / 7 out tokens, $0.0012` for the summary line.
+fn usage_words(u: &Usage, cost_usd: Option<f64>) -> String {
+    let mut s = format!("{} in", u.input);
+    if u.cache_read > 0 || u.cache_write > 0 {
+        s.push_str(&format!(
+            " ({} cache read, {} cache write)",
+            u.cache_read, u.cache_write
+        ));
+    }
+    s.push_str(&format!(" / {} out tokens", u.output));
+    match cost_usd {
+        // Cheap runs keep their significant digits.
+        Some(c) if c < 0.01 => s.push_str(&format!(", ${c:.6}")),
+        Some(c) => s.push_str(&format!(", ${c:.4}")),
+        None => s.push_str(", price unknown"),
+    }
+    s
+}
+
 fn add_usage(total: &mut Usage, u: &Usage) {
     total.input += u.input;
     total.output += u.output;
     total.cache_read += u.cache_read;
     total.cache_write += u.cache_write;
     total.reasoning += u.reasoning;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_line_names_tokens_and_cost() {
+        let u = Usage {
+            input: 120,
+            output: 7,
+            cache_read: 100,
+            ..Usage::default()
+        };
+        assert_eq!(
+            usage_words(&u, Some(0.000146)),
+            "120 in (100 cache read, 0 cache write) / 7 out tokens, $0.000146"
+        );
+        let plain = Usage {
+            input: 5,
+            output: 1,
+            ..Usage::default()
+        };
+        assert_eq!(
+            usage_words(&plain, None),
+            "5 in / 1 out tokens, price unknown"
+        );
+    }
 }

@@ -261,6 +261,9 @@ impl RunState {
             .stream(request, self.cancel.child_token())
             .collect_turn()
             .await;
+        if let Some(u) = &turn.usage {
+            self.record_call(u);
+        }
         if let Some(e) = turn.error {
             warn!("summary failed: {e}");
             self.out.send(msg::summary_completed(true)).await?;
