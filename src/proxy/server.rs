@@ -84,6 +84,7 @@ impl ServerBuilder {
         let shutdown = Shutdown::default();
         let upstream = Upstream::new(&config.upstream, own, shutdown.hard_token())?;
         let status = self.status.unwrap_or_default();
+        status.record_usage_in(&config.data_dir());
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,

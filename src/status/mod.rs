@@ -26,10 +26,11 @@
 
 mod page;
 mod unknown;
+pub mod usage;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -86,6 +87,8 @@ struct Inner {
     state: Mutex<State>,
     /// `run --capture`: the traffic trace, when one is being recorded.
     capture: Option<crate::capture::Capture>,
+    /// Where finished runs are persisted, once the server set it.
+    usage_log: OnceLock<usage::UsageLog>,
 }
 
 impl Inner {
@@ -289,6 +292,7 @@ impl Status {
                 next_id: AtomicU64::new(1),
                 state: Mutex::new(State::default()),
                 capture,
+                usage_log: OnceLock::new(),
             }),
         }
     }
@@ -296,6 +300,11 @@ impl Status {
     /// The traffic capture, when `run --capture` asked for one.
     pub fn capture(&self) -> Option<&crate::capture::Capture> {
         self.inner.capture.as_ref()
+    }
+
+    /// Persist every finished run from now on to `usage.jsonl` in `dir` (the first call wins).
+    pub fn record_usage_in(&self, dir: &std::path::Path) {
+        let _ = self.inner.usage_log.set(usage::UsageLog::new(dir));
     }
 
     /// Register a run; keep the ticket for its whole life.
@@ -403,7 +412,8 @@ impl Status {
 
     fn finish(&self, id: u64, outcome: &str, error: Option<String>, usage: Option<Usage>) {
         let now = Instant::now();
-        let mut state = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
         let Some(active) = state.active.remove(&id) else {
             return;
         };
@@ -416,7 +426,6 @@ impl Status {
         }
         record.outcome = Some(outcome.to_string());
         record.error = error.map(|e| scrub(&e));
-        let state = &mut *state;
         let t = &mut state.totals;
         t.finished += 1;
         if outcome == "ok" {
@@ -445,7 +454,14 @@ impl Status {
         if state.recent.len() == RECENT_RUNS {
             state.recent.pop_front();
         }
+        let line = usage::UsageLine::of(&record);
         state.recent.push_back(record);
+        drop(guard);
+        if let Some(log) = self.inner.usage_log.get() {
+            if let Err(e) = log.append(&line) {
+                tracing::warn!("cannot record usage in {}: {e}", log.path().display());
+            }
+        }
     }
 }
 
