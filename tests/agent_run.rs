@@ -800,3 +800,148 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
         .any(|u| matches!(u, Update::TurnEnded(_))));
     assert!(client.checkpoint.is_some());
 }
+
+/// A model on `primary` (provider `fake`) with one fallback on `backup`, retries off and a
+/// one-second first-token timeout.
+fn fallback_config(primary: &str, backup: &str) -> Arc<Config> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let text = format!(
+        "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
+         [fallback]\nfirst_token_timeout_secs = 1\n\
+         [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{primary}\"\napi_key = \"sk-test-primary\"\n\
+         [providers.backup]\nkind = \"openai-chat\"\nbase_url = \"{backup}\"\napi_key = \"sk-test-backup\"\n\
+         [[models]]\nid = \"fake-model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n\
+         [[models.fallback]]\nprovider = \"backup\"\nmodel = \"gpt-backup\"\nmax_output_tokens = 1234\n\
+         [models.fallback.price]\ninput = 1.0\noutput = 2.0\n",
+        dir.display()
+    );
+    Arc::new(Config::from_toml(&text, "test").unwrap())
+}
+
+/// One run on `agent`; its messages, end and status record.
+async fn run_once(
+    agent: &Agent,
+    request_id: &str,
+) -> (
+    Vec<pb::AgentServerMessage>,
+    EndStream,
+    cursor_byok::status::RunRecord,
+) {
+    let mut run = agent.start_run(run_request("Say hello", true), request_id.into());
+    let (messages, end) = drive(&mut run).await;
+    let record = agent.status().snapshot().recent[0].clone();
+    assert_eq!(record.request_id, request_id);
+    (messages, end, record)
+}
+
+#[tokio::test]
+async fn a_target_failing_before_any_output_hands_the_run_to_the_next() {
+    let refused = common::closed_port();
+    let stall = Reply {
+        after: After::Stall,
+        ..Reply::sse("")
+    };
+    let overloaded = Reply::sse(
+        "data: {\"error\":{\"message\":\"Overloaded\",\"type\":\"overloaded_error\"}}\n\n",
+    );
+    let cases: Vec<(&str, Option<Reply>, &str)> = vec![
+        ("refused connection", None, "could not talk to Fake"),
+        (
+            "429",
+            Some(Reply::json(429, r#"{"error":{"message":"slow down"}}"#)),
+            "rate-limited the request (HTTP 429)",
+        ),
+        (
+            "500",
+            Some(Reply::json(500, "{}")),
+            "server error (HTTP 500)",
+        ),
+        (
+            "503",
+            Some(Reply::json(503, "{}")),
+            "server error (HTTP 503)",
+        ),
+        ("overloaded body", Some(overloaded), "is overloaded"),
+        ("no first token", Some(stall), "no first token within 1 s"),
+    ];
+    for (case, reply, reason) in cases {
+        let primary = match &reply {
+            Some(r) => Some(FakeProvider::start(vec![r.clone()]).await),
+            None => None,
+        };
+        let primary_url = primary
+            .as_ref()
+            .map_or(format!("http://{}/v1", refused.addr), |p| p.base_url());
+        let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+        let agent = Agent::new(fallback_config(&primary_url, &backup.base_url())).unwrap();
+        let (messages, end, record) = run_once(&agent, "req-fb").await;
+        assert!(end.error.is_none(), "{case}: {:?}", end.error);
+        assert_eq!(text_of(&messages), "Hello, world", "{case}");
+        let sent = backup.requests();
+        assert_eq!(sent.len(), 1, "{case}");
+        assert_eq!(sent[0].json()["model"], "gpt-backup", "{case}");
+        assert_eq!(sent[0].json()["max_tokens"], 1234, "{case}");
+        assert_eq!(
+            record.target.as_deref(),
+            Some("backup/gpt-backup"),
+            "{case}"
+        );
+        assert_eq!(record.skipped.len(), 1, "{case}: {:?}", record.skipped);
+        assert!(
+            record.skipped[0].starts_with("fake/gpt-fake: ") && record.skipped[0].contains(reason),
+            "{case}: {:?}",
+            record.skipped
+        );
+        // Priced at the backup's price: 120 in × $1 + 7 out × $2, per million.
+        let cost = record.cost_usd.unwrap();
+        assert!((cost - 134e-6).abs() < 1e-12, "{case}: {cost}");
+        if let Some(p) = &primary {
+            assert_eq!(p.requests().len(), 1, "{case}: one try, no retry");
+        }
+
+        // The failed target cools down across runs: the next run goes to the backup at once.
+        backup.push(Reply::sse(TEXT_SSE));
+        let (_, end, record) = run_once(&agent, "req-fb-2").await;
+        assert!(end.error.is_none(), "{case}: {:?}", end.error);
+        assert_eq!(backup.requests().len(), 2, "{case}");
+        if let Some(p) = &primary {
+            assert_eq!(p.requests().len(), 1, "{case}: skipped while cooling");
+        }
+        assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+        assert!(
+            record.skipped[0].contains("cooling down for") && record.skipped[0].contains(reason),
+            "{case}: {:?}",
+            record.skipped
+        );
+    }
+}
+
+#[tokio::test]
+async fn once_output_has_started_there_is_no_switch() {
+    let partial = Reply::sse(
+        "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+    )
+    .then(After::Cut);
+    let primary = FakeProvider::start(vec![partial]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let agent = Agent::new(fallback_config(&primary.base_url(), &backup.base_url())).unwrap();
+    let (messages, end, record) = run_once(&agent, "req-cut").await;
+    assert_eq!(text_of(&messages), "Hel");
+    let error = end.error.expect("the failure goes to Cursor");
+    assert_eq!(error.code, Code::Unavailable, "{error:?}");
+    assert!(backup.requests().is_empty());
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+    assert!(record.skipped.is_empty());
+}
+
+#[tokio::test]
+async fn an_error_that_is_not_a_failover_class_goes_to_cursor() {
+    let primary =
+        FakeProvider::start(vec![Reply::json(401, r#"{"error":{"message":"bad key"}}"#)]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let agent = Agent::new(fallback_config(&primary.base_url(), &backup.base_url())).unwrap();
+    let (_, end, record) = run_once(&agent, "req-401").await;
+    assert_eq!(end.error.expect("an error").code, Code::Unauthenticated);
+    assert!(backup.requests().is_empty());
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+}

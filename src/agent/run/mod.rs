@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
+use super::fallback::{Chain, Opened};
 use super::messages as msg;
 use super::model::ResolvedModel;
 use super::state::BlobCache;
@@ -27,9 +28,9 @@ use super::RunOutput;
 use crate::connect::EndStream;
 use crate::proto::agent::v1 as pb;
 use crate::provider::{
-    FinishReason, ProviderClient, ProviderEvent, ProviderRequest, RequestOptions, Turn,
-    TurnBuilder, Usage,
+    FinishReason, Price, ProviderEvent, ProviderRequest, RequestOptions, Turn, TurnBuilder, Usage,
 };
+use crate::status::Route;
 use std::collections::HashMap;
 
 pub use error::RunError;
@@ -98,7 +99,8 @@ pub struct RunSummary {
 pub(super) struct Run {
     pub request_id: String,
     pub model: ResolvedModel,
-    pub provider: ProviderClient,
+    /// Where the model's calls go: its provider, then its fallbacks.
+    pub chain: Chain,
     pub settings: RunSettings,
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
@@ -121,7 +123,7 @@ impl Run {
             "run",
             request_id = %self.request_id,
             model = %self.model.config.cursor_id(),
-            provider = %self.provider.name(),
+            provider = %self.provider_name(),
         );
         let outbox = Outbox {
             tx: out,
@@ -146,7 +148,8 @@ impl Run {
         );
 
         let model_name = self.model.config.cursor_id();
-        let provider_name = self.provider.name().to_string();
+        let provider_name = self.provider_name();
+        let route = Arc::new(std::sync::Mutex::new(Route::default()));
         let started = Instant::now();
         let state = RunState {
             run: self,
@@ -163,6 +166,7 @@ impl Run {
             usage: Usage::default(),
             last_call: Usage::default(),
             cost_usd: Some(0.0),
+            route: route.clone(),
             progress: ticket.progress(),
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
@@ -196,6 +200,10 @@ impl Run {
                 };
                 ticket.finish(outcome, error, usage);
                 let secs = started.elapsed().as_secs_f64();
+                let via = route_words(
+                    &route.lock().unwrap_or_else(|p| p.into_inner()),
+                    &provider_name,
+                );
                 let end = match &result {
                     Ok(summary) => {
                         info!(
@@ -206,7 +214,7 @@ impl Run {
                             cache_write_tokens = summary.usage.cache_write,
                             cost_usd = summary.cost_usd,
                             steps = summary.steps,
-                            "run finished: {model_name} via {provider_name}, {}, {secs:.1}s",
+                            "run finished: {model_name} via {via}, {}, {secs:.1}s",
                             usage_words(&summary.usage, summary.cost_usd),
                         );
                         EndStream::ok()
@@ -216,7 +224,7 @@ impl Run {
                             outcome = "error",
                             side = e.side(),
                             code = e.code().as_str(),
-                            "run ended: {model_name} via {provider_name} after {secs:.1}s: {e}"
+                            "run ended: {model_name} via {via} after {secs:.1}s: {e}"
                         );
                         EndStream::from_error(e.to_connect())
                     }
@@ -225,6 +233,17 @@ impl Run {
             }
             .instrument(span),
         );
+    }
+}
+
+impl Run {
+    /// The display name of the model's first provider.
+    pub(in crate::agent) fn provider_name(&self) -> String {
+        self.chain
+            .targets
+            .first()
+            .map(|t| t.client.name().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -317,6 +336,8 @@ struct RunState {
     last_call: Usage,
     /// Dollars so far; `None` once a call's price is unknown.
     cost_usd: Option<f64>,
+    /// The target that served the latest call, for the summary line.
+    route: Arc<std::sync::Mutex<Route>>,
     /// Live figures for the status page.
     progress: crate::status::RunProgress,
 }
@@ -377,7 +398,14 @@ impl RunState {
         let step = self.step;
         let started = Instant::now();
         self.out.send(msg::step_started(step)).await?;
-        let mut stream = self.run.provider.stream(request, self.cancel.child_token());
+        let Opened {
+            first,
+            mut stream,
+            target,
+            ..
+        } = self.open(request).await?;
+        let price = self.run.chain.targets[target].price;
+        let mut pending = Some(first);
         let mut builder = TurnBuilder::new();
         let mut thinking_since: Option<Instant> = None;
         let mut thinking_ms = 0u32;
@@ -390,6 +418,7 @@ impl RunState {
             let event = tokio::select! {
                 biased;
                 _ = &mut canceled => return Err(RunError::Canceled),
+                ev = async { pending.take() }, if pending.is_some() => ev,
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {
                     self.dispatch(ev).await?;
@@ -465,7 +494,7 @@ impl RunState {
         }
         let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.out.send(msg::step_completed(step, elapsed)).await?;
-        self.record_call(&usage);
+        self.record_call(&usage, price);
         self.last_call = usage;
         Ok(ModelCall {
             turn: builder.finish(),
@@ -473,10 +502,22 @@ impl RunState {
         })
     }
 
-    /// Count one model call's tokens and cost in the run's totals.
-    fn record_call(&mut self, usage: &Usage) {
+    /// Start a model call on the chain (cancellable while it waits for a first event).
+    async fn open(&mut self, request: ProviderRequest) -> Result<Opened, RunError> {
+        let opened = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+            o = self.run.chain.open(request, &self.cancel) => o,
+        };
+        self.progress.route(opened.route.clone());
+        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = opened.route.clone();
+        Ok(opened)
+    }
+
+    /// Count one model call's tokens and cost (at the price of the target that served it).
+    fn record_call(&mut self, usage: &Usage, price: Option<Price>) {
         add_usage(&mut self.usage, usage);
-        self.cost_usd = match (self.cost_usd, self.run.model.config.price()) {
+        self.cost_usd = match (self.cost_usd, price) {
             (Some(sum), Some(price)) => Some(sum + price.cost(usage)),
             _ => None,
         };
@@ -641,6 +682,18 @@ impl RunState {
 /// (`functions.Shell:0`), so ours carry the step.
 fn cursor_call_id(step: u64, model_call_id: &str) -> String {
     format!("{model_call_id}#s{step}")
+}
+
+/// `fake/gpt-fake (skipped: a/b: HTTP 429 …)`, or the provider's name before any call.
+fn route_words(route: &Route, provider_name: &str) -> String {
+    let mut s = route
+        .target
+        .clone()
+        .unwrap_or_else(|| provider_name.to_string());
+    if !route.skipped.is_empty() {
+        s.push_str(&format!(" (skipped {})", route.skipped.join("; ")));
+    }
+    s
 }
 
 /// `120 in (100 cache read) / 7 out tokens, $0.0012` for the summary line.
