@@ -42,6 +42,11 @@ pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
 pub const RECENT_RUNS: usize = 100;
+/// The charts' window and resolution: the last hour, by minute.
+pub const CHART_MINUTES: usize = 60;
+/// Finished runs remembered for the charts (older or beyond this, they only count in totals).
+const CHART_POINTS: usize = 20_000;
+
 /// Error text kept per run (the page is a summary; the log has the rest).
 const MAX_ERROR_CHARS: usize = 600;
 
@@ -105,7 +110,48 @@ struct State {
     providers: HashMap<String, LatencyStats>,
     totals: Totals,
     models: BTreeMap<String, ModelTotals>,
+    /// Finished runs of the last hour, oldest first, for the charts.
+    chart: VecDeque<ChartPoint>,
     unknown: unknown::Unknowns,
+}
+
+/// One finished run, as the charts count it.
+#[derive(Debug, Clone)]
+struct ChartPoint {
+    unix_ms: u64,
+    model: String,
+    tokens: u64,
+    cost_usd: f64,
+}
+
+/// One model's last hour, minute by minute (oldest first, the current minute last).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSeries {
+    pub model: String,
+    /// Tokens in + out of the runs that ended in each minute.
+    pub tokens: Vec<u64>,
+    /// Dollars of the runs that ended in each minute (priced runs only).
+    pub cost_usd: Vec<f64>,
+}
+
+/// Bucket `points` into [`CHART_MINUTES`] minutes ending at `now_ms`, one series per model.
+fn series<'a>(points: impl Iterator<Item = &'a ChartPoint>, now_ms: u64) -> Vec<ModelSeries> {
+    let mut by_model: BTreeMap<&str, ModelSeries> = BTreeMap::new();
+    for p in points {
+        let age = (now_ms.saturating_sub(p.unix_ms) / 60_000) as usize;
+        if age >= CHART_MINUTES {
+            continue;
+        }
+        let s = by_model.entry(&p.model).or_insert_with(|| ModelSeries {
+            model: p.model.clone(),
+            tokens: vec![0; CHART_MINUTES],
+            cost_usd: vec![0.0; CHART_MINUTES],
+        });
+        let i = CHART_MINUTES - 1 - age;
+        s.tokens[i] = s.tokens[i].saturating_add(p.tokens);
+        s.cost_usd[i] += p.cost_usd;
+    }
+    by_model.into_values().collect()
 }
 
 struct Active {
@@ -269,6 +315,9 @@ pub struct StatusSnapshot {
     /// Per model, by model id.
     #[serde(default)]
     pub models: Vec<ModelTotals>,
+    /// The charts: per model, the last hour by minute.
+    #[serde(default)]
+    pub last_hour: Vec<ModelSeries>,
     /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
     #[serde(default)]
     pub tasks: u64,
@@ -350,6 +399,7 @@ impl Status {
 
     pub fn snapshot(&self) -> StatusSnapshot {
         let now = Instant::now();
+        let now_ms = unix_ms();
         let state = self.inner.lock();
         let mut providers: Vec<ProviderLatency> = state
             .providers
@@ -376,6 +426,7 @@ impl Status {
             providers,
             totals: state.totals.clone(),
             models: state.models.values().cloned().collect(),
+            last_hour: series(state.chart.iter(), now_ms),
             tasks: tokio::runtime::Handle::try_current()
                 .map_or(0, |rt| rt.metrics().num_alive_tasks() as u64),
             unknown: state.unknown.report(),
@@ -455,6 +506,20 @@ impl Status {
             state.recent.pop_front();
         }
         let line = usage::UsageLine::of(&record);
+        let hour_ago = line.unix_ms.saturating_sub((CHART_MINUTES as u64) * 60_000);
+        while state
+            .chart
+            .front()
+            .is_some_and(|p| p.unix_ms < hour_ago || state.chart.len() >= CHART_POINTS)
+        {
+            state.chart.pop_front();
+        }
+        state.chart.push_back(ChartPoint {
+            unix_ms: line.unix_ms,
+            model: line.model.clone(),
+            tokens: line.input_tokens.saturating_add(line.output_tokens),
+            cost_usd: line.cost_usd.unwrap_or(0.0),
+        });
         state.recent.push_back(record);
         drop(guard);
         if let Some(log) = self.inner.usage_log.get() {
@@ -675,6 +740,87 @@ mod tests {
         assert_eq!(snap.totals.finished, (RECENT_RUNS + 5) as u64);
         let p = &snap.providers[0];
         assert_eq!((p.last_ms, p.avg_ms, p.min_ms, p.max_ms), (10, 20, 10, 30));
+    }
+
+    #[test]
+    fn the_charts_bucket_the_last_hour_by_minute_per_model() {
+        let now = 10 * 3_600_000;
+        let point = |mins_ago: u64, model: &str, tokens, cost_usd| ChartPoint {
+            unix_ms: now - mins_ago * 60_000 - 5,
+            model: model.into(),
+            tokens,
+            cost_usd,
+        };
+        let points = [
+            point(0, "a", 10, 0.5),
+            point(0, "a", 5, 0.25),
+            point(59, "a", 7, 0.0),
+            point(60, "a", 1_000, 9.0),
+            point(3, "b", 3, 0.125),
+        ];
+        let s = series(points.iter(), now);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].model.as_str(), s[0].tokens.len()),
+            ("a", CHART_MINUTES)
+        );
+        assert_eq!(s[0].tokens[CHART_MINUTES - 1], 15);
+        assert_eq!(s[0].cost_usd[CHART_MINUTES - 1], 0.75);
+        assert_eq!(s[0].tokens[0], 7);
+        assert_eq!(
+            s[0].tokens.iter().sum::<u64>(),
+            22,
+            "an hour old is out of the window"
+        );
+        assert_eq!(s[1].tokens[CHART_MINUTES - 4], 3);
+    }
+
+    #[test]
+    fn per_model_totals_and_cost_in_the_snapshot() {
+        let status = Status::new();
+        for (model, cost) in [
+            ("byok-a", Some(0.5)),
+            ("byok-a", None),
+            ("byok-b", Some(0.25)),
+        ] {
+            let mut s = start("r");
+            s.model = model.into();
+            let t = status.run_started(s);
+            let u = Usage {
+                input: 100,
+                output: 10,
+                cache_read: 40,
+                ..Usage::default()
+            };
+            t.progress().usage(u, cost);
+            t.progress().route(Route {
+                target: Some("p/m".into()),
+                skipped: vec!["q/m: HTTP 429".into()],
+            });
+            t.finish("ok", None, Some(u));
+        }
+        let snap = status.snapshot();
+        assert_eq!(snap.recent[0].target.as_deref(), Some("p/m"));
+        assert_eq!(snap.recent[0].skipped, ["q/m: HTTP 429"]);
+        assert_eq!(snap.models.len(), 2);
+        let a = &snap.models[0];
+        assert_eq!(
+            (a.runs, a.priced_runs, a.input_tokens, a.cache_read_tokens),
+            (2, 1, 200, 80)
+        );
+        assert!((a.cache_read_share - 0.4).abs() < 1e-12);
+        assert_eq!(a.cost_usd, 0.5);
+        assert_eq!(snap.totals.cost_usd, 0.75);
+        assert_eq!(snap.totals.cache_read_tokens, 120);
+        assert_eq!(snap.last_hour.len(), 2);
+        assert_eq!(snap.last_hour[0].tokens[CHART_MINUTES - 1], 220);
+        let json = serde_json::to_value(&snap).unwrap();
+        for key in ["models", "last_hour"] {
+            assert!(json[key].is_array(), "{key}");
+        }
+        assert!(json["recent"][0]["cost_usd"].is_number());
+        assert!(json["models"][0]["cache_read_share"].is_number());
+        assert!(json["totals"]["cost_usd"].is_number());
     }
 
     #[test]
