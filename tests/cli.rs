@@ -138,6 +138,21 @@ fn logs_to_a_pipe_have_no_colour_codes() {
     assert!(!seen.contains('\x1b'), "{seen:?}");
 }
 
+/// `cursor-byok usage` on `dir`: its output, after checking it succeeded.
+fn usage_of(dir: &std::path::Path) -> String {
+    let out = bin()
+        .args(["usage", "--data-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Runs finished on two proxies one after the other (a restart) are all in `usage`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_totals_survive_a_restart() {
@@ -146,13 +161,7 @@ async fn usage_totals_survive_a_restart() {
     use cursor_byok::status::RunStart;
 
     let dir = tempfile::tempdir().unwrap();
-    let empty = bin()
-        .args(["usage", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(empty.status.success());
-    assert!(String::from_utf8_lossy(&empty.stdout).contains("No finished runs"));
+    assert!(usage_of(dir.path()).contains("No finished runs"));
 
     let mut config = Config::from_toml("listen = \"127.0.0.1:0\"\n", "usage test").unwrap();
     config.data_dir = Some(dir.path().to_path_buf());
@@ -195,17 +204,7 @@ async fn usage_totals_survive_a_restart() {
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 3);
 
-    let out = bin()
-        .args(["usage", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = usage_of(dir.path());
     let row = |name: &str| {
         text.lines()
             .find(|l| l.starts_with(name))
