@@ -804,10 +804,15 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
 /// A model on `primary` (provider `fake`) with one fallback on `backup`, retries off and a
 /// one-second first-token timeout.
 fn fallback_config(primary: &str, backup: &str) -> Arc<Config> {
+    fallback_config_cooling(primary, backup, 30)
+}
+
+/// [`fallback_config`] with a cool-down of `cooldown_secs`.
+fn fallback_config_cooling(primary: &str, backup: &str, cooldown_secs: u64) -> Arc<Config> {
     let dir = tempfile::tempdir().unwrap().keep();
     let text = format!(
         "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
-         [fallback]\nfirst_token_timeout_secs = 1\n\
+         [fallback]\nfirst_token_timeout_secs = 1\ncooldown_secs = {cooldown_secs}\n\
          [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{primary}\"\napi_key = \"sk-test-primary\"\n\
          [providers.backup]\nkind = \"openai-chat\"\nbase_url = \"{backup}\"\napi_key = \"sk-test-backup\"\n\
          [[models]]\nid = \"fake-model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n\
@@ -818,16 +823,21 @@ fn fallback_config(primary: &str, backup: &str) -> Arc<Config> {
     Arc::new(Config::from_toml(&text, "test").unwrap())
 }
 
-/// One run on `agent`; its messages, end and status record.
-async fn run_once(
-    agent: &Agent,
-    request_id: &str,
-) -> (
+type Outcome = (
     Vec<pb::AgentServerMessage>,
     EndStream,
     cursor_byok::status::RunRecord,
-) {
-    let mut run = agent.start_run(run_request("Say hello", true), request_id.into());
+);
+
+/// One run on `agent` in conversation `conv-1`; its messages, end and status record.
+async fn run_once(agent: &Agent, request_id: &str) -> Outcome {
+    run_in(agent, request_id, "conv-1").await
+}
+
+async fn run_in(agent: &Agent, request_id: &str, conversation: &str) -> Outcome {
+    let mut req = run_request("Say hello", true);
+    req.conversation_id = Some(conversation.into());
+    let mut run = agent.start_run(req, request_id.into());
     let (messages, end) = drive(&mut run).await;
     let record = agent.status().snapshot().recent[0].clone();
     assert_eq!(record.request_id, request_id);
@@ -944,4 +954,27 @@ async fn an_error_that_is_not_a_failover_class_goes_to_cursor() {
     assert_eq!(end.error.expect("an error").code, Code::Unauthenticated);
     assert!(backup.requests().is_empty());
     assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+}
+
+#[tokio::test]
+async fn a_conversation_stays_on_the_target_that_served_it() {
+    let primary = FakeProvider::start(vec![Reply::json(503, "{}"), Reply::sse(TEXT_SSE)]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE), Reply::sse(TEXT_SSE)]).await;
+    let config = fallback_config_cooling(&primary.base_url(), &backup.base_url(), 1);
+    let agent = Agent::new(config).unwrap();
+    let (_, end, record) = run_in(&agent, "req-a", "conv-a").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+    // The primary's cool-down is over, but conv-a stays where its caches are.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (_, end, record) = run_in(&agent, "req-a2", "conv-a").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+    assert!(record.skipped.is_empty(), "{:?}", record.skipped);
+    assert_eq!((primary.requests().len(), backup.requests().len()), (1, 2));
+    // Another conversation starts on the primary again.
+    let (_, end, record) = run_in(&agent, "req-b", "conv-b").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+    assert_eq!(primary.requests().len(), 2);
 }
