@@ -748,5 +748,14 @@ mod tests {
             usage_words(&plain, None),
             "5 in / 1 out tokens, price unknown"
         );
+        let route = Route {
+            target: Some("backup/m".into()),
+            skipped: vec!["fake/m: Fake is overloaded (HTTP 529): busy".into()],
+        };
+        assert_eq!(
+            route_words(&route, "Fake"),
+            "backup/m (skipped fake/m: Fake is overloaded (HTTP 529): busy)"
+        );
+        assert_eq!(route_words(&Route::default(), "Fake"), "Fake");
     }
 }
