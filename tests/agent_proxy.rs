@@ -669,3 +669,41 @@ async fn an_append_that_is_not_an_agent_message_is_relayed_untouched() {
     }
     assert!(h.provider.requests().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_provider_falls_back_through_the_proxy() {
+    let backup = common::fake_provider::FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let extra = Config::from_toml(
+        &format!(
+            "[providers.backup]\nkind = \"openai-chat\"\nbase_url = \"{}\"\napi_key = \"sk-test-backup\"\n\
+             [[models]]\nid = \"x\"\nprovider = \"backup\"\nmodel = \"x\"\n\
+             [[models.fallback]]\nprovider = \"backup\"\nmodel = \"gpt-backup\"\n",
+            backup.base_url()
+        ),
+        "fallback",
+    )
+    .unwrap();
+    let limited = Reply::json(429, r#"{"error":{"message":"Rate limit reached"}}"#);
+    let h = harness_with(vec![limited.clone(), limited], |c| {
+        c.providers.extend(extra.providers.clone());
+        c.models[0].fallback = extra.models[0].fallback.clone();
+    })
+    .await;
+    let store = Store::default();
+    let door = h.connect_door();
+    let mut run = H2Run::open(&door, "req-fb", &run_request(OURS, "conv-fb", "hi", true)).await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert_text_turn(&t, &store);
+    // The first target's try and its one retry, then the fallback.
+    assert_eq!(h.provider.requests().len(), 2);
+    assert_eq!(backup.requests().len(), 1);
+    assert_eq!(backup.requests()[0].json()["model"], "gpt-backup");
+    let snap = h.server.status().snapshot();
+    let r = &snap.recent[0];
+    assert_eq!(r.target.as_deref(), Some("backup/gpt-backup"));
+    assert!(
+        r.skipped[0].starts_with("fake/gpt-fake: ") && r.skipped[0].contains("HTTP 429"),
+        "{:?}",
+        r.skipped
+    );
+}

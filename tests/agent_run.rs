@@ -26,11 +26,16 @@ const TEXT_SSE: &str = concat!(
 );
 
 fn config(base_url: &str, heartbeat_secs: u64) -> Arc<Config> {
+    config_with(base_url, heartbeat_secs, "")
+}
+
+/// [`config`] with `model_extra` appended to the model's table (a price, a fallback chain…).
+fn config_with(base_url: &str, heartbeat_secs: u64, model_extra: &str) -> Arc<Config> {
     let dir = tempfile::tempdir().unwrap().keep();
     let text = format!(
         "data_dir = \"{}\"\n[agent]\nheartbeat_secs = {heartbeat_secs}\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
          [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{base_url}\"\napi_key = \"sk-test-agent-run\"\n\
-         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n",
+         [[models]]\nid = \"fake-model\"\ndisplay_name = \"Fake Model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n{model_extra}",
         dir.display()
     );
     Arc::new(Config::from_toml(&text, "test").unwrap())
@@ -175,6 +180,49 @@ async fn a_text_turn_streams_and_ends_with_usage() {
         "{system}"
     );
     assert_eq!(body["messages"][1]["content"], "Say hello");
+}
+
+#[tokio::test]
+async fn a_finished_run_records_its_cost_beside_its_tokens() {
+    let provider = FakeProvider::start(vec![Reply::sse(TEXT_SSE), Reply::sse(TEXT_SSE)]).await;
+    let priced = "[models.price]\ninput = 2.0\noutput = 8.0\ncache_read = 0.5\n";
+    let status = cursor_byok::status::Status::new();
+    let agent =
+        Agent::with_status(config_with(&provider.base_url(), 5, priced), status.clone()).unwrap();
+    let mut run = agent.start_run(run_request("Say hello", true), "req-cost".into());
+    let (_, end) = drive(&mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let snap = status.snapshot();
+    let r = &snap.recent[0];
+    assert_eq!(
+        (r.input_tokens, r.cache_read_tokens, r.output_tokens),
+        (120, 100, 7)
+    );
+    // 20 fresh × $2 + 100 cached × $0.50 + 7 out × $8, per million.
+    let want = (20.0 * 2.0 + 100.0 * 0.5 + 7.0 * 8.0) / 1e6;
+    assert!(
+        (r.cost_usd.unwrap() - want).abs() < 1e-12,
+        "{:?}",
+        r.cost_usd
+    );
+    let m = &snap.models[0];
+    assert_eq!(
+        (m.model.as_str(), m.runs, m.priced_runs),
+        ("byok-fake-model", 1, 1)
+    );
+    assert!((m.cache_read_share - 100.0 / 120.0).abs() < 1e-9);
+    assert!((snap.totals.cost_usd - want).abs() < 1e-12);
+
+    // A model without a known price counts tokens only.
+    let agent = Agent::with_status(config(&provider.base_url(), 5), status.clone()).unwrap();
+    let mut run = agent.start_run(run_request("Say hello", true), "req-free".into());
+    let (_, end) = drive(&mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let snap = status.snapshot();
+    assert_eq!(snap.recent[0].cost_usd, None);
+    assert_eq!(snap.recent[0].input_tokens, 120);
+    assert_eq!((snap.models[0].runs, snap.models[0].priced_runs), (2, 1));
+    assert_eq!(snap.totals.input_tokens, 240);
 }
 
 #[tokio::test]
@@ -751,4 +799,182 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
         .iter()
         .any(|u| matches!(u, Update::TurnEnded(_))));
     assert!(client.checkpoint.is_some());
+}
+
+/// A model on `primary` (provider `fake`) with one fallback on `backup`, retries off and a
+/// one-second first-token timeout.
+fn fallback_config(primary: &str, backup: &str) -> Arc<Config> {
+    fallback_config_cooling(primary, backup, 30)
+}
+
+/// [`fallback_config`] with a cool-down of `cooldown_secs`.
+fn fallback_config_cooling(primary: &str, backup: &str, cooldown_secs: u64) -> Arc<Config> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let text = format!(
+        "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
+         [fallback]\nfirst_token_timeout_secs = 1\ncooldown_secs = {cooldown_secs}\n\
+         [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{primary}\"\napi_key = \"sk-test-primary\"\n\
+         [providers.backup]\nkind = \"openai-chat\"\nbase_url = \"{backup}\"\napi_key = \"sk-test-backup\"\n\
+         [[models]]\nid = \"fake-model\"\nprovider = \"fake\"\nmodel = \"gpt-fake\"\n\
+         [[models.fallback]]\nprovider = \"backup\"\nmodel = \"gpt-backup\"\nmax_output_tokens = 1234\n\
+         [models.fallback.price]\ninput = 1.0\noutput = 2.0\n",
+        dir.display()
+    );
+    Arc::new(Config::from_toml(&text, "test").unwrap())
+}
+
+type Outcome = (
+    Vec<pb::AgentServerMessage>,
+    EndStream,
+    cursor_byok::status::RunRecord,
+);
+
+/// One run on `agent` in conversation `conv-1`; its messages, end and status record.
+async fn run_once(agent: &Agent, request_id: &str) -> Outcome {
+    run_in(agent, request_id, "conv-1").await
+}
+
+async fn run_in(agent: &Agent, request_id: &str, conversation: &str) -> Outcome {
+    let mut req = run_request("Say hello", true);
+    req.conversation_id = Some(conversation.into());
+    let mut run = agent.start_run(req, request_id.into());
+    let (messages, end) = drive(&mut run).await;
+    let record = agent.status().snapshot().recent[0].clone();
+    assert_eq!(record.request_id, request_id);
+    (messages, end, record)
+}
+
+#[tokio::test]
+async fn a_target_failing_before_any_output_hands_the_run_to_the_next() {
+    let refused = common::closed_port();
+    let stall = Reply {
+        after: After::Stall,
+        ..Reply::sse("")
+    };
+    let overloaded = Reply::sse(
+        "data: {\"error\":{\"message\":\"Overloaded\",\"type\":\"overloaded_error\"}}\n\n",
+    );
+    let cases: Vec<(&str, Option<Reply>, &str)> = vec![
+        ("refused connection", None, "could not talk to Fake"),
+        (
+            "429",
+            Some(Reply::json(429, r#"{"error":{"message":"slow down"}}"#)),
+            "rate-limited the request (HTTP 429)",
+        ),
+        (
+            "500",
+            Some(Reply::json(500, "{}")),
+            "server error (HTTP 500)",
+        ),
+        (
+            "503",
+            Some(Reply::json(503, "{}")),
+            "server error (HTTP 503)",
+        ),
+        ("overloaded body", Some(overloaded), "is overloaded"),
+        ("no first token", Some(stall), "no first token within 1 s"),
+    ];
+    for (case, reply, reason) in cases {
+        let primary = match &reply {
+            Some(r) => Some(FakeProvider::start(vec![r.clone()]).await),
+            None => None,
+        };
+        let primary_url = primary
+            .as_ref()
+            .map_or(format!("http://{}/v1", refused.addr), |p| p.base_url());
+        let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+        let agent = Agent::new(fallback_config(&primary_url, &backup.base_url())).unwrap();
+        let (messages, end, record) = run_once(&agent, "req-fb").await;
+        assert!(end.error.is_none(), "{case}: {:?}", end.error);
+        assert_eq!(text_of(&messages), "Hello, world", "{case}");
+        let sent = backup.requests();
+        assert_eq!(sent.len(), 1, "{case}");
+        assert_eq!(sent[0].json()["model"], "gpt-backup", "{case}");
+        assert_eq!(sent[0].json()["max_tokens"], 1234, "{case}");
+        assert_eq!(
+            record.target.as_deref(),
+            Some("backup/gpt-backup"),
+            "{case}"
+        );
+        assert_eq!(record.skipped.len(), 1, "{case}: {:?}", record.skipped);
+        assert!(
+            record.skipped[0].starts_with("fake/gpt-fake: ") && record.skipped[0].contains(reason),
+            "{case}: {:?}",
+            record.skipped
+        );
+        // Priced at the backup's price: 120 in × $1 + 7 out × $2, per million.
+        let cost = record.cost_usd.unwrap();
+        assert!((cost - 134e-6).abs() < 1e-12, "{case}: {cost}");
+        if let Some(p) = &primary {
+            assert_eq!(p.requests().len(), 1, "{case}: one try, no retry");
+        }
+
+        // The failed target cools down across runs: the next run goes to the backup at once.
+        backup.push(Reply::sse(TEXT_SSE));
+        let (_, end, record) = run_once(&agent, "req-fb-2").await;
+        assert!(end.error.is_none(), "{case}: {:?}", end.error);
+        assert_eq!(backup.requests().len(), 2, "{case}");
+        if let Some(p) = &primary {
+            assert_eq!(p.requests().len(), 1, "{case}: skipped while cooling");
+        }
+        assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+        assert!(
+            record.skipped[0].contains("cooling down for") && record.skipped[0].contains(reason),
+            "{case}: {:?}",
+            record.skipped
+        );
+    }
+}
+
+#[tokio::test]
+async fn once_output_has_started_there_is_no_switch() {
+    let partial = Reply::sse(
+        "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+    )
+    .then(After::Cut);
+    let primary = FakeProvider::start(vec![partial]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let agent = Agent::new(fallback_config(&primary.base_url(), &backup.base_url())).unwrap();
+    let (messages, end, record) = run_once(&agent, "req-cut").await;
+    assert_eq!(text_of(&messages), "Hel");
+    let error = end.error.expect("the failure goes to Cursor");
+    assert_eq!(error.code, Code::Unavailable, "{error:?}");
+    assert!(backup.requests().is_empty());
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+    assert!(record.skipped.is_empty());
+}
+
+#[tokio::test]
+async fn an_error_that_is_not_a_failover_class_goes_to_cursor() {
+    let primary =
+        FakeProvider::start(vec![Reply::json(401, r#"{"error":{"message":"bad key"}}"#)]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let agent = Agent::new(fallback_config(&primary.base_url(), &backup.base_url())).unwrap();
+    let (_, end, record) = run_once(&agent, "req-401").await;
+    assert_eq!(end.error.expect("an error").code, Code::Unauthenticated);
+    assert!(backup.requests().is_empty());
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+}
+
+#[tokio::test]
+async fn a_conversation_stays_on_the_target_that_served_it() {
+    let primary = FakeProvider::start(vec![Reply::json(503, "{}"), Reply::sse(TEXT_SSE)]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE), Reply::sse(TEXT_SSE)]).await;
+    let config = fallback_config_cooling(&primary.base_url(), &backup.base_url(), 1);
+    let agent = Agent::new(config).unwrap();
+    let (_, end, record) = run_in(&agent, "req-a", "conv-a").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+    // The primary's cool-down is over, but conv-a stays where its caches are.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (_, end, record) = run_in(&agent, "req-a2", "conv-a").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
+    assert!(record.skipped.is_empty(), "{:?}", record.skipped);
+    assert_eq!((primary.requests().len(), backup.requests().len()), (1, 2));
+    // Another conversation starts on the primary again.
+    let (_, end, record) = run_in(&agent, "req-b", "conv-b").await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+    assert_eq!(primary.requests().len(), 2);
 }

@@ -137,3 +137,91 @@ fn logs_to_a_pipe_have_no_colour_codes() {
     assert!(seen.contains("listening"), "{seen}");
     assert!(!seen.contains('\x1b'), "{seen:?}");
 }
+
+/// `cursor-byok usage` on `dir`: its output, after checking it succeeded.
+fn usage_of(dir: &std::path::Path) -> String {
+    let out = bin()
+        .args(["usage", "--data-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs finished on two proxies one after the other (a restart) are all in `usage`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_totals_survive_a_restart() {
+    use cursor_byok::config::Config;
+    use cursor_byok::provider::Usage;
+    use cursor_byok::status::RunStart;
+
+    let dir = tempfile::tempdir().unwrap();
+    assert!(usage_of(dir.path()).contains("No finished runs"));
+
+    let mut config = Config::from_toml("listen = \"127.0.0.1:0\"\n", "usage test").unwrap();
+    config.data_dir = Some(dir.path().to_path_buf());
+    let finished = [
+        ("byok-gpt-5.1", 1_000, 200, 800, Some(0.0125)),
+        ("byok-claude-sonnet-4-5", 2_000, 100, 1_500, Some(0.5)),
+        ("byok-local", 300, 30, 0, None),
+    ];
+    for round in finished.chunks(2) {
+        let (ca, _) =
+            cursor_byok::tls::CertificateAuthority::load_or_create(&dir.path().join("ca")).unwrap();
+        let server = cursor_byok::proxy::Server::builder(config.clone(), ca)
+            .bind()
+            .await
+            .unwrap();
+        for (model, input, output, cache_read, cost) in round {
+            let ticket = server.status().run_started(RunStart {
+                request_id: "r".into(),
+                model: model.to_string(),
+                provider: "P".into(),
+                transport: "Run".into(),
+            });
+            let usage = Usage {
+                input: *input,
+                output: *output,
+                cache_read: *cache_read,
+                ..Usage::default()
+            };
+            ticket.progress().usage(usage, *cost);
+            ticket.finish("ok", None, Some(usage));
+        }
+        drop(server);
+    }
+    let file = dir.path().join("usage.jsonl");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 3);
+
+    let text = usage_of(dir.path());
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row in:\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("byok-gpt-5.1"),
+        ["byok-gpt-5.1", "1", "1000", "200", "80.0%", "$0.0125"]
+    );
+    assert_eq!(
+        row("byok-local")[1..],
+        ["1", "300", "30", "0.0%", "unknown"]
+    );
+    let total = row("total");
+    assert_eq!(total[1..5], ["3", "3300", "330", "69.7%"]);
+    assert_eq!(total[5], "$0.5125");
+    assert!(text.contains("3 run(s) since"), "{text}");
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 use cursor_byok::config::Config;
 use cursor_byok::provider::Usage;
 use cursor_byok::proxy::Server;
-use cursor_byok::status::{RunStart, RunTicket, Status};
+use cursor_byok::status::{Route, RunStart, RunTicket, Status};
 use cursor_byok::tls::CertificateAuthority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -43,6 +43,8 @@ fn usage(input: u64, output: u64) -> Option<Usage> {
     Some(Usage {
         input,
         output,
+        // A warm prompt cache, as an agent's later turns have.
+        cache_read: input * 3 / 5,
         ..Usage::default()
     })
 }
@@ -90,6 +92,23 @@ async fn populate(status: &Status, pace: Duration) -> Vec<RunTicket> {
     ];
     for (id, model, provider, transport, steps, outcome, usage) in finished {
         let ticket = run(status, id, model, provider, transport);
+        if let Some(u) = usage {
+            // List prices of the example config's models; DeepSeek's run failed before usage.
+            let cost = match model {
+                "byok-gpt-5.1" => Some(u.input as f64 * 1.25e-6 + u.output as f64 * 10e-6),
+                _ => Some(u.input as f64 * 3e-6 + u.output as f64 * 15e-6),
+            };
+            ticket.progress().usage(u, cost);
+        }
+        if id == "req-5d0e" {
+            ticket.progress().route(Route {
+                target: Some("openrouter/anthropic/claude-sonnet-4.5".into()),
+                skipped: vec![
+                    "anthropic/claude-sonnet-4-5: Anthropic is overloaded (HTTP 529): Overloaded"
+                        .into(),
+                ],
+            });
+        }
         tokio::time::sleep(pace * steps).await;
         let error = (outcome == "error").then(|| {
             "DeepSeek rejected the API key (HTTP 401): Authentication Fails <invalid_request_error>"
@@ -166,6 +185,15 @@ async fn chromium_run(browser: &Path, profile: &Path, url: &str, extra: &[&str])
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The part of `dom` from `start` to the next `end`.
+fn section<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
+    let from = dom
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start} in:\n{dom}"));
+    let len = dom[from..].find(end).expect("section ends");
+    &dom[from..from + len]
+}
+
 /// The `<tr>` the page rendered for `request_id` (the embedded JSON has no such markup).
 fn row<'a>(dom: &'a str, request_id: &str) -> &'a str {
     let open = format!("<tr data-request-id=\"{request_id}\">");
@@ -212,6 +240,27 @@ async fn browser_shows_the_active_run() {
         dom.contains("1,210 ms") || dom.contains("1.2 s"),
         "latency missing:\n{dom}"
     );
+    // Costs and the route beside the tokens: 42,118 in × $3 + 2,407 out × $15, per million: $0.162459.
+    let served = row(&dom, "req-5d0e");
+    assert!(served.contains("$0.1625"), "{served}");
+    assert!(
+        served.contains("openrouter/anthropic/claude-sonnet-4.5 (skipped anthropic/"),
+        "{served}"
+    );
+    let models = section(&dom, "<table id=\"models\">", "</table>");
+    assert!(models.contains("byok-claude-sonnet-4-5"), "{models}");
+    assert!(models.contains("class=\"total\""), "{models}");
+    assert!(models.contains("0.0%"), "{models}");
+    // Both charts are drawn by the page: one line per model.
+    for id in ["chart-tokens", "chart-cost"] {
+        let chart = section(&dom, &format!("id=\"{id}\""), "</svg>");
+        for model in ["byok-gpt-5.1", "byok-claude-sonnet-4-5"] {
+            assert!(
+                chart.contains("<polyline") && chart.contains(&format!("data-model=\"{model}\"")),
+                "{id} has no line for {model}:\n{chart}"
+            );
+        }
+    }
 
     if let Some(shot) = screenshot {
         let shot = std::path::absolute(shot).unwrap();
@@ -221,7 +270,7 @@ async fn browser_shows_the_active_run() {
             &url,
             &[
                 &format!("--screenshot={}", shot.display()),
-                "--window-size=1200,800",
+                "--window-size=1200,1500",
             ],
         )
         .await;

@@ -5,6 +5,7 @@
 //! and whose `output` yields server messages and then exactly one end of stream. Nothing in
 //! here touches HTTP.
 
+mod fallback;
 pub mod messages;
 pub mod model;
 mod prompt;
@@ -167,6 +168,8 @@ struct Inner {
     providers: HashMap<String, ProviderClient>,
     cache: state::BlobCache,
     status: Status,
+    /// Fallback targets' cool-downs and conversations' targets, across runs.
+    health: fallback::Health,
 }
 
 impl Agent {
@@ -194,6 +197,7 @@ impl Agent {
                 config,
                 providers,
                 status,
+                health: fallback::Health::default(),
             }),
         })
     }
@@ -244,7 +248,7 @@ impl Agent {
                 let ticket = self.inner.status.run_started(RunStart {
                     request_id,
                     model: run.model.config.cursor_id(),
-                    provider: run.provider.name().to_string(),
+                    provider: run.provider_name(),
                     transport: transport.to_string(),
                 });
                 run.spawn(first, in_rx, out_tx, cancel, failure, ticket)
@@ -284,22 +288,11 @@ impl Agent {
         let model = model::resolve(config, id, params).ok_or_else(|| {
             RunError::Internal(format!("model `{id}` is not configured in cursor-byok"))
         })?;
-        let provider = self
-            .inner
-            .providers
-            .get(&model.config.provider)
-            .cloned()
-            .ok_or_else(|| {
-                RunError::Internal(format!(
-                    "provider `{}` for model `{}` has no API key (set its api_key_env variable)",
-                    model.config.provider,
-                    model.config.display_name()
-                ))
-            })?;
+        let chain = self.chain(&model, first.conversation_id.clone())?;
         Ok(run::Run {
             request_id,
             model,
-            provider,
+            chain,
             settings: RunSettings {
                 heartbeat: Duration::from_secs(config.agent.heartbeat_secs.max(1)),
                 client_timeout: Duration::from_secs(config.agent.kv_timeout_secs.max(1)),
@@ -308,6 +301,57 @@ impl Agent {
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),
+        })
+    }
+}
+
+impl Agent {
+    /// The model's targets: its own provider and model, then its fallbacks. Targets whose
+    /// provider has no key are left out, and named in every run's route.
+    fn chain(
+        &self,
+        model: &ResolvedModel,
+        conversation: Option<String>,
+    ) -> Result<fallback::Chain, RunError> {
+        let m = &model.config;
+        let own = (&m.provider, &m.model, Default::default(), m.price());
+        let others = m.fallback.iter().map(|t| {
+            let options = crate::provider::RequestOptions {
+                max_output_tokens: t.max_output_tokens,
+                temperature: t.temperature,
+                reasoning_effort: t.reasoning_effort.clone(),
+                thinking_budget: t.thinking_budget,
+            };
+            (&t.provider, &t.model, options, t.price())
+        });
+        let mut targets = Vec::new();
+        let mut unusable = Vec::new();
+        for (provider, name, options, price) in std::iter::once(own).chain(others) {
+            let label = format!("{provider}/{name}");
+            match self.inner.providers.get(provider) {
+                Some(client) => targets.push(fallback::Target {
+                    label,
+                    client: client.clone(),
+                    model: name.clone(),
+                    options,
+                    price,
+                }),
+                None => unusable.push(format!("{label}: its provider has no API key")),
+            }
+        }
+        if targets.is_empty() {
+            return Err(RunError::Internal(format!(
+                "provider `{}` for model `{}` has no API key (set its api_key_env variable)",
+                m.provider,
+                m.display_name()
+            )));
+        }
+        Ok(fallback::Chain {
+            targets,
+            unusable,
+            policy: fallback::Policy::from_config(&self.inner.config.fallback),
+            health: self.inner.health.clone(),
+            conversation: conversation.filter(|c| !c.is_empty()),
         })
     }
 }

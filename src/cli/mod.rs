@@ -1,10 +1,11 @@
 //! Command-line interface: `run` (the default), `ca` (+ `trust`, `export`, `untrust`),
-//! `check-config`, `setup cursor`, `doctor`, `models`.
+//! `check-config`, `setup cursor`, `doctor`, `models`, `usage`.
 
 mod ca;
 mod doctor;
 mod models;
 mod setup;
+mod usage;
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
@@ -80,6 +81,9 @@ pub enum Command {
     },
     /// List the configured models with the ids Cursor sees.
     Models,
+    /// Runs, tokens in/out, cache-read share and cost per model, from the usage record in the
+    /// data directory (every finished run since it was started, across restarts).
+    Usage,
 }
 
 /// `RUST_LOG`-style filtering; the default shows our info lines and others' warnings.
@@ -146,6 +150,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             let config = load_config(&args)?;
             models::run(&config);
             Ok(())
+        }
+        Some(Command::Usage) => {
+            let config = load_config(&args)?;
+            usage::run(&data_dir(&args, &config))
         }
         Some(Command::Run(run)) => {
             let config = load_config(&args)?;

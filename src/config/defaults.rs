@@ -123,3 +123,20 @@ pub(super) fn context_window() -> u32 {
 pub(super) fn max_output_tokens() -> u32 {
     16_000
 }
+
+pub(super) fn failover_on() -> Vec<super::FailoverOn> {
+    use super::FailoverOn::*;
+    vec![Connect, RateLimit, Server, Overloaded, Timeout]
+}
+
+pub(super) fn first_token_timeout_secs() -> u64 {
+    60
+}
+
+pub(super) fn cooldown_secs() -> u64 {
+    30
+}
+
+pub(super) fn max_cooldown_secs() -> u64 {
+    15 * 60
+}

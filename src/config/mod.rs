@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::secret::Secret;
 
-pub use crate::provider::{AuthMode, ProviderKind};
+pub use crate::provider::{AuthMode, Price, ProviderKind};
 
 pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
 pub use error::ConfigError;
@@ -49,6 +49,9 @@ pub struct Config {
     pub agent: AgentConfig,
     #[serde(default)]
     pub limits: Limits,
+    /// When a model's request moves on to its next fallback target.
+    #[serde(default)]
+    pub fallback: FallbackConfig,
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderConfig>,
     #[serde(default)]
@@ -197,6 +200,51 @@ impl Default for AgentConfig {
     }
 }
 
+/// A failure, before any output, that hands a request to the model's next fallback target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailoverOn {
+    /// The connection failed or broke before anything arrived.
+    Connect,
+    /// HTTP 429 or a rate-limit error.
+    RateLimit,
+    /// HTTP 5xx or a server error.
+    Server,
+    /// HTTP 529 or an `overloaded` error.
+    Overloaded,
+    /// No first token within `first_token_timeout_secs` (or a connect/408 timeout).
+    Timeout,
+}
+
+/// How fallback chains behave (`[fallback]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackConfig {
+    /// Which failures hand the request on; any other error goes to Cursor at once.
+    #[serde(default = "defaults::failover_on")]
+    pub on: Vec<FailoverOn>,
+    /// Seconds to wait for a target's first event when another target could take over.
+    #[serde(default = "defaults::first_token_timeout_secs")]
+    pub first_token_timeout_secs: u64,
+    /// A failed target is skipped this long, doubling with each further failure …
+    #[serde(default = "defaults::cooldown_secs")]
+    pub cooldown_secs: u64,
+    /// … up to this.
+    #[serde(default = "defaults::max_cooldown_secs")]
+    pub max_cooldown_secs: u64,
+}
+
+impl Default for FallbackConfig {
+    fn default() -> Self {
+        FallbackConfig {
+            on: defaults::failover_on(),
+            first_token_timeout_secs: defaults::first_token_timeout_secs(),
+            cooldown_secs: defaults::cooldown_secs(),
+            max_cooldown_secs: defaults::max_cooldown_secs(),
+        }
+    }
+}
+
 /// Size limits on what clients and providers send us.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -329,6 +377,40 @@ pub struct ModelConfig {
     pub temperature: Option<f32>,
     #[serde(default = "defaults::yes")]
     pub supports_images: bool,
+    /// Dollars per million tokens; without it, the list price of `model` if we know one.
+    #[serde(default)]
+    pub price: Option<Price>,
+    /// Where requests go, in order, when the ones before fail before any output.
+    #[serde(default)]
+    pub fallback: Vec<TargetConfig>,
+}
+
+/// One fallback target: a provider and its model name, with parameters of its own (unset ones
+/// are the model's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Key of an entry in `[providers]`.
+    pub provider: String,
+    /// The provider's own model name.
+    pub model: String,
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    #[serde(default)]
+    pub thinking_budget: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Without it, the list price of `model` if we know one.
+    #[serde(default)]
+    pub price: Option<Price>,
+}
+
+impl TargetConfig {
+    pub fn price(&self) -> Option<Price> {
+        self.price.or_else(|| Price::list(&self.model))
+    }
 }
 
 impl ModelConfig {
@@ -343,6 +425,11 @@ impl ModelConfig {
 
     pub fn thinks(&self) -> bool {
         self.thinking_budget.is_some() || self.reasoning_effort.is_some()
+    }
+
+    /// The configured price, else the list price of the provider's model; `None`: unknown.
+    pub fn price(&self) -> Option<Price> {
+        self.price.or_else(|| Price::list(&self.model))
     }
 }
 
@@ -528,16 +615,49 @@ impl Config {
                     "token limits must be positive".into(),
                 ));
             }
-            if let Some(effort) = &m.reasoning_effort {
-                if !REASONING_EFFORTS.contains(&effort.as_str()) {
+            if m.price.is_some_and(|p| !p.is_valid()) {
+                return Err(invalid(
+                    key("price"),
+                    "prices must be finite and not negative".into(),
+                ));
+            }
+            check_effort(m.reasoning_effort.as_deref())
+                .map_err(|reason| invalid(key("reasoning_effort"), reason))?;
+            for (j, t) in m.fallback.iter().enumerate() {
+                let key = |field: &str| format!("models[{i}].fallback[{j}].{field}");
+                if !self.providers.contains_key(&t.provider) {
                     return Err(invalid(
-                        key("reasoning_effort"),
-                        format!("`{effort}` is not one of {}", REASONING_EFFORTS.join(", ")),
+                        key("provider"),
+                        format!("no provider named `{}` in [providers]", t.provider),
                     ));
                 }
+                if t.price.is_some_and(|p| !p.is_valid()) || t.max_output_tokens == Some(0) {
+                    return Err(invalid(
+                        key("price"),
+                        "prices must be finite and not negative, token limits positive".into(),
+                    ));
+                }
+                check_effort(t.reasoning_effort.as_deref())
+                    .map_err(|reason| invalid(key("reasoning_effort"), reason))?;
             }
         }
+        if self.fallback.first_token_timeout_secs == 0 || self.fallback.cooldown_secs == 0 {
+            return Err(invalid(
+                "fallback.first_token_timeout_secs".into(),
+                "timeouts and cool-downs must be at least one second".into(),
+            ));
+        }
         Ok(())
+    }
+}
+
+fn check_effort(effort: Option<&str>) -> Result<(), String> {
+    match effort {
+        Some(e) if !REASONING_EFFORTS.contains(&e) => Err(format!(
+            "`{e}` is not one of {}",
+            REASONING_EFFORTS.join(", ")
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -123,3 +123,33 @@ fn direct_doors_stay_on_loopback_without_a_credential() {
         "{err}"
     );
 }
+
+#[test]
+fn fallbacks_and_prices_are_checked() {
+    let base = "[providers.p]\nkind = \"openai-chat\"\napi_key = \"k\"\n[[models]]\nid = \"m\"\nprovider = \"p\"\nmodel = \"gpt-5.1\"\n";
+    let c = Config::from_toml(base, "c.toml").unwrap();
+    assert_eq!(c.models[0].price(), Price::list("gpt-5.1"));
+    assert_eq!(c.fallback.on.len(), 5);
+    let bad = |extra: &str| {
+        Config::from_toml(&format!("{base}{extra}"), "c.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let err = bad("[[models.fallback]]\nprovider = \"nope\"\nmodel = \"x\"\n");
+    assert!(err.contains("models[0].fallback[0].provider"), "{err}");
+    let err = bad("[models.price]\ninput = -1.0\noutput = 1.0\n");
+    assert!(err.contains("models[0].price"), "{err}");
+    let err =
+        bad("[[models.fallback]]\nprovider = \"p\"\nmodel = \"x\"\nreasoning_effort = \"max\"\n");
+    assert!(err.contains("reasoning_effort"), "{err}");
+    let ok = Config::from_toml(
+        &format!("[fallback]\non = [\"rate-limit\"]\n{base}[[models.fallback]]\nprovider = \"p\"\nmodel = \"claude-sonnet-4-5\"\n"),
+        "c.toml",
+    )
+    .unwrap();
+    assert_eq!(ok.fallback.on, [FailoverOn::RateLimit]);
+    assert_eq!(
+        ok.models[0].fallback[0].price(),
+        Price::list("claude-sonnet-4-5")
+    );
+}

@@ -15,6 +15,7 @@ mod http;
 mod machine;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod price;
 pub mod schema;
 pub mod sse;
 pub mod types;
@@ -34,6 +35,7 @@ use crate::secret::Secret;
 pub use decode::{decode_all, StreamDecoder};
 pub use error::{ProviderError, ProviderErrorKind};
 use machine::DecodeCtx;
+pub use price::Price;
 pub use types::*;
 
 /// Which wire API a provider speaks.

@@ -91,6 +91,7 @@ impl ServerBuilder {
         };
         let upstream = Upstream::with_splice(&config.upstream, own, shutdown.hard_token(), splice)?;
         let status = self.status.unwrap_or_default();
+        status.record_usage_in(&config.data_dir());
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,

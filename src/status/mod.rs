@@ -26,10 +26,11 @@
 
 mod page;
 mod unknown;
+pub mod usage;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,11 @@ pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
 pub const RECENT_RUNS: usize = 100;
+/// The charts' window and resolution: the last hour, by minute.
+pub const CHART_MINUTES: usize = 60;
+/// Finished runs remembered for the charts (older or beyond this, they only count in totals).
+const CHART_POINTS: usize = 20_000;
+
 /// Error text kept per run (the page is a summary; the log has the rest).
 const MAX_ERROR_CHARS: usize = 600;
 
@@ -86,6 +92,8 @@ struct Inner {
     state: Mutex<State>,
     /// `run --capture`: the traffic trace, when one is being recorded.
     capture: Option<crate::capture::Capture>,
+    /// Where finished runs are persisted, once the server set it.
+    usage_log: OnceLock<usage::UsageLog>,
 }
 
 impl Inner {
@@ -101,15 +109,58 @@ struct State {
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
     totals: Totals,
+    models: BTreeMap<String, ModelTotals>,
+    /// Finished runs of the last hour, oldest first, for the charts.
+    chart: VecDeque<ChartPoint>,
     unknown: unknown::Unknowns,
+}
+
+/// One finished run, as the charts count it.
+#[derive(Debug, Clone)]
+struct ChartPoint {
+    unix_ms: u64,
+    model: String,
+    tokens: u64,
+    cost_usd: f64,
+}
+
+/// One model's last hour, minute by minute (oldest first, the current minute last).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSeries {
+    pub model: String,
+    /// Tokens in + out of the runs that ended in each minute.
+    pub tokens: Vec<u64>,
+    /// Dollars of the runs that ended in each minute (priced runs only).
+    pub cost_usd: Vec<f64>,
+}
+
+/// Bucket `points` into [`CHART_MINUTES`] minutes ending at `now_ms`, one series per model.
+fn series<'a>(points: impl Iterator<Item = &'a ChartPoint>, now_ms: u64) -> Vec<ModelSeries> {
+    let mut by_model: BTreeMap<&str, ModelSeries> = BTreeMap::new();
+    for p in points {
+        let age = (now_ms.saturating_sub(p.unix_ms) / 60_000) as usize;
+        if age >= CHART_MINUTES {
+            continue;
+        }
+        let s = by_model.entry(&p.model).or_insert_with(|| ModelSeries {
+            model: p.model.clone(),
+            tokens: vec![0; CHART_MINUTES],
+            cost_usd: vec![0.0; CHART_MINUTES],
+        });
+        let i = CHART_MINUTES - 1 - age;
+        s.tokens[i] = s.tokens[i].saturating_add(p.tokens);
+        s.cost_usd[i] += p.cost_usd;
+    }
+    by_model.into_values().collect()
 }
 
 struct Active {
     start: RunStart,
     started: Instant,
     started_unix_ms: u64,
-    input_tokens: u64,
-    output_tokens: u64,
+    usage: Usage,
+    cost_usd: Option<f64>,
+    route: Route,
 }
 
 impl Active {
@@ -121,9 +172,13 @@ impl Active {
             transport: self.start.transport.clone(),
             started_unix_ms: self.started_unix_ms,
             duration_ms: millis(now.saturating_duration_since(self.started)),
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            cache_read_tokens: 0,
+            input_tokens: self.usage.input,
+            output_tokens: self.usage.output,
+            cache_read_tokens: self.usage.cache_read,
+            cache_write_tokens: self.usage.cache_write,
+            cost_usd: self.cost_usd,
+            target: self.route.target.clone(),
+            skipped: self.route.skipped.clone(),
             outcome: None,
             error: None,
         }
@@ -140,8 +195,17 @@ struct LatencyStats {
     last_unix_ms: u64,
 }
 
+/// Which target of a model's fallback chain served a run, and why earlier ones did not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// `provider/model` of the target that served the (last) call.
+    pub target: Option<String>,
+    /// `provider/model: reason` for each target passed over.
+    pub skipped: Vec<String>,
+}
+
 /// One run as the page shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub request_id: String,
     pub model: String,
@@ -153,6 +217,17 @@ pub struct RunRecord {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Dollars; `None` when a price was unknown.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// The fallback-chain target that served the run (`provider/model`).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Targets passed over, each with its reason.
+    #[serde(default)]
+    pub skipped: Vec<String>,
     /// `None` while the run is active; then `ok`, `error`, `canceled`, `abandoned`, …
     pub outcome: Option<String>,
     pub error: Option<String>,
@@ -171,7 +246,7 @@ pub struct ProviderLatency {
 }
 
 /// Since the server started.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
     pub started: u64,
     pub finished: u64,
@@ -180,12 +255,49 @@ pub struct Totals {
     pub failed: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Dollars, over the runs whose price is known.
+    #[serde(default)]
+    pub cost_usd: f64,
     /// Finished runs per outcome.
     pub by_outcome: BTreeMap<String, u64>,
 }
 
+/// Finished runs of one model (the id Cursor sees), since the server started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelTotals {
+    pub model: String,
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    /// `cache_read_tokens / input_tokens`, 0 without input.
+    pub cache_read_share: f64,
+    /// Dollars, over `priced_runs`.
+    pub cost_usd: f64,
+    /// Runs whose price is known (the others count tokens only).
+    pub priced_runs: u64,
+}
+
+impl ModelTotals {
+    /// Count one finished run.
+    pub fn add(&mut self, input: u64, output: u64, cache_read: u64, cost_usd: Option<f64>) {
+        self.runs += 1;
+        self.input_tokens = self.input_tokens.saturating_add(input);
+        self.output_tokens = self.output_tokens.saturating_add(output);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(cache_read);
+        self.cache_read_share =
+            crate::provider::price::cache_read_share(self.input_tokens, self.cache_read_tokens);
+        if let Some(c) = cost_usd {
+            self.cost_usd += c;
+            self.priced_runs += 1;
+        }
+    }
+}
+
 /// Everything the page shows, as served at [`SNAPSHOT_PATH`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusSnapshot {
     /// Always `cursor-byok`: lets `doctor` tell our listener from another program's.
     pub service: String,
@@ -200,6 +312,12 @@ pub struct StatusSnapshot {
     /// By provider name.
     pub providers: Vec<ProviderLatency>,
     pub totals: Totals,
+    /// Per model, by model id.
+    #[serde(default)]
+    pub models: Vec<ModelTotals>,
+    /// The charts: per model, the last hour by minute.
+    #[serde(default)]
+    pub last_hour: Vec<ModelSeries>,
     /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
     #[serde(default)]
     pub tasks: u64,
@@ -223,6 +341,7 @@ impl Status {
                 next_id: AtomicU64::new(1),
                 state: Mutex::new(State::default()),
                 capture,
+                usage_log: OnceLock::new(),
             }),
         }
     }
@@ -230,6 +349,11 @@ impl Status {
     /// The traffic capture, when `run --capture` asked for one.
     pub fn capture(&self) -> Option<&crate::capture::Capture> {
         self.inner.capture.as_ref()
+    }
+
+    /// Persist every finished run from now on to `usage.jsonl` in `dir` (the first call wins).
+    pub fn record_usage_in(&self, dir: &std::path::Path) {
+        let _ = self.inner.usage_log.set(usage::UsageLog::new(dir));
     }
 
     /// Register a run; keep the ticket for its whole life.
@@ -243,8 +367,9 @@ impl Status {
                 start,
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
-                input_tokens: 0,
-                output_tokens: 0,
+                usage: Usage::default(),
+                cost_usd: None,
+                route: Route::default(),
             },
         );
         RunTicket {
@@ -274,6 +399,7 @@ impl Status {
 
     pub fn snapshot(&self) -> StatusSnapshot {
         let now = Instant::now();
+        let now_ms = unix_ms();
         let state = self.inner.lock();
         let mut providers: Vec<ProviderLatency> = state
             .providers
@@ -299,6 +425,8 @@ impl Status {
             recent: state.recent.iter().rev().cloned().collect(),
             providers,
             totals: state.totals.clone(),
+            models: state.models.values().cloned().collect(),
+            last_hour: series(state.chart.iter(), now_ms),
             tasks: tokio::runtime::Handle::try_current()
                 .map_or(0, |rt| rt.metrics().num_alive_tasks() as u64),
             unknown: state.unknown.report(),
@@ -335,7 +463,8 @@ impl Status {
 
     fn finish(&self, id: u64, outcome: &str, error: Option<String>, usage: Option<Usage>) {
         let now = Instant::now();
-        let mut state = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
         let Some(active) = state.active.remove(&id) else {
             return;
         };
@@ -344,6 +473,7 @@ impl Status {
             record.input_tokens = u.input;
             record.output_tokens = u.output;
             record.cache_read_tokens = u.cache_read;
+            record.cache_write_tokens = u.cache_write;
         }
         record.outcome = Some(outcome.to_string());
         record.error = error.map(|e| scrub(&e));
@@ -356,11 +486,47 @@ impl Status {
         }
         t.input_tokens = t.input_tokens.saturating_add(record.input_tokens);
         t.output_tokens = t.output_tokens.saturating_add(record.output_tokens);
+        t.cache_read_tokens = t.cache_read_tokens.saturating_add(record.cache_read_tokens);
+        t.cost_usd += record.cost_usd.unwrap_or(0.0);
+        state
+            .models
+            .entry(record.model.clone())
+            .or_insert_with(|| ModelTotals {
+                model: record.model.clone(),
+                ..ModelTotals::default()
+            })
+            .add(
+                record.input_tokens,
+                record.output_tokens,
+                record.cache_read_tokens,
+                record.cost_usd,
+            );
         *t.by_outcome.entry(outcome.to_string()).or_default() += 1;
         if state.recent.len() == RECENT_RUNS {
             state.recent.pop_front();
         }
+        let line = usage::UsageLine::of(&record);
+        let hour_ago = line.unix_ms.saturating_sub((CHART_MINUTES as u64) * 60_000);
+        while state
+            .chart
+            .front()
+            .is_some_and(|p| p.unix_ms < hour_ago || state.chart.len() >= CHART_POINTS)
+        {
+            state.chart.pop_front();
+        }
+        state.chart.push_back(ChartPoint {
+            unix_ms: line.unix_ms,
+            model: line.model.clone(),
+            tokens: line.input_tokens.saturating_add(line.output_tokens),
+            cost_usd: line.cost_usd.unwrap_or(0.0),
+        });
         state.recent.push_back(record);
+        drop(guard);
+        if let Some(log) = self.inner.usage_log.get() {
+            if let Err(e) = log.append(&line) {
+                tracing::warn!("cannot record usage in {}: {e}", log.path().display());
+            }
+        }
     }
 }
 
@@ -429,9 +595,22 @@ impl RunProgress {
     /// The run's token counts so far (cumulative, not increments).
     pub fn tokens(&self, input: u64, output: u64) {
         self.status.update(self.id, |a| {
-            a.input_tokens = input;
-            a.output_tokens = output;
+            a.usage.input = input;
+            a.usage.output = output;
         });
+    }
+
+    /// The run's usage and cost so far (cumulative); `None`: a price is unknown.
+    pub fn usage(&self, usage: Usage, cost_usd: Option<f64>) {
+        self.status.update(self.id, |a| {
+            a.usage = usage;
+            a.cost_usd = cost_usd;
+        });
+    }
+
+    /// Which fallback target serves the run, and why earlier ones were passed over.
+    pub fn route(&self, route: Route) {
+        self.status.update(self.id, |a| a.route = route);
     }
 
     /// One latency sample for the run's provider (e.g. time to the first streamed event).
@@ -562,6 +741,87 @@ mod tests {
         assert_eq!(snap.totals.finished, (RECENT_RUNS + 5) as u64);
         let p = &snap.providers[0];
         assert_eq!((p.last_ms, p.avg_ms, p.min_ms, p.max_ms), (10, 20, 10, 30));
+    }
+
+    #[test]
+    fn the_charts_bucket_the_last_hour_by_minute_per_model() {
+        let now = 10 * 3_600_000;
+        let point = |mins_ago: u64, model: &str, tokens, cost_usd| ChartPoint {
+            unix_ms: now - mins_ago * 60_000 - 5,
+            model: model.into(),
+            tokens,
+            cost_usd,
+        };
+        let points = [
+            point(0, "a", 10, 0.5),
+            point(0, "a", 5, 0.25),
+            point(59, "a", 7, 0.0),
+            point(60, "a", 1_000, 9.0),
+            point(3, "b", 3, 0.125),
+        ];
+        let s = series(points.iter(), now);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].model.as_str(), s[0].tokens.len()),
+            ("a", CHART_MINUTES)
+        );
+        assert_eq!(s[0].tokens[CHART_MINUTES - 1], 15);
+        assert_eq!(s[0].cost_usd[CHART_MINUTES - 1], 0.75);
+        assert_eq!(s[0].tokens[0], 7);
+        assert_eq!(
+            s[0].tokens.iter().sum::<u64>(),
+            22,
+            "an hour old is out of the window"
+        );
+        assert_eq!(s[1].tokens[CHART_MINUTES - 4], 3);
+    }
+
+    #[test]
+    fn per_model_totals_and_cost_in_the_snapshot() {
+        let status = Status::new();
+        for (model, cost) in [
+            ("byok-a", Some(0.5)),
+            ("byok-a", None),
+            ("byok-b", Some(0.25)),
+        ] {
+            let mut s = start("r");
+            s.model = model.into();
+            let t = status.run_started(s);
+            let u = Usage {
+                input: 100,
+                output: 10,
+                cache_read: 40,
+                ..Usage::default()
+            };
+            t.progress().usage(u, cost);
+            t.progress().route(Route {
+                target: Some("p/m".into()),
+                skipped: vec!["q/m: HTTP 429".into()],
+            });
+            t.finish("ok", None, Some(u));
+        }
+        let snap = status.snapshot();
+        assert_eq!(snap.recent[0].target.as_deref(), Some("p/m"));
+        assert_eq!(snap.recent[0].skipped, ["q/m: HTTP 429"]);
+        assert_eq!(snap.models.len(), 2);
+        let a = &snap.models[0];
+        assert_eq!(
+            (a.runs, a.priced_runs, a.input_tokens, a.cache_read_tokens),
+            (2, 1, 200, 80)
+        );
+        assert!((a.cache_read_share - 0.4).abs() < 1e-12);
+        assert_eq!(a.cost_usd, 0.5);
+        assert_eq!(snap.totals.cost_usd, 0.75);
+        assert_eq!(snap.totals.cache_read_tokens, 120);
+        assert_eq!(snap.last_hour.len(), 2);
+        assert_eq!(snap.last_hour[0].tokens[CHART_MINUTES - 1], 220);
+        let json = serde_json::to_value(&snap).unwrap();
+        for key in ["models", "last_hour"] {
+            assert!(json[key].is_array(), "{key}");
+        }
+        assert!(json["recent"][0]["cost_usd"].is_number());
+        assert!(json["models"][0]["cache_read_share"].is_number());
+        assert!(json["totals"]["cost_usd"].is_number());
     }
 
     #[test]

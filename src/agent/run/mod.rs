@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
+use super::fallback::{Chain, Opened};
 use super::messages as msg;
 use super::model::ResolvedModel;
 use super::state::BlobCache;
@@ -27,9 +28,9 @@ use super::RunOutput;
 use crate::connect::EndStream;
 use crate::proto::agent::v1 as pb;
 use crate::provider::{
-    FinishReason, ProviderClient, ProviderEvent, ProviderRequest, RequestOptions, Turn,
-    TurnBuilder, Usage,
+    FinishReason, Price, ProviderEvent, ProviderRequest, RequestOptions, Turn, TurnBuilder, Usage,
 };
+use crate::status::Route;
 use std::collections::HashMap;
 
 pub use error::RunError;
@@ -91,12 +92,15 @@ impl Outbox {
 pub struct RunSummary {
     pub usage: Usage,
     pub steps: u64,
+    /// Dollars, when every call's price is known.
+    pub cost_usd: Option<f64>,
 }
 
 pub(super) struct Run {
     pub request_id: String,
     pub model: ResolvedModel,
-    pub provider: ProviderClient,
+    /// Where the model's calls go: its provider, then its fallbacks.
+    pub chain: Chain,
     pub settings: RunSettings,
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
@@ -119,7 +123,7 @@ impl Run {
             "run",
             request_id = %self.request_id,
             model = %self.model.config.cursor_id(),
-            provider = %self.provider.name(),
+            provider = %self.provider_name(),
         );
         let outbox = Outbox {
             tx: out,
@@ -144,7 +148,8 @@ impl Run {
         );
 
         let model_name = self.model.config.cursor_id();
-        let provider_name = self.provider.name().to_string();
+        let provider_name = self.provider_name();
+        let route = Arc::new(std::sync::Mutex::new(Route::default()));
         let started = Instant::now();
         let state = RunState {
             run: self,
@@ -160,6 +165,8 @@ impl Run {
             step: 0,
             usage: Usage::default(),
             last_call: Usage::default(),
+            cost_usd: Some(0.0),
+            route: route.clone(),
             progress: ticket.progress(),
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
@@ -172,7 +179,8 @@ impl Run {
                     Err(e) if e.is_panic() => {
                         warn!("agent run task panicked");
                         Err(RunError::Internal(
-                            "the agent run failed unexpectedly (a bug in cursor-byok; see its log)".into(),
+                            "the agent run failed unexpectedly (a bug in cursor-byok; see its log)"
+                                .into(),
                         ))
                     }
                     Err(_) => Err(RunError::Canceled),
@@ -192,6 +200,10 @@ impl Run {
                 };
                 ticket.finish(outcome, error, usage);
                 let secs = started.elapsed().as_secs_f64();
+                let via = route_words(
+                    &route.lock().unwrap_or_else(|p| p.into_inner()),
+                    &provider_name,
+                );
                 let end = match &result {
                     Ok(summary) => {
                         info!(
@@ -199,10 +211,11 @@ impl Run {
                             input_tokens = summary.usage.input,
                             output_tokens = summary.usage.output,
                             cache_read_tokens = summary.usage.cache_read,
+                            cache_write_tokens = summary.usage.cache_write,
+                            cost_usd = summary.cost_usd,
                             steps = summary.steps,
-                            "run finished: {model_name} via {provider_name}, {} in / {} out tokens, {secs:.1}s",
-                            summary.usage.input,
-                            summary.usage.output,
+                            "run finished: {model_name} via {via}, {}, {secs:.1}s",
+                            usage_words(&summary.usage, summary.cost_usd),
                         );
                         EndStream::ok()
                     }
@@ -211,7 +224,7 @@ impl Run {
                             outcome = "error",
                             side = e.side(),
                             code = e.code().as_str(),
-                            "run ended: {model_name} via {provider_name} after {secs:.1}s: {e}"
+                            "run ended: {model_name} via {via} after {secs:.1}s: {e}"
                         );
                         EndStream::from_error(e.to_connect())
                     }
@@ -220,6 +233,17 @@ impl Run {
             }
             .instrument(span),
         );
+    }
+}
+
+impl Run {
+    /// The display name of the model's first provider.
+    pub(in crate::agent) fn provider_name(&self) -> String {
+        self.chain
+            .targets
+            .first()
+            .map(|t| t.client.name().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -310,6 +334,10 @@ struct RunState {
     usage: Usage,
     /// The latest model call's usage: the size of the context now.
     last_call: Usage,
+    /// Dollars so far; `None` once a call's price is unknown.
+    cost_usd: Option<f64>,
+    /// The target that served the latest call, for the summary line.
+    route: Arc<std::sync::Mutex<Route>>,
     /// Live figures for the status page.
     progress: crate::status::RunProgress,
 }
@@ -331,6 +359,7 @@ impl RunState {
         Ok(RunSummary {
             usage: self.usage,
             steps: self.step,
+            cost_usd: self.cost_usd,
         })
     }
 
@@ -369,7 +398,14 @@ impl RunState {
         let step = self.step;
         let started = Instant::now();
         self.out.send(msg::step_started(step)).await?;
-        let mut stream = self.run.provider.stream(request, self.cancel.child_token());
+        let Opened {
+            first,
+            mut stream,
+            target,
+            ..
+        } = self.open(request).await?;
+        let price = self.run.chain.targets[target].price;
+        let mut pending = Some(first);
         let mut builder = TurnBuilder::new();
         let mut thinking_since: Option<Instant> = None;
         let mut thinking_ms = 0u32;
@@ -382,6 +418,7 @@ impl RunState {
             let event = tokio::select! {
                 biased;
                 _ = &mut canceled => return Err(RunError::Canceled),
+                ev = async { pending.take() }, if pending.is_some() => ev,
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {
                     self.dispatch(ev).await?;
@@ -457,13 +494,34 @@ impl RunState {
         }
         let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.out.send(msg::step_completed(step, elapsed)).await?;
-        add_usage(&mut self.usage, &usage);
+        self.record_call(&usage, price);
         self.last_call = usage;
-        self.progress.tokens(self.usage.input, self.usage.output);
         Ok(ModelCall {
             turn: builder.finish(),
             thinking_ms,
         })
+    }
+
+    /// Start a model call on the chain (cancellable while it waits for a first event).
+    async fn open(&mut self, request: ProviderRequest) -> Result<Opened, RunError> {
+        let opened = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+            o = self.run.chain.open(request, &self.cancel) => o,
+        };
+        self.progress.route(opened.route.clone());
+        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = opened.route.clone();
+        Ok(opened)
+    }
+
+    /// Count one model call's tokens and cost (at the price of the target that served it).
+    fn record_call(&mut self, usage: &Usage, price: Option<Price>) {
+        add_usage(&mut self.usage, usage);
+        self.cost_usd = match (self.cost_usd, price) {
+            (Some(sum), Some(price)) => Some(sum + price.cost(usage)),
+            _ => None,
+        };
+        self.progress.usage(self.usage, self.cost_usd);
     }
 
     /// Close an open thinking block; returns how long it lasted.
@@ -626,10 +684,78 @@ fn cursor_call_id(step: u64, model_call_id: &str) -> String {
     format!("{model_call_id}#s{step}")
 }
 
+/// `fake/gpt-fake (skipped: a/b: HTTP 429 …)`, or the provider's name before any call.
+fn route_words(route: &Route, provider_name: &str) -> String {
+    let mut s = route
+        .target
+        .clone()
+        .unwrap_or_else(|| provider_name.to_string());
+    if !route.skipped.is_empty() {
+        s.push_str(&format!(" (skipped {})", route.skipped.join("; ")));
+    }
+    s
+}
+
+/// `120 in (100 cache read) / 7 out tokens, $0.0012` for the summary line.
+fn usage_words(u: &Usage, cost_usd: Option<f64>) -> String {
+    let mut s = format!("{} in", u.input);
+    if u.cache_read > 0 || u.cache_write > 0 {
+        s.push_str(&format!(
+            " ({} cache read, {} cache write)",
+            u.cache_read, u.cache_write
+        ));
+    }
+    s.push_str(&format!(" / {} out tokens", u.output));
+    match cost_usd {
+        // Cheap runs keep their significant digits.
+        Some(c) if c < 0.01 => s.push_str(&format!(", ${c:.6}")),
+        Some(c) => s.push_str(&format!(", ${c:.4}")),
+        None => s.push_str(", price unknown"),
+    }
+    s
+}
+
 fn add_usage(total: &mut Usage, u: &Usage) {
     total.input += u.input;
     total.output += u.output;
     total.cache_read += u.cache_read;
     total.cache_write += u.cache_write;
     total.reasoning += u.reasoning;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_line_names_tokens_and_cost() {
+        let u = Usage {
+            input: 120,
+            output: 7,
+            cache_read: 100,
+            ..Usage::default()
+        };
+        assert_eq!(
+            usage_words(&u, Some(0.000146)),
+            "120 in (100 cache read, 0 cache write) / 7 out tokens, $0.000146"
+        );
+        let plain = Usage {
+            input: 5,
+            output: 1,
+            ..Usage::default()
+        };
+        assert_eq!(
+            usage_words(&plain, None),
+            "5 in / 1 out tokens, price unknown"
+        );
+        let route = Route {
+            target: Some("backup/m".into()),
+            skipped: vec!["fake/m: Fake is overloaded (HTTP 529): busy".into()],
+        };
+        assert_eq!(
+            route_words(&route, "Fake"),
+            "backup/m (skipped fake/m: Fake is overloaded (HTTP 529): busy)"
+        );
+        assert_eq!(route_words(&Route::default(), "Fake"), "Fake");
+    }
 }

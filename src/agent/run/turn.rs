@@ -255,12 +255,20 @@ impl RunState {
                 ..Default::default()
             },
         };
-        let turn = self
-            .run
-            .provider
-            .stream(request, self.cancel.child_token())
-            .collect_turn()
-            .await;
+        let opened = self.open(request).await?;
+        let price = self.run.chain.targets[opened.target].price;
+        let mut builder = crate::provider::TurnBuilder::new();
+        builder.push(&opened.first);
+        let mut stream = opened.stream;
+        if !opened.first.is_terminal() {
+            while let Some(e) = stream.recv().await {
+                builder.push(&e);
+            }
+        }
+        let turn = builder.finish();
+        if let Some(u) = &turn.usage {
+            self.record_call(u, price);
+        }
         if let Some(e) = turn.error {
             warn!("summary failed: {e}");
             self.out.send(msg::summary_completed(true)).await?;
