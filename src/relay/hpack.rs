@@ -552,6 +552,25 @@ mod tests {
     }
 
     #[test]
+    fn never_indexed_fields_stay_so_through_every_encoder() {
+        let mut h = list(&[(":path", "/a")]);
+        h.push_never(b"authorization", b"Bearer secret");
+        for mut encoding in [Encoding::own(TABLE_SIZE), Encoding::Raw] {
+            let mut peer = Decoder::new();
+            for _ in 0..2 {
+                let block = encoding.encode(&h);
+                let got = peer.decode(&block).unwrap();
+                let flags: Vec<bool> = got.iter_flagged().map(|(_, _, never)| never).collect();
+                assert_eq!(flags, [false, true]);
+                assert!(
+                    block.windows(13).any(|w| w == b"Bearer secret"),
+                    "a literal"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn eviction_keeps_encoder_and_decoder_in_step() {
         let mut own = Encoding::own(200);
         let mut peer = Decoder::new();

@@ -81,8 +81,11 @@ pub fn fuzz_frames_and_headers(data: &[u8]) {
         let Ok(headers) = decoder.decode(&block) else {
             continue;
         };
-        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>)> {
-            h.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect()
+        // Names, values, and whether each stays "never indexed".
+        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+            h.iter_flagged()
+                .map(|(n, v, never)| (n.to_vec(), v.to_vec(), never))
+                .collect()
         };
         let own_block = own.encode(&headers);
         let again = follower.decode(&own_block).expect("our own block decodes");
