@@ -143,6 +143,26 @@ def main():
         half = len(block) // 2
         put("h2_frames", b"\x05" + h2frame(1, 0, 1, block[:half]) + h2frame(9, 4, 1, block[half:]))
 
+    # h2_relay: flags byte (1: client preface + SETTINGS, 2: origin SETTINGS, 4: the client
+    # never reads), then steps [head, len, kind, flags, stream, payload] (head 0x10 from the
+    # client, 0x11 from the origin; bits 5-7 are extra polls).
+    def step(origin, kind, flags, stream, payload, polls=0):
+        body = bytes([kind, flags, stream]) + payload
+        return bytes([0x10 | origin | (polls << 5), len(body)]) + body
+    def lit(index, value):
+        return bytes([index, len(value)]) + value
+    req = b"\x83\x87" + lit(4, b"/echo") + lit(1, b"api2.cursor.sh")
+    ours = b"\x83\x87" + lit(4, b"/ours/x") + lit(1, b"api2.cursor.sh")
+    answer = step(1, 1, 5, 1, b"\x88", 2)
+    put("h2_relay", b"\x03" + step(0, 1, 5, 1, req, 2) + answer)
+    put("h2_relay", b"\x03" + step(0, 1, 4, 1, req) + step(0, 0, 1, 1, b"hi", 1) + answer)
+    put("h2_relay", b"\x03" + step(0, 1, 5, 1, ours, 3) + step(0, 1, 5, 3, req, 2))
+    put("h2_relay", b"\x03" + b"".join(step(0, 1, 4, i, req) + step(0, 3, 0, i, b"\0\0\0\x08") for i in range(1, 60, 2)))
+    put("h2_relay", b"\x03" + step(0, 1, 0, 1, req) + step(0, 9, 0, 1, b"") * 40)
+    put("h2_relay", b"\x07" + step(0, 6, 0, 0, b"pingping") * 60)
+    put("h2_relay", b"\x03" + step(0, 1, 4, 1, req) + step(0, 0, 0, 1, b"x") * 80)
+    put("h2_relay", b"\x03" + step(1, 4, 0, 0, b"\0\x04\0\0\0\0") + step(0, 1, 4, 1, req) + step(0, 0, 0, 1, b"data" * 50))
+
     for t in sorted(p.name for p in CORPUS.iterdir()):
         print("%-22s %d seeds" % (t, len(list((CORPUS / t).iterdir()))))
 

@@ -85,11 +85,15 @@ where
     ctx.client_version = http::Version::HTTP_2;
     let upstream = state.router.upstream().clone();
     let dial_ctx = ctx.clone();
-    let dial: relay::BoxFuture<Result<relay::BoxIo, crate::upstream::UpstreamError>> =
+    // Called again when the origin closed an idle connection.
+    let dial: relay::Dialer = Box::new(move || {
+        let upstream = upstream.clone();
+        let dial_ctx = dial_ctx.clone();
         Box::pin(async move {
             let io = upstream.dial_h2(&dial_ctx).await?;
             Ok(Box::new(io) as relay::BoxIo)
-        });
+        })
+    });
     let graceful = state.shutdown.graceful_token();
     let stopping: relay::BoxFuture<()> = Box::pin(crate::cancel::cancelled(&graceful));
     let setup = relay::Setup {

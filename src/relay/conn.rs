@@ -22,13 +22,11 @@ use tokio::time::{Instant, Sleep};
 use super::failure::{io_fault, Fault};
 use super::frame::{self, setting, ConnError, Reason};
 use super::hpack::Encoding;
+use super::limits::{Bucket, Limits};
 use super::peer::{peer_of, Credit, Peer, Side, CONN_WINDOW, STREAM_WINDOW};
 use super::stream::Stream;
 use crate::cancel::WhenWoken;
 use crate::upstream::UpstreamError;
-
-/// Streams a client may have open at once (hyper's default).
-pub(super) const MAX_STREAMS: usize = 200;
 
 /// Read buffer growth: one largest frame we accept, and its header.
 pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
@@ -43,6 +41,9 @@ pub(crate) type BoxIo = Box<dyn Io>;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// Dials the origin (TLS, ALPN h2); called again when the origin closed an idle connection.
+pub(crate) type Dialer = Box<dyn FnMut() -> BoxFuture<Result<BoxIo, UpstreamError>> + Send>;
+
 /// What the relay needs from the front door.
 pub(crate) struct Setup {
     /// The `:authority` passthrough requests carry (the CONNECT target, without a default
@@ -52,8 +53,8 @@ pub(crate) struct Setup {
     pub(crate) port: u16,
     /// The origin's host, for error messages.
     pub(crate) host: String,
-    /// Dials the origin (TLS, ALPN h2).
-    pub(crate) dial: BoxFuture<Result<BoxIo, UpstreamError>>,
+    /// Dials the origin (TLS, ALPN h2), at first and for redials.
+    pub(crate) dial: Dialer,
     /// Serves our own routes on one end of an in-memory connection.
     pub(crate) internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
     /// Unit tests only: passthrough paths narrowed further, so a stand-in origin's paths and
@@ -75,6 +76,30 @@ impl Setup {
     }
 }
 
+/// What a relay holds at one moment (largest of its peers).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Usage {
+    /// Output waiting for one peer, in bytes.
+    pub(crate) out: usize,
+    /// DATA held for windows from one peer, in accounted bytes.
+    pub(crate) buffered: usize,
+    pub(crate) streams: usize,
+    /// Items waiting in stream queues.
+    pub(crate) queued_items: usize,
+}
+
+impl Usage {
+    #[cfg(test)]
+    pub(crate) fn max(self, other: Usage) -> Usage {
+        Usage {
+            out: self.out.max(other.out),
+            buffered: self.buffered.max(other.buffered),
+            streams: self.streams.max(other.streams),
+            queued_items: self.queued_items.max(other.queued_items),
+        }
+    }
+}
+
 pub(crate) struct Relay {
     pub(super) authority: String,
     pub(super) authority_port: String,
@@ -84,6 +109,23 @@ pub(crate) struct Relay {
     pub(super) make_internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
     pub(super) stopping: Option<BoxFuture<()>>,
     pub(super) dial: Option<BoxFuture<Result<BoxIo, UpstreamError>>>,
+    pub(super) dialer: Dialer,
+    /// The origin closed a connection with no stream on it: the next passthrough stream
+    /// dials it again (at most `limits.max_redials` times).
+    pub(super) may_redial: bool,
+    pub(super) redials: u32,
+    pub(super) limits: Limits,
+    /// Streams the client reset before their answer (rapid reset).
+    pub(super) premature_resets: Bucket,
+    /// Frames from the client that carry nothing for a stream (PING, SETTINGS, ...).
+    pub(super) control_frames: Bucket,
+    /// Streams we reset because the client broke their rules.
+    pub(super) error_resets: usize,
+    /// A connection error found while moving frames (not while reading the client): raised
+    /// toward the client by the drive loop.
+    pub(super) pending_error: Option<ConnError>,
+    /// Likewise, an error of the origin's.
+    pub(super) upstream_fault: Option<ConnError>,
     pub(super) client: Peer,
     /// The origin; `None` once it failed or closed (new streams then go to our server, whose
     /// own upstream link redials).
@@ -107,11 +149,15 @@ pub(crate) struct Relay {
 
 impl Relay {
     pub(crate) fn new(client: BoxIo, setup: Setup) -> Self {
+        Relay::with_limits(client, setup, Limits::default())
+    }
+
+    pub(crate) fn with_limits(client: BoxIo, mut setup: Setup, limits: Limits) -> Self {
         let mut client = Peer::new(Some(client), Encoding::Raw);
         frame::put_settings(
             &mut client.out,
             &[
-                (setting::MAX_CONCURRENT_STREAMS, MAX_STREAMS as u32),
+                (setting::MAX_CONCURRENT_STREAMS, limits.max_streams as u32),
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
                 (
                     setting::MAX_HEADER_LIST_SIZE,
@@ -130,7 +176,16 @@ impl Relay {
             passthrough: setup.passthrough,
             make_internal: setup.internal,
             stopping: Some(setup.stopping),
-            dial: Some(setup.dial),
+            dial: Some((setup.dial)()),
+            dialer: setup.dial,
+            may_redial: false,
+            redials: 0,
+            premature_resets: Bucket::new(limits.premature_resets),
+            control_frames: Bucket::new(limits.control_frames),
+            limits,
+            error_resets: 0,
+            pending_error: None,
+            upstream_fault: None,
             client,
             upstream: Some(upstream),
             internal: None,
@@ -170,16 +225,16 @@ impl Relay {
                 self.drain();
             }
         }
-        self.poll_dial(cx);
         self.poll_keep_alive(cx);
         loop {
-            let mut progress = false;
+            // In the loop: a redial starts while frames are handled.
+            let mut progress = self.poll_dial(cx);
             if let Some(server) = self.internal_server.as_mut() {
                 if Pin::new(server).poll(cx).is_ready() {
                     self.internal_server = None;
                 }
             }
-            if !self.closing {
+            if !self.closing && self.may_read(Side::Client) {
                 match self.read(Side::Client, cx) {
                     Ok(p) => progress |= p,
                     Err(Fault::Closed(why)) => {
@@ -193,6 +248,9 @@ impl Relay {
                 }
             }
             for side in [Side::Upstream, Side::Internal] {
+                if !self.may_read(side) {
+                    continue;
+                }
                 match self.read(side, cx) {
                     Ok(p) => progress |= p,
                     Err(fault) => {
@@ -200,6 +258,14 @@ impl Relay {
                         progress = true;
                     }
                 }
+            }
+            if let Some(e) = self.pending_error.take().filter(|_| !self.closing) {
+                self.client_error(e);
+                progress = true;
+            }
+            if let Some(e) = self.upstream_fault.take() {
+                self.peer_gone(Side::Upstream, Fault::Protocol(e));
+                progress = true;
             }
             for side in [Side::Client, Side::Upstream, Side::Internal] {
                 match self.write(side, cx) {
@@ -229,16 +295,109 @@ impl Relay {
         }
     }
 
+    /// What the connection holds now, for tests and fuzzing to check against the limits.
+    pub(crate) fn usage(&self) -> Usage {
+        let peers = [
+            Some(&self.client),
+            self.upstream.as_ref(),
+            self.internal.as_ref(),
+        ];
+        let peers = peers.into_iter().flatten();
+        let mut usage = Usage {
+            streams: self.streams.len(),
+            ..Usage::default()
+        };
+        for p in peers {
+            usage.out = usage.out.max(p.out.len());
+            usage.buffered = usage.buffered.max(p.buffered);
+        }
+        for st in self.streams.values() {
+            usage.queued_items += st.up.queue.len() + st.down.queue.len();
+        }
+        usage
+    }
+
+    /// Backpressure: a peer is not read while output waits for it beyond the bound (it does
+    /// not read what we owe it) or its DATA held for windows is over the bound; the client is
+    /// not read either while a peer it feeds is that far behind.
+    fn may_read(&self, side: Side) -> bool {
+        let limits = &self.limits;
+        let behind = |p: &Peer| p.out.len() > limits.max_pending_out;
+        let Some(peer) = self.peer_ref(side) else {
+            return true;
+        };
+        // What one peer sends mostly lands in another's buffer: none is read while any is
+        // behind.
+        let any_behind = [Side::Client, Side::Upstream, Side::Internal]
+            .into_iter()
+            .filter_map(|s| self.peer_ref(s))
+            .any(behind);
+        !any_behind && peer.buffered <= limits.max_buffered
+    }
+
+    fn peer_ref(&self, side: Side) -> Option<&Peer> {
+        match side {
+            Side::Client => Some(&self.client),
+            Side::Upstream => self.upstream.as_ref(),
+            Side::Internal => self.internal.as_ref(),
+        }
+    }
+
+    /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
+    pub(crate) fn check_limits(&self) -> Result<(), String> {
+        let limits = &self.limits;
+        let usage = self.usage();
+        // One read's worth of output on top of each bound (a read is at most a few frames
+        // of 16 KiB; a block re-encoded may take `reencode_per_block` more).
+        let slack = 4 * 1024 * 1024;
+        if usage.out > limits.max_pending_out + limits.max_buffered + slack {
+            return Err(format!("output over its bound: {usage:?}"));
+        }
+        if usage.buffered > limits.max_buffered + slack {
+            return Err(format!("held DATA over its bound: {usage:?}"));
+        }
+        if usage.streams > limits.max_streams {
+            return Err(format!("streams over the limit: {usage:?}"));
+        }
+        for side in [Side::Client, Side::Upstream, Side::Internal] {
+            let Some(peer) = self.peer_ref(side) else {
+                continue;
+            };
+            let mut held = 0;
+            for st in self.streams.values() {
+                for item in st.up.queue.iter().chain(st.down.queue.iter()) {
+                    if let super::stream::Item::Data {
+                        bytes,
+                        from: Some(from),
+                        ..
+                    } = item
+                    {
+                        if *from == side {
+                            held += bytes.len() + limits.frame_overhead;
+                        }
+                    }
+                }
+            }
+            if held != peer.buffered {
+                return Err(format!(
+                    "{side:?}: {held} bytes held, {} accounted",
+                    peer.buffered
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn finished(&self) -> bool {
         self.closing || ((self.draining || self.client_goaway) && self.streams.is_empty())
     }
 
-    fn poll_dial(&mut self, cx: &mut Context<'_>) {
+    fn poll_dial(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(dial) = self.dial.as_mut() else {
-            return;
+            return false;
         };
         let Poll::Ready(result) = dial.as_mut().poll(cx) else {
-            return;
+            return false;
         };
         self.dial = None;
         match result {
@@ -249,6 +408,7 @@ impl Relay {
             }
             Err(e) => self.upstream_gone(e),
         }
+        true
     }
 
     /// Upstream liveness, as hyper's keep-alive does it.
@@ -312,7 +472,22 @@ impl Relay {
             let Some(frame) = peer.reader.next(&mut peer.rbuf)? else {
                 return Ok(true);
             };
+            if !peer.settings_seen {
+                if frame.kind != frame::kind::SETTINGS || frame.has(frame::flag::ACK) {
+                    return Err(ConnError::protocol(format!(
+                        "{}: the first frame is not SETTINGS (RFC 9113 §3.4)",
+                        side.name()
+                    ))
+                    .into());
+                }
+                peer.settings_seen = true;
+            }
             self.on_frame(side, frame)?;
+            if side == Side::Client {
+                if let Some(e) = self.pending_error.take() {
+                    return Err(e.into());
+                }
+            }
         }
     }
 

@@ -9,15 +9,20 @@ use super::hpack::Encoding;
 use super::peer::{Partial, Side};
 use super::stream::{Direction, Item};
 
-/// A header block (all its CONTINUATIONs) larger than this ends the connection.
-pub(super) const MAX_BLOCK: usize = 256 * 1024;
-
 impl Relay {
     pub(super) fn on_frame(&mut self, side: Side, frame: Frame) -> Result<(), ConnError> {
         let peer = self.source(side)?;
         if peer.partial.is_some() && frame.kind != kind::CONTINUATION {
             return Err(ConnError::protocol(
                 "a frame inside a header block (RFC 9113 §6.10)",
+            ));
+        }
+        if side == Side::Client
+            && self.costs_without_carrying(&frame)
+            && !self.control_frames.take()
+        {
+            return Err(calm(
+                "client: too many PING, SETTINGS, PRIORITY, empty DATA or unknown frames",
             ));
         }
         match frame.kind {
@@ -38,6 +43,7 @@ impl Relay {
                     stream: frame.stream,
                     end_stream,
                     block: BytesMut::from(&fragment[..]),
+                    continuations: 0,
                 });
                 Ok(())
             }
@@ -50,11 +56,23 @@ impl Relay {
                     return Err(ConnError::protocol("CONTINUATION on another stream"));
                 }
                 partial.block.extend_from_slice(frame.payload());
-                if partial.block.len() > MAX_BLOCK {
+                partial.continuations += 1;
+                let limits = &self.limits;
+                if partial.block.len() > limits.max_block {
                     return Err(ConnError::protocol(format!(
-                        "a header block over {MAX_BLOCK} bytes"
+                        "{}: a header block over {} bytes",
+                        side.name(),
+                        limits.max_block
                     )));
                 }
+                if partial.continuations > limits.max_continuations {
+                    return Err(calm(format!(
+                        "{}: a header block in over {} CONTINUATION frames",
+                        side.name(),
+                        limits.max_continuations
+                    )));
+                }
+                let peer = self.source(side)?;
                 if !frame.has(flag::END_HEADERS) {
                     peer.partial = Some(partial);
                     return Ok(());
@@ -68,8 +86,8 @@ impl Relay {
                 if frame.stream == 0 {
                     return Err(ConnError::protocol("RST_STREAM on stream 0"));
                 }
-                self.on_reset(side, frame.stream, Reason(code));
-                Ok(())
+                self.idle_check(side, frame.stream, "RST_STREAM")?;
+                self.on_reset(side, frame.stream, Reason(code))
             }
             kind::SETTINGS => self.on_settings(side, &frame),
             kind::PUSH_PROMISE => Err(ConnError::protocol("PUSH_PROMISE (push is disabled)")),
@@ -97,6 +115,12 @@ impl Relay {
             return Err(ConnError::protocol("SETTINGS on a stream"));
         }
         if frame.has(flag::ACK) {
+            if !frame.payload().is_empty() {
+                return Err(ConnError::new(
+                    Reason::FRAME_SIZE_ERROR,
+                    format!("{}: a SETTINGS ACK with a payload", side.name()),
+                ));
+            }
             return Ok(());
         }
         let mut window_delta = 0i64;
@@ -130,12 +154,26 @@ impl Relay {
         }
         frame::put_settings_ack(&mut peer.out);
         if window_delta != 0 {
+            let mut overflow = false;
             for st in self.streams.values_mut() {
-                if side == Side::Client {
-                    st.down.send_window += window_delta;
+                let dir = if side == Side::Client {
+                    &mut st.down
                 } else if st.target == side {
-                    st.up.send_window += window_delta;
-                }
+                    &mut st.up
+                } else {
+                    continue;
+                };
+                dir.send_window += window_delta;
+                overflow |= dir.send_window > frame::MAX_WINDOW;
+            }
+            if overflow {
+                return Err(ConnError::new(
+                    Reason::FLOW_CONTROL_ERROR,
+                    format!(
+                        "{}: INITIAL_WINDOW_SIZE takes a stream window over 2^31-1 (RFC 9113 §6.9.2)",
+                        side.name()
+                    ),
+                ));
             }
             self.flush_toward(side);
         }
@@ -159,6 +197,7 @@ impl Relay {
             self.flush_toward(side);
             return Ok(());
         }
+        self.idle_check(side, frame.stream, "WINDOW_UPDATE")?;
         let Some(st) = self.streams.get_mut(&frame.stream) else {
             return Ok(());
         };
@@ -174,8 +213,7 @@ impl Relay {
             } else {
                 Reason::FLOW_CONTROL_ERROR
             };
-            self.reset_stream(frame.stream, reason);
-            return Ok(());
+            return self.stream_error(side, frame.stream, reason);
         }
         self.flush_dir(frame.stream, to);
         Ok(())
@@ -217,20 +255,25 @@ impl Relay {
         Ok(())
     }
 
-    fn on_reset(&mut self, side: Side, id: u32, reason: Reason) {
-        let belongs = self
-            .streams
-            .get(&id)
-            .is_some_and(|st| side == Side::Client || st.target == side);
-        if !belongs {
-            return;
+    fn on_reset(&mut self, side: Side, id: u32, reason: Reason) -> Result<(), ConnError> {
+        let Some(st) = self.streams.get(&id) else {
+            return Ok(());
+        };
+        if side != Side::Client && st.target != side {
+            return Ok(());
+        }
+        if side == Side::Client && !st.answered && !self.premature_resets.take() {
+            return Err(calm(format!(
+                "client: over {} streams reset before their answer (rapid reset)",
+                self.limits.premature_resets.burst
+            )));
         }
         if side != Side::Client && reason == Reason::NO_ERROR && self.answer_in_flight(id) {
             self.reset_after_answer(id);
-            return;
+            return Ok(());
         }
         let Some(st) = self.remove(id) else {
-            return;
+            return Ok(());
         };
         let other = if side == Side::Client {
             st.target
@@ -239,11 +282,66 @@ impl Relay {
         };
         // Our own answer (an error): nothing behind it to tell.
         if other == side {
-            return;
+            return Ok(());
         }
         if let Some(peer) = self.peer(other) {
             frame::put_rst(&mut peer.out, id, reason);
         }
+        Ok(())
+    }
+
+    /// A frame that refers to a stream must not name one never opened (RFC 9113 §5.1): ids
+    /// above the client's last, or even ones (we allow no push).
+    fn idle_check(&self, side: Side, id: u32, what: &str) -> Result<(), ConnError> {
+        let idle = (id > self.last_stream || id % 2 == 0) && !self.streams.contains_key(&id);
+        if idle {
+            return Err(ConnError::protocol(format!(
+                "{}: {what} on idle stream {id}",
+                side.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Does this frame from the client cost us work without carrying anything for a stream?
+    fn costs_without_carrying(&self, frame: &Frame) -> bool {
+        match frame.kind {
+            kind::PING | kind::SETTINGS | kind::PRIORITY => true,
+            kind::DATA => frame.payload().is_empty() && !frame.has(flag::END_STREAM),
+            kind::HEADERS
+            | kind::CONTINUATION
+            | kind::RST_STREAM
+            | kind::PUSH_PROMISE
+            | kind::GOAWAY
+            | kind::WINDOW_UPDATE => false,
+            _ => true,
+        }
+    }
+
+    /// A stream error: both sides get RST_STREAM; one the client caused counts toward
+    /// `limits.max_error_resets`.
+    pub(super) fn stream_error(
+        &mut self,
+        side: Side,
+        id: u32,
+        reason: Reason,
+    ) -> Result<(), ConnError> {
+        if self.streams.contains_key(&id) {
+            self.reset_stream(id, reason);
+        } else {
+            frame::put_rst(&mut self.client.out, id, reason);
+        }
+        if side != Side::Client {
+            return Ok(());
+        }
+        self.error_resets += 1;
+        if self.error_resets > self.limits.max_error_resets {
+            return Err(calm(format!(
+                "client: over {} streams reset for its errors",
+                self.limits.max_error_resets
+            )));
+        }
+        Ok(())
     }
 
     /// The target answered in full and some of it still waits for the client's window.
@@ -277,7 +375,9 @@ impl Relay {
         if !st.up.ended_in {
             st.down.queue.push_back(Item::Reset(Reason::NO_ERROR));
         }
+        let overhead = self.limits.frame_overhead;
         for len in dropped {
+            self.unhold(Side::Client, len as usize + overhead);
             self.grant(Side::Client, None, len);
         }
         self.flush_dir(id, Direction::Down);
@@ -331,12 +431,12 @@ impl Relay {
             } else {
                 Reason::FLOW_CONTROL_ERROR
             };
-            self.reset_stream(id, reason);
             self.grant(side, None, len);
-            return Ok(());
+            return self.stream_error(side, id, reason);
         }
         dir.ended_in |= end;
         let padding = len - data.len() as u32;
+        let held = data.len() + self.limits.frame_overhead;
         let raw = (!frame.has(flag::PADDED)).then_some(frame.raw);
         dir.queue.push_back(Item::Data {
             bytes: data,
@@ -344,10 +444,16 @@ impl Relay {
             raw,
             from: Some(side),
         });
+        self.source(side)?.buffered += held;
         if padding > 0 {
             self.grant(side, Some(id), padding);
         }
         self.flush_dir(id, to);
         Ok(())
     }
+}
+
+/// ENHANCE_YOUR_CALM: a peer past one of our limits.
+pub(super) fn calm(what: impl Into<String>) -> ConnError {
+    ConnError::new(Reason::ENHANCE_YOUR_CALM, what)
 }

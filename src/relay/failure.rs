@@ -107,6 +107,8 @@ impl Relay {
             .values()
             .filter(|st| st.target == Side::Upstream)
             .count();
+        // Closed while idle (not a failed dial): the next passthrough stream redials.
+        self.may_redial = affected == 0 && peer.io.is_some();
         if affected > 0 {
             tracing::warn!(side = ?err.side(), error = %err, streams = affected, "upstream connection failed");
         } else {
@@ -150,6 +152,7 @@ impl Relay {
         down.queue.push_back(Item::Headers {
             headers,
             end: false,
+            input: 0,
         });
         down.queue.push_back(Item::Data {
             bytes: Bytes::from(body),
@@ -157,6 +160,11 @@ impl Relay {
             raw: None,
             from: None,
         });
+        if !old.up.ended_in {
+            // The rest of the upload goes nowhere: tell the client once it has the answer,
+            // or it stalls at its stream window (RFC 9113 §8.1).
+            down.queue.push_back(Item::Reset(Reason::NO_ERROR));
+        }
         let mut up = Dir::new(0);
         up.ended_in = true;
         up.ended_out = true;

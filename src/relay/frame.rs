@@ -55,6 +55,7 @@ impl Reason {
     pub(crate) const REFUSED_STREAM: Reason = Reason(7);
     pub(crate) const CANCEL: Reason = Reason(8);
     pub(crate) const COMPRESSION_ERROR: Reason = Reason(9);
+    pub(crate) const ENHANCE_YOUR_CALM: Reason = Reason(11);
 }
 
 impl std::fmt::Display for Reason {

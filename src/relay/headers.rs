@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::conn::{Relay, MAX_STREAMS};
+use super::conn::Relay;
 use super::frame::{self, ConnError, Reason};
 use super::hpack::{Encoding, Headers};
 use super::peer::{Peer, Side};
@@ -65,8 +65,7 @@ impl Relay {
             }
             if st.up.ended_in || !block.end {
                 self.desync(Side::Upstream);
-                self.reset_stream(id, Reason::PROTOCOL_ERROR);
-                return Ok(());
+                return self.stream_error(Side::Client, id, Reason::PROTOCOL_ERROR);
             }
             st.up.ended_in = true;
             if st.target != Side::Upstream {
@@ -78,17 +77,20 @@ impl Relay {
         if id <= self.last_stream {
             // HEADERS on a closed stream: not forwarded.
             self.desync(Side::Upstream);
-            frame::put_rst(&mut self.client.out, id, Reason::STREAM_CLOSED);
-            return Ok(());
+            return self.stream_error(Side::Client, id, Reason::STREAM_CLOSED);
         }
         if id % 2 == 0 {
             return Err(ConnError::protocol("an even stream id from the client"));
         }
         self.last_stream = id;
         let target = self.target_for(&block.headers);
-        let Some(target) = target.filter(|_| !self.draining && self.streams.len() < MAX_STREAMS)
-        else {
+        let room = self.streams.len() < self.limits.max_streams;
+        let Some(target) = target.filter(|_| !self.draining && room) else {
             self.desync(Side::Upstream);
+            if !room {
+                // Over the limit we announced: the client's error.
+                return self.stream_error(Side::Client, id, Reason::REFUSED_STREAM);
+            }
             frame::put_rst(&mut self.client.out, id, Reason::REFUSED_STREAM);
             return Ok(());
         };
@@ -137,6 +139,9 @@ impl Relay {
                     || a.eq_ignore_ascii_case(self.authority_port.as_bytes())
             })
             && path.is_some_and(|p| self.passes_through(p));
+        if plain {
+            self.redial_if_idle_closed();
+        }
         if plain && self.upstream.as_ref().is_some_and(Peer::usable) {
             return Some(Side::Upstream);
         }
@@ -145,6 +150,39 @@ impl Relay {
             .as_ref()
             .filter(|p| p.usable())
             .map(|_| Side::Internal)
+    }
+
+    /// The origin closed its connection (GOAWAY or EOF) with no stream on it, as origins do
+    /// when idle: dial it again, so passthrough does not end with the first idle timeout.
+    fn redial_if_idle_closed(&mut self) {
+        let idle_goaway = self
+            .upstream
+            .as_ref()
+            .is_some_and(|u| u.goaway.is_some() && u.open_streams == 0 && self.dial.is_none());
+        let closed = self.upstream.is_none() && self.may_redial;
+        if !(idle_goaway || closed) || self.redials >= self.limits.max_redials {
+            return;
+        }
+        if let Some(old) = self.upstream.take() {
+            for credit in old.credits {
+                self.grant(credit.from, None, credit.len);
+            }
+        }
+        self.redials += 1;
+        self.may_redial = false;
+        tracing::debug!(
+            redials = self.redials,
+            "origin closed while idle: redialling"
+        );
+        // A new connection starts with an empty table on both of its ends: blocks toward it
+        // are ours, and so are the blocks toward the client (its table still holds what the
+        // old connection's encoder put there).
+        self.upstream = Some(Peer::client_role(
+            None,
+            Encoding::own(super::hpack::TABLE_SIZE),
+        ));
+        self.desync(Side::Client);
+        self.dial = Some((self.dialer)());
     }
 
     /// Does a stream for `path` go to the origin untouched? The router's decision, so the
@@ -226,9 +264,11 @@ impl Relay {
             // Behind queued DATA: it would reach the peer out of its encoder's order.
             dest.encoding = Encoding::own(super::hpack::TABLE_SIZE);
         }
+        let input = block.hpack.len();
         dir.queue.push_back(Item::Headers {
             headers: block.headers,
             end: block.end,
+            input,
         });
         self.flush_dir(id, to);
     }

@@ -83,6 +83,9 @@ pub(crate) struct Headers {
     buf: Vec<u8>,
     /// (name start, value start, value end) in `buf`.
     fields: Vec<(u32, u32, u32)>,
+    /// Indexes into `fields` of those sent "never indexed" (RFC 7541 §6.2.3): they stay so
+    /// toward the other side and never enter a table of ours.
+    never: Vec<u32>,
 }
 
 impl Headers {
@@ -92,6 +95,20 @@ impl Headers {
         let mid = self.buf.len() as u32;
         self.buf.extend_from_slice(value);
         self.fields.push((start, mid, self.buf.len() as u32));
+    }
+
+    /// A field that must stay "never indexed".
+    #[cfg(test)]
+    pub(crate) fn push_never(&mut self, name: &[u8], value: &[u8]) {
+        self.never.push(self.fields.len() as u32);
+        self.push(name, value);
+    }
+
+    /// Fields with whether each is "never indexed".
+    pub(crate) fn iter_flagged(&self) -> impl Iterator<Item = (&[u8], &[u8], bool)> + '_ {
+        self.iter()
+            .enumerate()
+            .map(|(i, (n, v))| (n, v, self.never.contains(&(i as u32))))
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
@@ -266,6 +283,7 @@ impl Decoder {
         let mut headers = Headers {
             buf: Vec::with_capacity(block.len() * 2),
             fields: Vec::with_capacity(16),
+            never: Vec::new(),
         };
         let mut at = Cursor { block, pos: 0 };
         while at.pos < block.len() {
@@ -305,6 +323,9 @@ impl Decoder {
                 let mid = headers.buf.len();
                 at.string(&mut headers.buf)?;
                 let end = headers.buf.len();
+                if first & 0xf0 == 0x10 {
+                    headers.never.push(headers.fields.len() as u32);
+                }
                 headers.fields.push((start as u32, mid as u32, end as u32));
                 if insert {
                     self.table
@@ -355,8 +376,8 @@ impl Encoding {
                     put_int(&mut out, 0, 5, 0x20);
                     put_int(&mut out, table.max, 5, 0x20);
                 }
-                for (name, value) in headers.iter() {
-                    encode_field(table, name, value, &mut out);
+                for (name, value, never) in headers.iter_flagged() {
+                    encode_field(table, name, value, never, &mut out);
                 }
             }
         }
@@ -364,15 +385,20 @@ impl Encoding {
     }
 }
 
-fn encode_field(table: &mut Table, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+fn encode_field(table: &mut Table, name: &[u8], value: &[u8], never: bool, out: &mut Vec<u8>) {
     let (full, by_name) = table.find(name, value);
-    if let Some(index) = full {
+    if let Some(index) = full.filter(|_| !never) {
         put_int(out, index, 7, 0x80);
         return;
     }
-    // Values that would crowd the table out are not indexed.
-    let index_it = name.len() + value.len() + 32 <= table.max / 2;
-    let (prefix, leading) = if index_it { (6, 0x40) } else { (4, 0x00) };
+    // Whatever fits is indexed, as the client's encoder did for any field it sends us as an
+    // index: a large entry sent as a literal each time would amplify what the client sent.
+    let index_it = !never && name.len() + value.len() + 32 <= table.max;
+    let (prefix, leading) = match (index_it, never) {
+        (true, _) => (6, 0x40),
+        (false, true) => (4, 0x10),
+        (false, false) => (4, 0x00),
+    };
     put_int(out, by_name.unwrap_or(0), prefix, leading);
     if by_name.is_none() {
         put_string(out, name);
@@ -386,11 +412,12 @@ fn encode_field(table: &mut Table, name: &[u8], value: &[u8], out: &mut Vec<u8>)
 /// Literal fields without indexing (static names by index): valid against any state of the
 /// peer's table, and leave it untouched.
 pub(crate) fn encode_stateless(headers: &Headers, out: &mut Vec<u8>) {
-    for (name, value) in headers.iter() {
+    for (name, value, never) in headers.iter_flagged() {
+        let leading = if never { 0x10 } else { 0x00 };
         match STATIC.iter().position(|(n, _)| n.as_bytes() == name) {
-            Some(i) => put_int(out, i + 1, 4, 0x00),
+            Some(i) => put_int(out, i + 1, 4, leading),
             None => {
-                out.push(0x00);
+                out.push(leading);
                 put_string(out, name);
             }
         }
@@ -521,6 +548,25 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(pairs(&decoder.decode(&own.encode(&b)).unwrap()), pairs(&b));
             assert_eq!(pairs(&decoder.decode(&own.encode(&a)).unwrap()), pairs(&a));
+        }
+    }
+
+    #[test]
+    fn never_indexed_fields_stay_so_through_every_encoder() {
+        let mut h = list(&[(":path", "/a")]);
+        h.push_never(b"authorization", b"Bearer secret");
+        for mut encoding in [Encoding::own(TABLE_SIZE), Encoding::Raw] {
+            let mut peer = Decoder::new();
+            for _ in 0..2 {
+                let block = encoding.encode(&h);
+                let got = peer.decode(&block).unwrap();
+                let flags: Vec<bool> = got.iter_flagged().map(|(_, _, never)| never).collect();
+                assert_eq!(flags, [false, true]);
+                assert!(
+                    block.windows(13).any(|w| w == b"Bearer secret"),
+                    "a literal"
+                );
+            }
         }
     }
 

@@ -18,12 +18,14 @@ mod conn;
 mod control;
 mod failure;
 mod frame;
+mod fuzz;
 mod headers;
 mod hpack;
+mod limits;
 mod peer;
 mod stream;
 
-pub(crate) use conn::{BoxFuture, BoxIo, Relay, Setup};
+pub(crate) use conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};
 
 /// Fuzzing entry (`fuzz/fuzz_targets/h2_frames.rs`): any bytes, cut at any chunk size, split
 /// into the same frames as in one piece; every header block either fails to decode or, once
@@ -79,8 +81,11 @@ pub fn fuzz_frames_and_headers(data: &[u8]) {
         let Ok(headers) = decoder.decode(&block) else {
             continue;
         };
-        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>)> {
-            h.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect()
+        // Names, values, and whether each stays "never indexed".
+        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+            h.iter_flagged()
+                .map(|(n, v, never)| (n.to_vec(), v.to_vec(), never))
+                .collect()
         };
         let own_block = own.encode(&headers);
         let again = follower.decode(&own_block).expect("our own block decodes");
@@ -101,5 +106,14 @@ pub fn fuzz_frames_and_headers(data: &[u8]) {
     }
 }
 
+/// Fuzzing entry (`fuzz/fuzz_targets/h2_relay.rs`): the relay's state machine driven by
+/// arbitrary frames from the client and the origin; panics if a limit does not hold.
+#[doc(hidden)]
+pub fn fuzz_relay(data: &[u8]) {
+    fuzz::run(data);
+}
+
+#[cfg(test)]
+mod abuse_tests;
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,17 @@ pub(super) enum Side {
     Internal,
 }
 
+impl Side {
+    /// Who misbehaved, as errors say it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "origin",
+            Side::Internal => "our server",
+        }
+    }
+}
+
 /// Bytes of DATA that came from `from` on `stream`, granted back once written up to `end`.
 pub(super) struct Credit {
     pub(super) end: u64,
@@ -60,12 +71,23 @@ pub(super) struct Peer {
     /// Keep-alive (upstream): a PING is unanswered; something was read since the last tick.
     pub(super) ping_out: bool,
     pub(super) active: bool,
+    /// Its first frame (a SETTINGS) arrived.
+    pub(super) settings_seen: bool,
+    /// DATA from this peer held in stream queues: bytes plus a per-frame overhead.
+    pub(super) buffered: usize,
+    /// Header blocks re-encoded toward this peer from the client's: the client's bytes in,
+    /// ours out, and how many blocks.
+    pub(super) reencoded_in: usize,
+    pub(super) reencoded_out: usize,
+    pub(super) reencoded_blocks: usize,
 }
 
 pub(super) struct Partial {
     pub(super) stream: u32,
     pub(super) end_stream: bool,
     pub(super) block: BytesMut,
+    /// CONTINUATION frames so far.
+    pub(super) continuations: usize,
 }
 
 impl Peer {
@@ -91,6 +113,11 @@ impl Peer {
             goaway: None,
             ping_out: false,
             active: false,
+            settings_seen: false,
+            buffered: 0,
+            reencoded_in: 0,
+            reencoded_out: 0,
+            reencoded_blocks: 0,
         }
     }
 

@@ -32,6 +32,8 @@ pub(super) enum Item {
     Headers {
         headers: Headers,
         end: bool,
+        /// The size its source sent it in (for the re-encoding budget).
+        input: usize,
     },
     /// RST_STREAM once what is before it was delivered (an origin that answered in full and
     /// does not want the rest of the request).
@@ -118,8 +120,26 @@ impl Relay {
     /// Move a direction's queued items into the destination's buffer as far as the windows
     /// allow.
     pub(super) fn flush_dir(&mut self, id: u32, to: Direction) {
-        let Some((_, dir, dest)) = self.route_of(id, to) else {
+        let overhead = self.limits.frame_overhead;
+        let budget = (
+            self.limits.reencode_ratio,
+            self.limits.reencode_per_block,
+            self.limits.reencode_slack,
+        );
+        let Some((target, dir, dest)) = self.route_of(id, to) else {
             return;
+        };
+        let source = match to {
+            Direction::Up => Side::Client,
+            Direction::Down => target,
+        };
+        // Held DATA from `source` that left the queue (bytes plus overhead).
+        let mut unheld = 0;
+        let mut over_budget = None;
+        // What the client and the origin send is budgeted (our own server's is not).
+        let budgeted = match to {
+            Direction::Up => true,
+            Direction::Down => target == Side::Upstream,
         };
         while let Some(item) = dir.queue.front_mut() {
             match item {
@@ -151,12 +171,19 @@ impl Relay {
                             len: n as u32,
                         });
                     }
+                    let counted = from.is_some();
                     if whole {
                         dir.ended_out |= *end;
                         dir.queue.pop_front();
+                        if counted {
+                            unheld += n + overhead;
+                        }
                     } else {
                         bytes.advance(n);
                         *raw = None;
+                        if counted {
+                            unheld += n;
+                        }
                     }
                 }
                 Item::Reset(reason) => {
@@ -164,15 +191,59 @@ impl Relay {
                     dir.ended_out = true;
                     dir.queue.pop_front();
                 }
-                Item::Headers { headers, end } => {
+                Item::Headers {
+                    headers,
+                    end,
+                    input,
+                } => {
                     let block = dest.encoding.encode(headers);
+                    if budgeted {
+                        dest.reencoded_in += *input;
+                        dest.reencoded_out += block.len();
+                        dest.reencoded_blocks += 1;
+                        let (ratio, per_block, slack) = budget;
+                        let allowed =
+                            ratio * dest.reencoded_in + per_block * dest.reencoded_blocks + slack;
+                        if dest.reencoded_out > allowed {
+                            over_budget = Some(dest.reencoded_out);
+                            break;
+                        }
+                    }
                     frame::put_headers(&mut dest.out, id, *end, &block, dest.max_frame);
                     dir.ended_out |= *end;
                     dir.queue.pop_front();
                 }
             }
         }
+        self.unhold(source, unheld);
+        if let Some(out) = over_budget {
+            let dest = if to == Direction::Up {
+                target
+            } else {
+                Side::Client
+            };
+            let input = self.peer(dest).map_or(0, |p| p.reencoded_in);
+            let e = super::control::calm(format!(
+                "{}: its {input} bytes of header blocks would take {out} re-encoded toward \
+                 the {}, over {}× (header amplification)",
+                source.name(),
+                dest.name(),
+                budget.0
+            ));
+            match source {
+                Side::Client => self.pending_error = Some(e),
+                _ => self.upstream_fault = Some(e),
+            }
+            return;
+        }
         self.finish_if_done(id);
+    }
+
+    /// `len` accounted bytes of DATA from `from` are no longer held.
+    pub(super) fn unhold(&mut self, from: Side, len: usize) {
+        if let Some(peer) = self.peer(from) {
+            peer.buffered = peer.buffered.saturating_sub(len);
+        }
     }
 
     /// Flush every stream with something queued toward `side`.
@@ -208,6 +279,7 @@ impl Relay {
     /// Forget a stream; what it still had queued gives its senders' connection windows back.
     pub(super) fn remove(&mut self, id: u32) -> Option<Stream> {
         let mut st = self.streams.remove(&id)?;
+        let overhead = self.limits.frame_overhead;
         if let Some(peer) = self.peer(st.target).filter(|_| st.target != Side::Client) {
             peer.open_streams = peer.open_streams.saturating_sub(1);
         }
@@ -219,6 +291,14 @@ impl Relay {
                     ..
                 } = item
                 {
+                    if let Some(peer) = peer_of(
+                        &mut self.client,
+                        &mut self.upstream,
+                        &mut self.internal,
+                        from,
+                    ) {
+                        peer.buffered = peer.buffered.saturating_sub(bytes.len() + overhead);
+                    }
                     self.released.push(Credit {
                         end: 0,
                         from,

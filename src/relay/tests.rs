@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::conn::{BoxFuture, BoxIo, Relay, Setup};
+use super::conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};
 use crate::http::{boxed, full, Body};
 use crate::upstream::UpstreamError;
 
@@ -135,6 +135,8 @@ struct Fixture {
     stop: Option<oneshot::Sender<()>>,
     release: Option<oneshot::Sender<()>>,
     internal_conns: Arc<AtomicUsize>,
+    /// Origin connections dialled.
+    dials: Arc<AtomicUsize>,
     /// Requests the origin has seen.
     origin_seen: Arc<AtomicUsize>,
 }
@@ -144,26 +146,40 @@ async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
     let (release, held) = oneshot::channel();
     *gates.hold.lock().await = Some(held);
     let (goaway, goaway_rx) = oneshot::channel();
-    let (dial, origin_task): (BoxFuture<Result<BoxIo, UpstreamError>>, _) = match origin {
+    let dials = Arc::new(AtomicUsize::new(0));
+    let dialled = dials.clone();
+    let (dial, origin_task): (Dialer, _) = match origin {
         Origin::Serves => {
+            // The first connection (which the test may stop), then a new origin per redial.
             let (ours, theirs) = tokio::io::duplex(64 * 1024);
             let task = tokio::spawn(serve("origin", theirs, gates.clone(), Some(goaway_rx)));
-            (
-                Box::pin(async move { Ok(Box::new(ours) as BoxIo) }),
-                Some(task),
-            )
+            let first = std::sync::Mutex::new(Some(ours));
+            let gates = gates.clone();
+            let dial: Dialer = Box::new(move || -> BoxFuture<Result<BoxIo, UpstreamError>> {
+                dialled.fetch_add(1, Ordering::SeqCst);
+                let io = first.lock().unwrap().take().unwrap_or_else(|| {
+                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    tokio::spawn(serve("origin", theirs, gates.clone(), None));
+                    ours
+                });
+                Box::pin(async move { Ok(Box::new(io) as BoxIo) })
+            });
+            (dial, Some(task))
         }
         // Fails once the client's first stream is waiting for it.
-        Origin::Refuses => (
-            Box::pin(async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                Err(UpstreamError::Connect {
-                    host: "api2.cursor.sh".into(),
-                    reason: "connection refused".into(),
+        Origin::Refuses => {
+            let dial: Dialer = Box::new(move || -> BoxFuture<Result<BoxIo, UpstreamError>> {
+                dialled.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Err(UpstreamError::Connect {
+                        host: "api2.cursor.sh".into(),
+                        reason: "connection refused".into(),
+                    })
                 })
-            }),
-            None,
-        ),
+            });
+            (dial, None)
+        }
     };
     let internal_conns = Arc::new(AtomicUsize::new(0));
     let counter = internal_conns.clone();
@@ -200,6 +216,7 @@ async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
         stop: Some(stop),
         release: Some(release),
         internal_conns,
+        dials,
         origin_seen: gates.seen.clone(),
     }
 }
@@ -377,26 +394,23 @@ async fn an_origin_that_dies_ends_its_streams_with_errors_not_hangs() {
 }
 
 #[tokio::test]
-async fn an_origin_goaway_sends_new_streams_to_our_server() {
+async fn an_origin_that_closes_while_idle_is_redialled() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     f.round_trip("/echo", "before", "origin").await;
+    // The origin's idle close: GOAWAY, then the connection ends.
     let _ = f.goaway.take().unwrap().send(());
-    // Once the GOAWAY is through (a request racing it may be refused), streams go to ours.
-    let deadline = tokio::time::Instant::now() + STEP;
-    loop {
-        let sent = f.client.send_request(request("/echo", "after")).await;
-        if let Ok(resp) = sent {
-            if resp.headers()["x-from"] == "internal" {
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never reached our server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::timeout(STEP, f.origin.take().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // New streams go to the origin again, over a new connection, headers intact both ways.
+    for i in 0..3 {
+        f.round_trip("/echo", &format!("after{i}"), "origin").await;
+        f.round_trip("/ours/x", &format!("ours{i}"), "internal")
+            .await;
     }
-    f.round_trip("/echo", "again", "internal").await;
+    assert_eq!(f.dials.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
@@ -444,7 +458,7 @@ async fn a_client_that_is_not_http2_gets_goaway() {
         authority: "api2.cursor.sh".into(),
         port: 443,
         host: "api2.cursor.sh".into(),
-        dial: Box::pin(std::future::pending()),
+        dial: Box::new(|| Box::pin(std::future::pending())),
         internal: Box::new(|_| Box::pin(async {})),
         passthrough: |_| true,
         stopping: Box::pin(std::future::pending()),
