@@ -984,3 +984,80 @@ async fn long_shell_command() {
         h.await.unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What the model is told (issue 20). The transport is orthogonal to these, so they run on the
+// plain HTTP door only.
+
+/// Runs `scenario` on the HTTP door, or skips like the others without the SDK.
+async fn on_http<F, Fut>(test: &str, scenario: F)
+where
+    F: FnOnce(Sdk, Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(sdk) = sdk_or_skip(test) else { return };
+    scenario(sdk, Transport::Http).await;
+}
+
+/// The names of the tools offered in the provider's `n`th request.
+fn offered_tools(provider: &FakeProvider, n: usize) -> Vec<String> {
+    provider.requests()[n].json()["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// 8. An MCP server given through the SDK's `mcpServers` option (a stdio server, whose tools
+/// the SDK sends in `RequestContext.tools`) is offered to the model, called through the SDK,
+/// and its answer reaches the model's next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_server_from_the_sdk() {
+    on_http("mcp_server_from_the_sdk", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_mcp",
+                "mcp_tools_lookup_secret_word",
+                json!({"topic": "birds"}),
+            )),
+            Reply::sse(text_reply(&["The word is pelican."], (300, 6, 0))),
+        ];
+        let h = Harness::start(sdk.clone(), transport, replies).await;
+        let server = conformance_dir().join("mcp_server.mjs");
+        let run = h
+            .client(
+                json!({
+                    "mode": "create",
+                    "prompt": "What is the secret word for birds?",
+                    "mcpServers": {"tools": {
+                        "type": "stdio",
+                        "command": sdk.node,
+                        "args": [server],
+                    }},
+                }),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        let tools = offered_tools(&h.provider, 0);
+        assert!(
+            tools.iter().any(|t| t == "mcp_tools_lookup_secret_word"),
+            "the MCP tool is offered: {tools:?}\n{}",
+            run.dump()
+        );
+        let reqs = h.provider.requests();
+        assert_eq!(reqs.len(), 2, "{}", run.dump());
+        let result = messages(&h.provider, 1)
+            .iter()
+            .find(|m| m["role"] == "tool" && m["tool_call_id"] == "call_mcp")
+            .map(content_text)
+            .unwrap_or_default();
+        assert!(
+            result.contains("The secret word for birds is pelican."),
+            "the MCP answer reaches the model: {result:?}\n{}",
+            run.dump()
+        );
+    })
+    .await;
+}

@@ -64,11 +64,14 @@ impl RunState {
             .unwrap_or(0);
         let mut tool_ctx = tools::ToolContext {
             workspace_root: workspace_root(request_context.as_ref()),
-            mcp_tools: req
-                .mcp_tools
-                .as_ref()
-                .map(|t| t.mcp_tools.clone())
-                .unwrap_or_default(),
+            mcp_tools: tools::merge_mcp_tools(&[
+                req.mcp_tools
+                    .as_ref()
+                    .map_or(&[][..], |t| t.mcp_tools.as_slice()),
+                request_context
+                    .as_ref()
+                    .map_or(&[][..], |c| c.tools.as_slice()),
+            ]),
             web_fetch: request_context
                 .as_ref()
                 .and_then(|c| c.web_fetch_enabled)
