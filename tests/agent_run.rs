@@ -752,3 +752,89 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
         .any(|u| matches!(u, Update::TurnEnded(_))));
     assert!(client.checkpoint.is_some());
 }
+
+/// Content given by blob id — the user's text, an extra-context entry, an image, and the
+/// request context parts (rules, MCP definitions) — is fetched from the client's KV and
+/// reaches the provider as if it had come inline (issue 20).
+#[tokio::test]
+async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
+    use prost::Message as _;
+    use sha2::Digest as _;
+    let provider = FakeProvider::start(vec![Reply::sse(text_sse("ok"))]).await;
+    let cfg = config(&provider.base_url(), 5);
+    let agent = Agent::new(cfg).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut put = |data: Vec<u8>| -> bytes::Bytes {
+        let id = bytes::Bytes::from(sha2::Sha256::digest(&data).to_vec());
+        client.blobs.insert(id.to_vec(), data.into());
+        id
+    };
+    let rules = pb::RequestContextRulesPart {
+        rules: vec![pb::CursorRule {
+            full_path: "/tmp/ws/AGENTS.md".into(),
+            content: "RULE FROM A PART".into(),
+            r#type: Some(pb::CursorRuleType {
+                r#type: Some(pb::cursor_rule_type::Type::Global(Default::default())),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mcps = pb::RequestContextMcpsPart {
+        tools: vec![pb::McpToolDefinition {
+            name: "kb-search".into(),
+            provider_identifier: "kb".into(),
+            tool_name: "search".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let rules_id = put(rules.encode_to_vec());
+    let mcps_id = put(mcps.encode_to_vec());
+    let text_id = put(b"TEXT BY BLOB".to_vec());
+    let entry_id = put(b"ENTRY BY BLOB".to_vec());
+    let image_id = put(b"\x89PNG\r\n\x1a\nfake-png".to_vec());
+
+    let mut req = run_request("", true);
+    let action = req.action.as_mut().unwrap();
+    action.request_context_parts = Some(pb::RequestContextPartReferences {
+        rules_blob_id: rules_id,
+        mcps_blob_id: mcps_id,
+        ..Default::default()
+    });
+    let Some(pb::conversation_action::Action::UserMessageAction(a)) = action.action.as_mut() else {
+        unreachable!()
+    };
+    let user = a.user_message.as_mut().unwrap();
+    user.text_blob_id = Some(text_id);
+    user.selected_context = Some(pb::SelectedContext {
+        extra_context_entries: vec![pb::ExtraContextEntry {
+            data_or_blob_id: Some(pb::extra_context_entry::DataOrBlobId::BlobId(entry_id)),
+        }],
+        selected_images: vec![pb::SelectedImage {
+            mime_type: "image/jpeg".into(),
+            data_or_blob_id: Some(pb::selected_image::DataOrBlobId::BlobId(image_id)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let mut run = agent.start_run(req, "req-blobs".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(client.gets, 5, "each context blob asked for once");
+
+    let body = provider.requests()[0].json();
+    let msgs = body["messages"].as_array().unwrap();
+    let system = msgs[0]["content"].as_str().unwrap_or_default();
+    assert!(system.contains("RULE FROM A PART"), "{system}");
+    let user = serde_json::to_string(msgs.last().unwrap()).unwrap();
+    assert!(user.contains("TEXT BY BLOB"), "{user}");
+    assert!(user.contains("ENTRY BY BLOB"), "{user}");
+    assert!(
+        user.contains("data:image/png;base64,"),
+        "sniffed PNG: {user}"
+    );
+    let tools = serde_json::to_string(&body["tools"]).unwrap();
+    assert!(tools.contains("mcp_kb_search"), "{tools}");
+}

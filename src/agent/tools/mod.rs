@@ -60,6 +60,9 @@ pub struct ToolContext {
     pub web_fetch: bool,
     /// `pb::AgentMode` of the user's message.
     pub mode: i32,
+    /// The request context's `admin_command_denylist`, forwarded in every shell exec as
+    /// Cursor's server does (the client enforces it).
+    pub command_denylist: Vec<String>,
 }
 
 /// The modes that change the tool list.
