@@ -838,3 +838,79 @@ async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
     let tools = serde_json::to_string(&body["tools"]).unwrap();
     assert!(tools.contains("mcp_kb_search"), "{tools}");
 }
+
+/// The system prompt is byte-identical across the turns of a conversation when its inputs are
+/// the same, and the second turn's request starts with the first turn's messages, so provider
+/// prompt caches keep hitting (issue 20 §3).
+#[tokio::test]
+async fn the_prompt_is_a_stable_prefix_across_turns() {
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("First answer.")),
+        Reply::sse(text_sse("Second answer.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let rule = |path: &str, body: &str, t: pb::cursor_rule_type::Type| pb::CursorRule {
+        full_path: path.into(),
+        content: body.into(),
+        r#type: Some(pb::CursorRuleType { r#type: Some(t) }),
+        ..Default::default()
+    };
+    let with_rules = |text: &str| {
+        let mut r = run_request(text, true);
+        let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+            r.action.as_mut().and_then(|a| a.action.as_mut())
+        else {
+            unreachable!()
+        };
+        let ctx = a.request_context.as_mut().unwrap();
+        ctx.rules = vec![
+            rule(
+                "/tmp/ws/AGENTS.md",
+                "Always rule.",
+                pb::cursor_rule_type::Type::Global(Default::default()),
+            ),
+            rule(
+                "/tmp/ws/.cursor/rules/db.mdc",
+                "Agent rule body.",
+                pb::cursor_rule_type::Type::AgentFetched(pb::CursorRuleTypeAgentFetched {
+                    description: "Databases".into(),
+                }),
+            ),
+        ];
+        ctx.git_repos = vec![pb::GitRepoInfo {
+            path: "/tmp/ws".into(),
+            branch_name: "main".into(),
+            status: "M a.rs".into(),
+            ..Default::default()
+        }];
+        r
+    };
+    let mut run = agent.start_run(with_rules("first"), "req-s1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let mut second = with_rules("second");
+    second.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(second, "req-s2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+
+    let reqs = provider.requests();
+    let first = reqs[0].json()["messages"].as_array().unwrap().clone();
+    let again = reqs[1].json()["messages"].as_array().unwrap().clone();
+    assert_eq!(first[0], again[0], "the same system prompt, byte for byte");
+    let system = first[0]["content"].as_str().unwrap();
+    assert!(system.contains("Always rule.") && system.contains("Databases"));
+    assert!(!system.contains("Agent rule body."), "{system}");
+    assert!(
+        system.contains("Git repository: /tmp/ws (branch main)"),
+        "{system}"
+    );
+    assert_eq!(
+        &again[..first.len()],
+        &first[..],
+        "turn 1 is a prefix of turn 2"
+    );
+}
