@@ -760,7 +760,11 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
 async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
     use prost::Message as _;
     use sha2::Digest as _;
-    let provider = FakeProvider::start(vec![Reply::sse(text_sse("ok"))]).await;
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("ok")),
+        Reply::sse(text_sse("ok again")),
+    ])
+    .await;
     let cfg = config(&provider.base_url(), 5);
     let agent = Agent::new(cfg).unwrap();
     let ws = tempfile::tempdir().unwrap();
@@ -819,11 +823,43 @@ async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
         }],
         ..Default::default()
     });
+    let mut second = req.clone();
     let mut run = agent.start_run(req, "req-blobs".into());
     let (_, end) = drive_with(&mut run, &mut client).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert_eq!(client.gets, 5, "each context blob asked for once");
+    check_blob_request(&provider);
 
+    // The next turn, on a restarted proxy (empty cache): the first turn is replayed with its
+    // blob-referenced content, fetched again from the client, byte for byte as it was sent.
+    second.conversation_state = client.checkpoint.clone();
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        second.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message = Some(pb::UserMessage {
+            text: "again".into(),
+            message_id: "m2".into(),
+            ..Default::default()
+        });
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let mut restarted = (*config(&provider.base_url(), 5)).clone();
+    restarted.data_dir = Some(fresh.path().to_path_buf());
+    let agent = Agent::new(Arc::new(restarted)).unwrap();
+    let mut run = agent.start_run(second, "req-blobs-2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let reqs = provider.requests();
+    let first = reqs[0].json()["messages"].as_array().unwrap().clone();
+    let again = reqs[1].json()["messages"].as_array().unwrap().clone();
+    assert_eq!(
+        &again[..first.len()],
+        &first[..],
+        "turn 1 replays as it was sent"
+    );
+}
+
+fn check_blob_request(provider: &FakeProvider) {
     let body = provider.requests()[0].json();
     let msgs = body["messages"].as_array().unwrap();
     let system = msgs[0]["content"].as_str().unwrap_or_default();

@@ -175,12 +175,6 @@ fn mcp_instructions(s: &mut String, ctx: &pb::RequestContext) {
     }
 }
 
-/// The user's message as the provider sees it, from what the message itself carries (history
-/// turns: blob-referenced content is then not at hand).
-pub fn user_message(msg: &pb::UserMessage, images_allowed: bool) -> Message {
-    user_message_with(msg, images_allowed, &Blobs::default())
-}
-
 /// The user's message as the provider sees it: the attached context first (tagged), then the
 /// text, then images; content given by blob id comes from `blobs`.
 pub fn user_message_with(msg: &pb::UserMessage, images_allowed: bool, blobs: &Blobs) -> Message {
@@ -249,7 +243,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let Message::User { parts } = user_message(&msg, true) else {
+        let Message::User { parts } = user_message_with(&msg, true, &Blobs::default()) else {
             panic!()
         };
         let UserPart::Text { text } = &parts[0] else {

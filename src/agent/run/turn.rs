@@ -219,12 +219,18 @@ impl RunState {
         }
         if !ask.is_empty() {
             debug!(blobs = ask.len(), "asking the client for context blobs");
+            let mut fresh = Vec::new();
             for (id, data) in self.fetch_blobs(&ask).await? {
                 match data {
-                    Some(d) => blobs.insert(id, d),
+                    Some(d) => {
+                        blobs.insert(id, d.clone());
+                        fresh.push(state::Blob { id, data: d });
+                    }
                     None => warn!("the client does not have a context blob; going on without it"),
                 }
             }
+            // Later turns replay this message from the cache.
+            self.run.cache.put_many(fresh).await;
         }
         Ok(blobs)
     }
