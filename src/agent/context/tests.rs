@@ -385,3 +385,102 @@ fn the_sdks_system_prompt_replaces_the_identity() {
         "tool use kept: {s}"
     );
 }
+
+#[test]
+fn pull_requests_browsers_videos_editor_state_and_blob_links() {
+    let (blobs, ids) = blobs_of(&[b"@@ -1 +1 @@ PR DIFF", b"LINKED PAGE TEXT", b"DOC BY BLOB"]);
+    let sel = pb::SelectedContext {
+        git_pr_diff_selections: vec![pb::SelectedGitPrDiffSelection {
+            pr_url: "https://github.com/o/r/pull/7".into(),
+            file_path: "src/a.rs".into(),
+            start_line: 1,
+            end_line: 9,
+            blob_id: Some(ids[0].clone()),
+            ..Default::default()
+        }],
+        selected_pull_requests: vec![pb::SelectedPullRequest {
+            number: 7,
+            url: "https://github.com/o/r/pull/7".into(),
+            title: Some("Faster parser".into()),
+            description: Some("PR DESCRIPTION".into()),
+            ..Default::default()
+        }],
+        selected_browsers: vec![pb::SelectedBrowser {
+            url: "http://localhost:3000".into(),
+            page_title: Some("App".into()),
+            ..Default::default()
+        }],
+        selected_videos: vec![pb::SelectedVideo {
+            filename: "bug.mp4".into(),
+            ..Default::default()
+        }],
+        external_links: vec![pb::SelectedExternalLink {
+            url: "https://example.com/page".into(),
+            blob_id: Some(ids[1].clone()),
+            ..Default::default()
+        }],
+        selected_documents: vec![
+            pb::SelectedDocument {
+                filename: "spec.txt".into(),
+                data_or_blob_id: Some(pb::selected_document::DataOrBlobId::BlobId(ids[2].clone())),
+                ..Default::default()
+            },
+            pb::SelectedDocument {
+                filename: "scan.pdf".into(),
+                mime_type: "application/pdf".into(),
+                data_or_blob_id: Some(pb::selected_document::DataOrBlobId::Data(
+                    Bytes::from_static(b"%PDF\xff\xfe"),
+                )),
+                ..Default::default()
+            },
+        ],
+        invocation_context: Some(pb::InvocationContext {
+            data: Some(pb::invocation_context::Data::IdeState(
+                pb::invocation_context::IdeState {
+                    visible_files: vec![pb::invocation_context::ide_state::File {
+                        path: "/w/src/lib.rs".into(),
+                        relative_path: Some("src/lib.rs".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )),
+        }),
+        code_selections: vec![pb::SelectedCodeSelection {
+            content: "fn f() {}".into(),
+            path: "/w/f.rs".into(),
+            ..Default::default()
+        }],
+        terminals: vec![pb::SelectedTerminal {
+            content: "$ cargo test".into(),
+            ..Default::default()
+        }],
+        folders: vec![pb::SelectedFolder {
+            path: "src".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut user = pb::UserMessage {
+        selected_context: Some(sel.clone()),
+        ..Default::default()
+    };
+    user.text = "go".into();
+    assert_eq!(wanted_blobs(None, Some(&user)).len(), 3);
+    let t = rendered(sel, &blobs);
+    for needle in [
+        "<pr_diff pr=\"https://github.com/o/r/pull/7\" path=\"src/a.rs\" lines=\"1-9\">\n@@ -1 +1 @@ PR DIFF",
+        "<pull_request number=\"7\" url=\"https://github.com/o/r/pull/7\" title=\"Faster parser\">\nPR DESCRIPTION",
+        "<browser_tab url=\"http://localhost:3000\" title=\"App\" />",
+        "<video name=\"bug.mp4\" />",
+        "<link url=\"https://example.com/page\" kind=\"web page\">\nLINKED PAGE TEXT",
+        "<document name=\"spec.txt\">\nDOC BY BLOB",
+        "<document name=\"scan.pdf\" type=\"application/pdf\" /> (binary",
+        "<editor_state>\nopen files: src/lib.rs",
+        "<selection path=\"/w/f.rs\">\nfn f() {}",
+        "<terminal>\n$ cargo test",
+        "<attached_folder path=\"src\" />",
+    ] {
+        assert!(t.contains(needle), "{needle:?} missing from\n{t}");
+    }
+}
