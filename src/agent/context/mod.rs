@@ -101,8 +101,16 @@ pub fn wanted_blobs(
 
 fn selected_blob_ids<'a>(sel: &'a pb::SelectedContext, ids: &mut Vec<&'a [u8]>) {
     use pb::extra_context_entry::DataOrBlobId as E;
+    use pb::invocation_context::Data as V;
     use pb::selected_document::DataOrBlobId as D;
     use pb::selected_image::DataOrBlobId as I;
+    if let Some(V::BlobId(id)) = sel
+        .invocation_context
+        .as_ref()
+        .and_then(|i| i.data.as_ref())
+    {
+        ids.push(id);
+    }
     for img in &sel.selected_images {
         match &img.data_or_blob_id {
             Some(I::BlobId(id)) => ids.push(id),

@@ -66,7 +66,7 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
         left: MAX_TURN_CHARS,
     };
     if let Some(inv) = &sel.invocation_context {
-        invocation(&mut o, inv);
+        invocation(&mut o, inv, blobs);
     }
     for f in &sel.files {
         let path = f.relative_path.as_deref().unwrap_or(&f.path);
@@ -200,8 +200,9 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
     o.text
 }
 
-fn invocation(o: &mut Out, inv: &pb::InvocationContext) {
+fn invocation(o: &mut Out, inv: &pb::InvocationContext, blobs: &Blobs) {
     use pb::invocation_context::Data;
+    use prost::Message as _;
     match &inv.data {
         Some(Data::IdeState(ide)) => {
             let files = |fs: &[pb::invocation_context::ide_state::File]| {
@@ -248,7 +249,22 @@ fn invocation(o: &mut Out, inv: &pb::InvocationContext) {
             &attr("channel", t.channel_name.as_deref().unwrap_or_default()),
             &t.thread,
         ),
-        Some(Data::BlobId(_)) | None => {}
+        Some(Data::BlobId(id)) => {
+            // The same message, sent by reference; one level only (a reference to a reference
+            // is not followed).
+            match blobs
+                .get(id)
+                .map(|b| pb::InvocationContext::decode(b.as_ref()))
+            {
+                Some(Ok(inner)) if !matches!(inner.data, Some(Data::BlobId(_))) => {
+                    invocation(o, &inner, blobs)
+                }
+                _ => o.line(
+                    "<invocation_context>(sent by reference; not available)</invocation_context>",
+                ),
+            }
+        }
+        None => {}
     }
 }
 

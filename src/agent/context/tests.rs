@@ -484,3 +484,36 @@ fn pull_requests_browsers_videos_editor_state_and_blob_links() {
         assert!(t.contains(needle), "{needle:?} missing from\n{t}");
     }
 }
+
+#[test]
+fn invocation_context_by_blob_id() {
+    let inner = pb::InvocationContext {
+        data: Some(pb::invocation_context::Data::SlackThread(
+            pb::invocation_context::SlackThread {
+                thread: "alice: the build is red".into(),
+                channel_name: Some("eng".into()),
+                ..Default::default()
+            },
+        )),
+    };
+    let (blobs, ids) = blobs_of(&[&inner.encode_to_vec()]);
+    let sel = pb::SelectedContext {
+        invocation_context: Some(pb::InvocationContext {
+            data: Some(pb::invocation_context::Data::BlobId(ids[0].clone())),
+        }),
+        ..Default::default()
+    };
+    let user = pb::UserMessage {
+        text: "fix it".into(),
+        selected_context: Some(sel.clone()),
+        ..Default::default()
+    };
+    assert_eq!(wanted_blobs(None, Some(&user)).len(), 1);
+    let t = rendered(sel.clone(), &blobs);
+    assert!(
+        t.contains("<slack_thread channel=\"eng\">\nalice: the build is red"),
+        "{t}"
+    );
+    let t = rendered(sel, &Blobs::default());
+    assert!(t.contains("not available"), "{t}");
+}
