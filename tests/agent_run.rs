@@ -978,3 +978,201 @@ async fn a_conversation_stays_on_the_target_that_served_it() {
     assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
     assert_eq!(primary.requests().len(), 2);
 }
+
+/// Content given by blob id — the user's text, an extra-context entry, an image, and the
+/// request context parts (rules, MCP definitions) — is fetched from the client's KV and
+/// reaches the provider as if it had come inline (issue 20).
+#[tokio::test]
+async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
+    use prost::Message as _;
+    use sha2::Digest as _;
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("ok")),
+        Reply::sse(text_sse("ok again")),
+    ])
+    .await;
+    let cfg = config(&provider.base_url(), 5);
+    let agent = Agent::new(cfg).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut put = |data: Vec<u8>| -> bytes::Bytes {
+        let id = bytes::Bytes::from(sha2::Sha256::digest(&data).to_vec());
+        client.blobs.insert(id.to_vec(), data.into());
+        id
+    };
+    let rules = pb::RequestContextRulesPart {
+        rules: vec![pb::CursorRule {
+            full_path: "/tmp/ws/AGENTS.md".into(),
+            content: "RULE FROM A PART".into(),
+            r#type: Some(pb::CursorRuleType {
+                r#type: Some(pb::cursor_rule_type::Type::Global(Default::default())),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mcps = pb::RequestContextMcpsPart {
+        tools: vec![pb::McpToolDefinition {
+            name: "kb-search".into(),
+            provider_identifier: "kb".into(),
+            tool_name: "search".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let rules_id = put(rules.encode_to_vec());
+    let mcps_id = put(mcps.encode_to_vec());
+    let text_id = put(b"TEXT BY BLOB".to_vec());
+    let entry_id = put(b"ENTRY BY BLOB".to_vec());
+    let image_id = put(b"\x89PNG\r\n\x1a\nfake-png".to_vec());
+
+    let mut req = run_request("", true);
+    let action = req.action.as_mut().unwrap();
+    action.request_context_parts = Some(pb::RequestContextPartReferences {
+        rules_blob_id: rules_id,
+        mcps_blob_id: mcps_id,
+        ..Default::default()
+    });
+    let Some(pb::conversation_action::Action::UserMessageAction(a)) = action.action.as_mut() else {
+        unreachable!()
+    };
+    let user = a.user_message.as_mut().unwrap();
+    user.text_blob_id = Some(text_id);
+    user.selected_context = Some(pb::SelectedContext {
+        extra_context_entries: vec![pb::ExtraContextEntry {
+            data_or_blob_id: Some(pb::extra_context_entry::DataOrBlobId::BlobId(entry_id)),
+        }],
+        selected_images: vec![pb::SelectedImage {
+            mime_type: "image/jpeg".into(),
+            data_or_blob_id: Some(pb::selected_image::DataOrBlobId::BlobId(image_id)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let mut second = req.clone();
+    let mut run = agent.start_run(req, "req-blobs".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(client.gets, 5, "each context blob asked for once");
+    check_blob_request(&provider);
+
+    // The next turn, on a restarted proxy (empty cache): the first turn is replayed with its
+    // blob-referenced content, fetched again from the client, byte for byte as it was sent.
+    second.conversation_state = client.checkpoint.clone();
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        second.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message = Some(pb::UserMessage {
+            text: "again".into(),
+            message_id: "m2".into(),
+            ..Default::default()
+        });
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let mut restarted = (*config(&provider.base_url(), 5)).clone();
+    restarted.data_dir = Some(fresh.path().to_path_buf());
+    let agent = Agent::new(Arc::new(restarted)).unwrap();
+    let mut run = agent.start_run(second, "req-blobs-2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let reqs = provider.requests();
+    let first = reqs[0].json()["messages"].as_array().unwrap().clone();
+    let again = reqs[1].json()["messages"].as_array().unwrap().clone();
+    assert_eq!(
+        &again[..first.len()],
+        &first[..],
+        "turn 1 replays as it was sent"
+    );
+}
+
+fn check_blob_request(provider: &FakeProvider) {
+    let body = provider.requests()[0].json();
+    let msgs = body["messages"].as_array().unwrap();
+    let system = msgs[0]["content"].as_str().unwrap_or_default();
+    assert!(system.contains("RULE FROM A PART"), "{system}");
+    let user = serde_json::to_string(msgs.last().unwrap()).unwrap();
+    assert!(user.contains("TEXT BY BLOB"), "{user}");
+    assert!(user.contains("ENTRY BY BLOB"), "{user}");
+    assert!(
+        user.contains("data:image/png;base64,"),
+        "sniffed PNG: {user}"
+    );
+    let tools = serde_json::to_string(&body["tools"]).unwrap();
+    assert!(tools.contains("mcp_kb_search"), "{tools}");
+}
+
+/// The system prompt is byte-identical across the turns of a conversation when its inputs are
+/// the same, and the second turn's request starts with the first turn's messages, so provider
+/// prompt caches keep hitting (issue 20 §3).
+#[tokio::test]
+async fn the_prompt_is_a_stable_prefix_across_turns() {
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("First answer.")),
+        Reply::sse(text_sse("Second answer.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let rule = |path: &str, body: &str, t: pb::cursor_rule_type::Type| pb::CursorRule {
+        full_path: path.into(),
+        content: body.into(),
+        r#type: Some(pb::CursorRuleType { r#type: Some(t) }),
+        ..Default::default()
+    };
+    let with_rules = |text: &str| {
+        let mut r = run_request(text, true);
+        let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+            r.action.as_mut().and_then(|a| a.action.as_mut())
+        else {
+            unreachable!()
+        };
+        let ctx = a.request_context.as_mut().unwrap();
+        ctx.rules = vec![
+            rule(
+                "/tmp/ws/AGENTS.md",
+                "Always rule.",
+                pb::cursor_rule_type::Type::Global(Default::default()),
+            ),
+            rule(
+                "/tmp/ws/.cursor/rules/db.mdc",
+                "Agent rule body.",
+                pb::cursor_rule_type::Type::AgentFetched(pb::CursorRuleTypeAgentFetched {
+                    description: "Databases".into(),
+                }),
+            ),
+        ];
+        ctx.git_repos = vec![pb::GitRepoInfo {
+            path: "/tmp/ws".into(),
+            branch_name: "main".into(),
+            status: "M a.rs".into(),
+            ..Default::default()
+        }];
+        r
+    };
+    let mut run = agent.start_run(with_rules("first"), "req-s1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let mut second = with_rules("second");
+    second.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(second, "req-s2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+
+    let reqs = provider.requests();
+    let first = reqs[0].json()["messages"].as_array().unwrap().clone();
+    let again = reqs[1].json()["messages"].as_array().unwrap().clone();
+    assert_eq!(first[0], again[0], "the same system prompt, byte for byte");
+    let system = first[0]["content"].as_str().unwrap();
+    assert!(system.contains("Always rule.") && system.contains("Databases"));
+    assert!(!system.contains("Agent rule body."), "{system}");
+    assert!(
+        system.contains("Git repository: /tmp/ws (branch main)"),
+        "{system}"
+    );
+    assert_eq!(
+        &again[..first.len()],
+        &first[..],
+        "turn 1 is a prefix of turn 2"
+    );
+}

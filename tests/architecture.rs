@@ -69,7 +69,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Inside the agent, only the transport adapters speak HTTP: the run loop, its state and the
 /// tools never touch requests, bodies or the upstream.
-const AGENT_HTTP_FREE: &[&str] = &["run", "state", "tools", "messages", "model", "prompt"];
+const AGENT_HTTP_FREE: &[&str] = &[
+    "run", "state", "tools", "messages", "model", "prompt", "context",
+];
 const HTTP_ROOMS: &[&str] = &["http", "router", "upstream", "proxy", "relay"];
 
 fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {

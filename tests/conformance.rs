@@ -984,3 +984,197 @@ async fn long_shell_command() {
         h.await.unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What the model is told (issue 20). The transport is orthogonal to these, so they run on the
+// plain HTTP door only.
+
+/// Runs `scenario` on the HTTP door, or skips like the others without the SDK.
+async fn on_http<F, Fut>(test: &str, scenario: F)
+where
+    F: FnOnce(Sdk, Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(sdk) = sdk_or_skip(test) else { return };
+    scenario(sdk, Transport::Http).await;
+}
+
+/// The names of the tools offered in the provider's `n`th request.
+fn offered_tools(provider: &FakeProvider, n: usize) -> Vec<String> {
+    provider.requests()[n].json()["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// 8. An MCP server given through the SDK's `mcpServers` option (a stdio server, whose tools
+/// the SDK sends in `RequestContext.tools`) is offered to the model, called through the SDK,
+/// and its answer reaches the model's next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_server_from_the_sdk() {
+    on_http("mcp_server_from_the_sdk", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_mcp",
+                "mcp_tools_lookup_secret_word",
+                json!({"topic": "birds"}),
+            )),
+            Reply::sse(text_reply(&["The word is pelican."], (300, 6, 0))),
+        ];
+        let h = Harness::start(sdk.clone(), transport, replies).await;
+        let server = conformance_dir().join("mcp_server.mjs");
+        let run = h
+            .client(
+                json!({
+                    "mode": "create",
+                    "prompt": "What is the secret word for birds?",
+                    "mcpServers": {"tools": {
+                        "type": "stdio",
+                        "command": sdk.node,
+                        "args": [server],
+                    }},
+                }),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        let tools = offered_tools(&h.provider, 0);
+        assert!(
+            tools.iter().any(|t| t == "mcp_tools_lookup_secret_word"),
+            "the MCP tool is offered: {tools:?}\n{}",
+            run.dump()
+        );
+        let reqs = h.provider.requests();
+        assert_eq!(reqs.len(), 2, "{}", run.dump());
+        let result = messages(&h.provider, 1)
+            .iter()
+            .find(|m| m["role"] == "tool" && m["tool_call_id"] == "call_mcp")
+            .map(content_text)
+            .unwrap_or_default();
+        assert!(
+            result.contains("The secret word for birds is pelican."),
+            "the MCP answer reaches the model: {result:?}\n{}",
+            run.dump()
+        );
+    })
+    .await;
+}
+
+/// The system prompt of the provider's `n`th request.
+fn system_of(provider: &FakeProvider, n: usize) -> String {
+    messages(provider, n)
+        .iter()
+        .find(|m| m["role"] == "system")
+        .map(content_text)
+        .unwrap_or_default()
+}
+
+/// A workspace with a rule of each type, `AGENTS.md` and a skill.
+fn write_rules_workspace(root: &Path) {
+    let files = [
+        (
+            ".cursor/rules/always.mdc",
+            "---\nalwaysApply: true\n---\nALWAYS-RULE-BODY: answer in English.\n",
+        ),
+        (
+            ".cursor/rules/python.mdc",
+            "---\nglobs: \"*.py\"\nalwaysApply: false\n---\nGLOB-RULE-BODY: use type hints.\n",
+        ),
+        (
+            ".cursor/rules/migrations.mdc",
+            "---\ndescription: How to write database migrations\nalwaysApply: false\n---\nAGENT-RULE-BODY\n",
+        ),
+        (
+            ".cursor/rules/manual.mdc",
+            "---\nalwaysApply: false\n---\nMANUAL-RULE-BODY\n",
+        ),
+        ("AGENTS.md", "AGENTS-MD-BODY: run the tests before finishing.\n"),
+        (
+            ".cursor/skills/deploy-app/SKILL.md",
+            "---\nname: deploy-app\ndescription: Deploys the app to staging\n---\nSKILL-BODY-STEPS\n",
+        ),
+        ("main.py", "print('hello')\n"),
+    ];
+    for (path, text) in files {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+}
+
+/// 9. Rules keep their type through Cursor's SDK (`settingSources: ["project"]`): the
+/// always-apply rule and `AGENTS.md` are in the system prompt, the agent-requested rule by its
+/// description only, neither the manual nor the glob rule's body, the skill by name and
+/// description only; the SDK's `systemPrompt` is there too. A second run that reads `main.py`
+/// brings the glob rule in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_and_skills_from_the_sdk() {
+    on_http(
+        "rules_and_skills_from_the_sdk",
+        |sdk, transport| async move {
+            let replies = vec![
+                Reply::sse(text_reply(&["Hi."], (100, 2, 0))),
+                Reply::sse(tool_reply(
+                    "call_read",
+                    "read_file",
+                    json!({"path": "main.py"}),
+                )),
+                Reply::sse(text_reply(&["It prints hello."], (200, 4, 0))),
+            ];
+            let h = Harness::start(sdk, transport, replies).await;
+            write_rules_workspace(h.workspace.path());
+            let opts = |prompt: &str| {
+                json!({
+                    "mode": "create",
+                    "prompt": prompt,
+                    "settingSources": ["project"],
+                    "systemPrompt": "You are the conformance bot.",
+                })
+            };
+            let run = h.client(opts("Hello."), TIMEOUT).await;
+            run.assert_finished();
+            let s = system_of(&h.provider, 0);
+            for needle in [
+                "ALWAYS-RULE-BODY",
+                "AGENTS-MD-BODY",
+                "How to write database migrations",
+                "deploy-app",
+                "Deploys the app to staging",
+                "You are the conformance bot.",
+            ] {
+                assert!(
+                    s.contains(needle),
+                    "{needle} missing from the system prompt:\n{s}"
+                );
+            }
+            for absent in [
+                "AGENT-RULE-BODY",
+                "MANUAL-RULE-BODY",
+                "GLOB-RULE-BODY",
+                "SKILL-BODY-STEPS",
+                "alwaysApply",
+                // `systemPrompt` replaces our identity (the tool-use instructions stay).
+                "inside the Cursor editor",
+            ] {
+                assert!(
+                    !s.contains(absent),
+                    "{absent} must not be in the system prompt:\n{s}"
+                );
+            }
+
+            let run = h.client(opts("What does main.py do?"), TIMEOUT).await;
+            run.assert_finished();
+            assert_eq!(h.provider.requests().len(), 3, "{}", run.dump());
+            assert!(!system_of(&h.provider, 1).contains("GLOB-RULE-BODY"));
+            let after_read = system_of(&h.provider, 2);
+            assert!(
+                after_read.contains("GLOB-RULE-BODY"),
+                "reading main.py brings the *.py rule in:\n{after_read}"
+            );
+            assert!(!after_read.contains("MANUAL-RULE-BODY"));
+        },
+    )
+    .await;
+}

@@ -102,6 +102,7 @@ fn all_tools() -> Vec<ToolSpec> {
         mcp_tools: mcp_defs(),
         web_fetch: true,
         mode: pb::AgentMode::Agent as i32,
+        command_denylist: Vec::new(),
     };
     let mut tools = catalog(&ctx);
     assert!(tools.len() > 15, "catalogue too small: {}", tools.len());

@@ -3,21 +3,50 @@
 
 use std::fmt::Write;
 
-use base64::Engine;
-
+use crate::agent::context::{self, rules, selected, Blobs};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{Message, UserPart};
 
-/// Rules larger than this are cut, so one huge rule file cannot crowd out the conversation.
-const MAX_RULE_CHARS: usize = 20_000;
+/// Who the model is; `custom_system_prompt` (the SDK's `systemPrompt`, documented there as
+/// replacing the harness prompt) or `system_prompt_spec.replace` replaces this.
+const IDENTITY: &str = "You are a coding agent working inside the Cursor editor on the user's \
+     workspace. Prefer small, verifiable steps and answer concisely in Markdown.\n";
 
-pub fn system_prompt(ctx: Option<&pb::RequestContext>, custom: Option<&str>, mode: i32) -> String {
-    let mut s = String::from(
-        "You are a coding agent working inside the Cursor editor on the user's workspace. \
-         Use the tools to read, search and change files and to run commands; they run on the \
-         user's machine. Prefer small, verifiable steps, read a file before editing it, and \
-         answer concisely in Markdown. Refer to files by their workspace paths.\n",
-    );
+/// What the loop needs the model to know about its tools; kept whatever the client replaces.
+const TOOL_USE: &str = "Use the tools to read, search and change files and to run commands; \
+     they run on the user's machine. Read a file before editing it, and refer to files by their \
+     workspace paths.\n";
+
+/// What the system prompt is built from. The same inputs give the same bytes, so provider
+/// prompt caches keep hitting across the turns of a conversation; the part that can change
+/// within a conversation (file-globbed rules coming into play) comes last.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PromptInputs<'a> {
+    pub ctx: Option<&'a pb::RequestContext>,
+    /// `run_request.custom_system_prompt`: replaces our identity, as Cursor's SDK documents.
+    pub custom: Option<&'a str>,
+    /// `run_request.system_prompt_spec`, else the request context's `system_prompt_override`.
+    pub spec: Option<&'a pb::SystemPromptSpec>,
+    pub mode: i32,
+    /// Workspace-relative paths attached, read or edited so far (see
+    /// [`context::touched_paths`]): they bring file-globbed rules in.
+    pub touched: &'a [String],
+}
+
+pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
+    use pb::system_prompt_spec::Spec;
+    let spec = inputs
+        .spec
+        .or_else(|| inputs.ctx.and_then(|c| c.system_prompt_override.as_ref()))
+        .and_then(|s| s.spec.as_ref());
+    let custom = inputs.custom.map(str::trim).filter(|c| !c.is_empty());
+    let mut s = match (spec, custom) {
+        (Some(Spec::Replace(text)), _) if !text.trim().is_empty() => format!("{}\n", text.trim()),
+        (_, Some(custom)) => format!("{custom}\n"),
+        _ => IDENTITY.to_string(),
+    };
+    s.push_str(TOOL_USE);
+    let mode = inputs.mode;
     if mode == pb::AgentMode::Ask as i32 {
         s.push_str("The user is in Ask mode: answer and explain; do not change files.\n");
     } else if mode == pb::AgentMode::Plan as i32 {
@@ -25,114 +54,141 @@ pub fn system_prompt(ctx: Option<&pb::RequestContext>, custom: Option<&str>, mod
             "The user is in Plan mode: investigate and propose a plan before changing anything.\n",
         );
     }
-    if let Some(env) = ctx.and_then(|c| c.env.as_ref()) {
-        s.push_str("\n<environment>\n");
-        if !env.os_version.is_empty() {
-            let _ = writeln!(s, "OS: {}", env.os_version);
-        }
-        if !env.shell.is_empty() {
-            let _ = writeln!(s, "Shell: {}", env.shell);
-        }
-        for path in &env.workspace_paths {
-            let _ = writeln!(s, "Workspace: {path}");
-        }
-        if let Some(cwd) = env
-            .process_working_directory
+    if let Some(ctx) = inputs.ctx {
+        workspace(&mut s, ctx);
+        rules::write_static(&mut s, ctx);
+        rules::write_skills(&mut s, &rules::skills(ctx));
+        subagents(&mut s, ctx);
+        mcp_instructions(&mut s, ctx);
+        if let Some(h) = ctx
+            .hooks_additional_context
             .as_deref()
-            .filter(|c| !c.is_empty())
+            .filter(|h| !h.trim().is_empty())
         {
-            let _ = writeln!(s, "Working directory: {cwd}");
+            let _ = writeln!(s, "\n<hooks_context>\n{}\n</hooks_context>", h.trim());
         }
-        if !env.time_zone.is_empty() {
-            let _ = writeln!(s, "Time zone: {}", env.time_zone);
-        }
-        s.push_str("</environment>\n");
     }
-    if let Some(ctx) = ctx {
-        let rules: Vec<&pb::CursorRule> = ctx
-            .rules
-            .iter()
-            .filter(|r| !r.content.trim().is_empty())
-            .collect();
-        if !rules.is_empty() {
-            s.push_str("\n<rules>\nFollow these rules from the user and the project:\n");
-            for r in rules {
-                let content: String = r.content.chars().take(MAX_RULE_CHARS).collect();
-                let _ = writeln!(
-                    s,
-                    "<rule path=\"{}\">\n{}\n</rule>",
-                    r.full_path,
-                    content.trim()
-                );
-            }
+    if let Some(Spec::Append(text)) = spec {
+        if !text.trim().is_empty() {
+            let _ = write!(s, "\n{}\n", text.trim());
+        }
+    }
+    if let Some(ctx) = inputs.ctx {
+        let globbed = rules::globbed_for(ctx, inputs.touched);
+        if !globbed.is_empty() {
+            s.push_str("\n<rules>\nRules for the files in play:\n");
+            rules::write_bodies(&mut s, globbed.into_iter());
             s.push_str("</rules>\n");
         }
-    }
-    if let Some(custom) = custom.filter(|c| !c.trim().is_empty()) {
-        let _ = write!(s, "\n{}\n", custom.trim());
     }
     s
 }
 
-/// The user's message as the provider sees it: attached files, selections and terminals first,
-/// then the text, then images.
-pub fn user_message(msg: &pb::UserMessage, images_allowed: bool) -> Message {
+/// Where the model works: OS, shell, folders, time zone, git state and project layout.
+fn workspace(s: &mut String, ctx: &pb::RequestContext) {
+    let mut w = String::new();
+    if let Some(env) = &ctx.env {
+        let mut line = |label: &str, v: &str| {
+            if !v.is_empty() {
+                let _ = writeln!(w, "{label}: {v}");
+            }
+        };
+        line("OS", &env.os_version);
+        line("Shell", &env.shell);
+        for path in &env.workspace_paths {
+            line("Workspace", path);
+        }
+        line(
+            "Working directory",
+            env.process_working_directory.as_deref().unwrap_or_default(),
+        );
+        line("Time zone", &env.time_zone);
+        line("Terminal output files", &env.terminals_folder);
+    }
+    for repo in &ctx.git_repos {
+        let branch = if repo.branch_name.is_empty() {
+            String::new()
+        } else {
+            format!(" (branch {})", repo.branch_name)
+        };
+        let _ = writeln!(w, "Git repository: {}{branch}", repo.path);
+        let status = repo.status.trim();
+        if !status.is_empty() {
+            let _ = writeln!(w, "{}", context::cap(status, 4_000));
+        }
+    }
+    for layout in &ctx.project_layouts {
+        let mut tree = String::new();
+        layout_lines(&mut tree, layout, 0);
+        let _ = write!(w, "Project layout:\n{}", context::cap(&tree, 6_000));
+        if !w.ends_with('\n') {
+            w.push('\n');
+        }
+    }
+    if !w.is_empty() {
+        let _ = write!(s, "\n<environment>\n{w}</environment>\n");
+    }
+}
+
+/// A directory tree, two levels deep, files named, the rest counted.
+fn layout_lines(out: &mut String, node: &pb::LsDirectoryTreeNode, depth: usize) {
+    let indent = "  ".repeat(depth);
+    let _ = writeln!(out, "{indent}{}/", node.abs_path);
+    if depth >= 2 {
+        return;
+    }
+    for child in &node.children_dirs {
+        layout_lines(out, child, depth + 1);
+    }
+    for f in &node.children_files {
+        let _ = writeln!(out, "{indent}  {}", f.name);
+    }
+}
+
+fn subagents(s: &mut String, ctx: &pb::RequestContext) {
+    if ctx.custom_subagents.is_empty() {
+        return;
+    }
+    s.push_str("\n<subagents>\nCustom subagents defined for this workspace:\n");
+    for a in &ctx.custom_subagents {
+        let _ = writeln!(s, "- {}: {}", a.name, a.description.trim());
+    }
+    s.push_str("</subagents>\n");
+}
+
+fn mcp_instructions(s: &mut String, ctx: &pb::RequestContext) {
+    for m in ctx
+        .mcp_instructions
+        .iter()
+        .filter(|m| !m.instructions.trim().is_empty())
+    {
+        let name = if m.server_name.is_empty() {
+            &m.server_identifier
+        } else {
+            &m.server_name
+        };
+        let _ = writeln!(
+            s,
+            "\n<mcp_server_instructions server=\"{name}\">\n{}\n</mcp_server_instructions>",
+            context::cap(m.instructions.trim(), 10_000)
+        );
+    }
+}
+
+/// The user's message as the provider sees it: the attached context first (tagged), then the
+/// text, then images; content given by blob id comes from `blobs`.
+pub fn user_message_with(msg: &pb::UserMessage, images_allowed: bool, blobs: &Blobs) -> Message {
     let mut text = String::new();
+    let mut images = Vec::new();
     if let Some(sel) = &msg.selected_context {
-        for f in &sel.files {
-            let path = f.relative_path.as_deref().unwrap_or(&f.path);
-            let _ = writeln!(
-                text,
-                "<attached_file path=\"{path}\">\n{}\n</attached_file>",
-                f.content
-            );
-        }
-        for c in &sel.code_selections {
-            let path = c.relative_path.as_deref().unwrap_or(&c.path);
-            let _ = writeln!(
-                text,
-                "<selection path=\"{path}\">\n{}\n</selection>",
-                c.content
-            );
-        }
-        for t in &sel.terminals {
-            let _ = writeln!(text, "<terminal>\n{}\n</terminal>", t.content);
-        }
-        for folder in &sel.folders {
-            let _ = writeln!(text, "<attached_folder path=\"{}\" />", folder.path);
-        }
-        for extra in &sel.extra_context {
-            let _ = writeln!(text, "<context>\n{extra}\n</context>");
-        }
-        for entry in &sel.extra_context_entries {
-            if let Some(pb::extra_context_entry::DataOrBlobId::Data(d)) = &entry.data_or_blob_id {
-                let _ = writeln!(text, "<context>\n{d}\n</context>");
-            }
-        }
+        text = selected::render(sel, blobs);
+        let (parts, notes) = selected::images(sel, blobs, images_allowed);
+        text.push_str(&notes);
+        images = parts;
     }
-    text.push_str(&msg.text);
+    text.push_str(&selected::user_text(msg, blobs));
     let mut parts = vec![UserPart::Text { text }];
-    if images_allowed {
-        for img in msg.selected_context.iter().flat_map(|s| &s.selected_images) {
-            use pb::selected_image::DataOrBlobId;
-            let data = match &img.data_or_blob_id {
-                Some(DataOrBlobId::Data(d)) => d,
-                Some(DataOrBlobId::BlobIdWithData(b)) => &b.data,
-                _ => continue,
-            };
-            if data.is_empty() {
-                continue;
-            }
-            parts.push(UserPart::Image {
-                mime_type: if img.mime_type.is_empty() {
-                    "image/png".into()
-                } else {
-                    img.mime_type.clone()
-                },
-                data: base64::engine::general_purpose::STANDARD.encode(data),
-            });
-        }
-    }
+    parts.extend(images);
     Message::User { parts }
 }
 
@@ -156,7 +212,12 @@ mod tests {
             }],
             ..Default::default()
         };
-        let s = system_prompt(Some(&ctx), Some("Be brief."), pb::AgentMode::Agent as i32);
+        let s = system_prompt(&PromptInputs {
+            ctx: Some(&ctx),
+            custom: Some("Be brief."),
+            mode: pb::AgentMode::Agent as i32,
+            ..Default::default()
+        });
         for needle in [
             "linux 6.1",
             "bash",
@@ -182,7 +243,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let Message::User { parts } = user_message(&msg, true) else {
+        let Message::User { parts } = user_message_with(&msg, true, &Blobs::default()) else {
             panic!()
         };
         let UserPart::Text { text } = &parts[0] else {

@@ -12,6 +12,9 @@
 //   cancelOn    optional: "text-delta" cancels the run at its first text delta
 //   hosts       names resolved to 127.0.0.1 (everything else fails to resolve)
 //   retries     optional: true turns the SDK's agent retries on (default off, so failures show)
+//   settingSources optional: the SDK's `local.settingSources` (default [], no workspace rules)
+//   mcpServers  optional: the SDK's `mcpServers` option (e.g. a stdio server)
+//   systemPrompt optional: the SDK's `systemPrompt` option
 //
 // The SDK reads CURSOR_BACKEND_URL when it is imported, so the environment (backend URL,
 // NODE_EXTRA_CA_CERTS, HOME, CURSOR_SDK_LOCAL_MODEL_CATALOG_JSON) comes from the caller. Real host
@@ -211,9 +214,11 @@ async function main() {
       cwd: process.cwd(),
       store,
       enableAgentRetries: opts.retries === true,
-      settingSources: [],
+      settingSources: opts.settingSources ?? [],
     },
   };
+  if (opts.mcpServers) agentOptions.mcpServers = opts.mcpServers;
+  if (opts.systemPrompt) agentOptions.systemPrompt = opts.systemPrompt;
   const agent =
     opts.mode === "resume"
       ? await Agent.resume(opts.agentId, agentOptions)

@@ -8,7 +8,7 @@ use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
 };
-use crate::agent::{prompt, tools};
+use crate::agent::{context, prompt, tools};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, ProviderRequest};
 
@@ -52,6 +52,9 @@ impl RunState {
             Some(ctx) => Some(ctx),
             None => self.fetch_request_context().await?,
         };
+        let parts = context::parts(&req);
+        let blobs = self.context_blobs(&req, input.user.as_ref()).await?;
+        let request_context = context::merge_parts(request_context, parts, &blobs);
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
@@ -64,16 +67,23 @@ impl RunState {
             .unwrap_or(0);
         let mut tool_ctx = tools::ToolContext {
             workspace_root: workspace_root(request_context.as_ref()),
-            mcp_tools: req
-                .mcp_tools
-                .as_ref()
-                .map(|t| t.mcp_tools.clone())
-                .unwrap_or_default(),
+            mcp_tools: tools::merge_mcp_tools(&[
+                req.mcp_tools
+                    .as_ref()
+                    .map_or(&[][..], |t| t.mcp_tools.as_slice()),
+                request_context
+                    .as_ref()
+                    .map_or(&[][..], |c| c.tools.as_slice()),
+            ]),
             web_fetch: request_context
                 .as_ref()
                 .and_then(|c| c.web_fetch_enabled)
                 .unwrap_or(false),
             mode,
+            command_denylist: request_context
+                .as_ref()
+                .map(|c| c.admin_command_denylist.clone())
+                .unwrap_or_default(),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone().unwrap_or_else(|| pb::UserMessage {
@@ -81,7 +91,7 @@ impl RunState {
             ..Default::default()
         });
         let mut messages = std::mem::take(&mut history.messages);
-        messages.push(prompt::user_message(&user, images));
+        messages.push(prompt::user_message_with(&user, images, &blobs));
 
         let mut todos = history.todos.clone();
         let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
@@ -94,11 +104,14 @@ impl RunState {
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
         loop {
-            let system = prompt::system_prompt(
-                request_context.as_ref(),
-                req.custom_system_prompt.as_deref(),
-                tool_ctx.mode,
-            );
+            let touched = context::touched_paths(&messages, tool_ctx.workspace_root.as_deref());
+            let system = prompt::system_prompt(&prompt::PromptInputs {
+                ctx: request_context.as_ref(),
+                custom: req.custom_system_prompt.as_deref(),
+                spec: req.system_prompt_spec.as_ref(),
+                mode: tool_ctx.mode,
+                touched: &touched,
+            });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
                 system,
@@ -180,6 +193,46 @@ impl RunState {
         )
         .await?;
         self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// The blobs the turn's context refers to (request context parts, the user's content given
+    /// by blob id): pre-fetched ones, the local cache, then the client.
+    async fn context_blobs(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        user: Option<&pb::UserMessage>,
+    ) -> Result<context::Blobs, RunError> {
+        let mut blobs = context::Blobs::pre_fetched(req);
+        let wanted: Vec<state::BlobId> = context::wanted_blobs(context::parts(req), user)
+            .into_iter()
+            .filter(|id| !blobs.has(id))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(blobs);
+        }
+        let mut ask = Vec::new();
+        for (id, data) in self.run.cache.get_many(wanted).await {
+            match data {
+                Some(d) => blobs.insert(id, d),
+                None => ask.push(id),
+            }
+        }
+        if !ask.is_empty() {
+            debug!(blobs = ask.len(), "asking the client for context blobs");
+            let mut fresh = Vec::new();
+            for (id, data) in self.fetch_blobs(&ask).await? {
+                match data {
+                    Some(d) => {
+                        blobs.insert(id, d.clone());
+                        fresh.push(state::Blob { id, data: d });
+                    }
+                    None => warn!("the client does not have a context blob; going on without it"),
+                }
+            }
+            // Later turns replay this message from the cache.
+            self.run.cache.put_many(fresh).await;
+        }
+        Ok(blobs)
     }
 
     /// The conversation so far, from the checkpoint's turn blobs: the local cache first, the

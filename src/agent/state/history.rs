@@ -244,6 +244,39 @@ impl HistoryBuilder {
                 }
             }
         }
+        for c in self.context_ids() {
+            if !self.child_known(&c) {
+                push(c, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The user message of an agent turn, once its blob is here.
+    fn user_of(&self, kind: &TurnKind) -> Option<pb::UserMessage> {
+        let TurnKind::Agent { user: Some(u), .. } = kind else {
+            return None;
+        };
+        let data = self.blobs.get(u)?;
+        pb::UserMessage::decode(data.as_ref()).ok()
+    }
+
+    /// Blobs the live turns' user messages refer to (text, images, entries given by blob id):
+    /// replayed turns then read as they did when they were new.
+    fn context_ids(&self) -> Vec<BlobId> {
+        self.live_turns()
+            .filter_map(|(_, slot)| self.user_of(&slot.kind))
+            .flat_map(|u| crate::agent::context::wanted_blobs(None, Some(&u)))
+            .collect()
+    }
+
+    fn context_blobs(&self, user: &pb::UserMessage) -> crate::agent::context::Blobs {
+        let mut out = crate::agent::context::Blobs::default();
+        for id in crate::agent::context::wanted_blobs(None, Some(user)) {
+            if let Some(d) = self.blobs.get(&id) {
+                out.insert(id, d.clone());
+            }
+        }
         out
     }
 
@@ -276,9 +309,10 @@ impl HistoryBuilder {
             }
         }
         let wanted = !self.blobs.contains_key(&id)
-            && self
+            && (self
                 .live_turns()
-                .any(|(_, s)| s.kind.children().contains(&id));
+                .any(|(_, s)| s.kind.children().contains(&id))
+                || self.context_ids().contains(&id));
         if wanted {
             self.blob_bytes += data.len() as u64;
             self.blobs.insert(id, data);
@@ -441,9 +475,10 @@ impl HistoryBuilder {
             );
             return false;
         };
-        out.push(crate::agent::prompt::user_message(
+        out.push(crate::agent::prompt::user_message_with(
             &user_msg,
             self.opts.images_allowed,
+            &self.context_blobs(&user_msg),
         ));
 
         // One model call: its parts, then the results of its tool calls. A text or thinking step

@@ -1,5 +1,6 @@
-//! MCP tools from `run_request.mcp_tools`, offered as `mcp_<provider>_<tool>` and run through
-//! `mcp_args` with the arguments as `google.protobuf.Value`s.
+//! MCP tools from `run_request.mcp_tools` and the request context's `tools` (where Cursor's SDK
+//! puts them), offered as `mcp_<provider>_<tool>` and run through `mcp_args` with the arguments
+//! as `google.protobuf.Value`s and the definition's server identifier.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -41,6 +42,21 @@ fn tool_part(def: &pb::McpToolDefinition) -> &str {
     } else {
         &def.tool_name
     }
+}
+
+/// The MCP tools of a run: `run_request.mcp_tools` first, then the request context's `tools`
+/// that name a (server, tool) pair not seen yet. Both lists describe the same servers when a
+/// client fills both, so the first definition of a pair wins.
+pub fn merge_definitions(lists: &[&[pb::McpToolDefinition]]) -> Vec<pb::McpToolDefinition> {
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut out = Vec::new();
+    for def in lists.iter().flat_map(|l| l.iter()) {
+        let key = (def.provider_identifier.clone(), tool_part(def).to_string());
+        if seen.insert(key) {
+            out.push(def.clone());
+        }
+    }
+    out
 }
 
 /// Our name for an MCP tool before de-duplication.
@@ -397,6 +413,30 @@ mod tests {
             tool_name: tool.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn both_lists_are_offered_once() {
+        let run = vec![def("github", "create_issue")];
+        let ctx = vec![
+            def("github", "create_issue"),
+            pb::McpToolDefinition {
+                name: "tools-lookup_secret_word".into(),
+                provider_identifier: "tools".into(),
+                tool_name: "lookup_secret_word".into(),
+                ..Default::default()
+            },
+        ];
+        let merged = merge_definitions(&[&run, &ctx]);
+        let names: Vec<String> = named(&merged).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["mcp_github_create_issue", "mcp_tools_lookup_secret_word"]
+        );
+        let args = args_for(&merged[1], HashMap::new(), "c1");
+        assert_eq!(args.provider_identifier, "tools");
+        assert_eq!(args.tool_name, "lookup_secret_word");
+        assert_eq!(args.name, "tools-lookup_secret_word");
     }
 
     #[test]

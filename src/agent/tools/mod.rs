@@ -43,6 +43,7 @@ use pb::tool_call::Tool;
 
 pub use edit::{EditSpec, EditWrite};
 pub use history::history_from_tool_call;
+pub use mcp::merge_definitions as merge_mcp_tools;
 pub use shell::{result_is_final, shell_delta};
 
 type ExecArgs = pb::exec_server_message::Message;
@@ -53,12 +54,15 @@ type ExecResult = pb::exec_client_message::Message;
 pub struct ToolContext {
     /// Relative paths resolve against it: the first workspace path, else the working directory.
     pub workspace_root: Option<String>,
-    /// `run_request.mcp_tools`.
+    /// `run_request.mcp_tools` and the request context's `tools`, merged.
     pub mcp_tools: Vec<pb::McpToolDefinition>,
     /// The client answers `fetch_args`.
     pub web_fetch: bool,
     /// `pb::AgentMode` of the user's message.
     pub mode: i32,
+    /// The request context's `admin_command_denylist`, forwarded in every shell exec as
+    /// Cursor's server does (the client enforces it).
+    pub command_denylist: Vec<String>,
 }
 
 /// The modes that change the tool list.

@@ -61,6 +61,7 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         close_stdin: true,
         description: description.clone(),
         command,
+        admin_command_denylist: ctx.command_denylist.clone(),
         ..Default::default()
     };
     Ok(ToolPlan::Exec {

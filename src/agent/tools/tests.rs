@@ -22,6 +22,7 @@ fn ctx() -> ToolContext {
         }],
         web_fetch: true,
         mode: pb::AgentMode::Agent as i32,
+        command_denylist: vec!["rm -rf".into()],
     }
 }
 
@@ -134,6 +135,7 @@ fn every_tool_plans_to_its_exec_or_interaction() {
                 );
                 assert!(a.close_stdin && a.parsing_result.is_some());
                 assert_eq!(a.simple_commands, vec!["ls"]);
+                assert_eq!(a.admin_command_denylist, ["rm -rf"], "forwarded");
                 assert_eq!(p.access(), Access::Exclusive);
             }
             ("read_lints", Exec::DiagnosticsArgs(a)) => assert_eq!(a.path, "/w/a.rs"),
