@@ -31,7 +31,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::secret::Secret;
 pub use decode::{decode_all, StreamDecoder};
 pub use error::{ProviderError, ProviderErrorKind};
-use machine::DecodeCtx;
+pub(crate) use machine::DecodeCtx;
 pub use types::*;
 
 /// Which wire API a provider speaks.

@@ -184,4 +184,47 @@ mod tests {
         assert!(results[2].1.contains("partial output"), "{}", results[2].1);
         assert!(matches!(messages.last(), Some(Message::ToolResult { .. })));
     }
+
+    /// After closing, every provider kind's request pairs each tool call with a result.
+    #[test]
+    fn closed_history_is_well_formed_for_every_provider_kind() {
+        use crate::provider::DecodeCtx;
+        use crate::provider::{ProviderKind, ProviderRequest};
+        let mut messages = vec![
+            Message::user_text("go"),
+            Message::Assistant {
+                parts: vec![call("x1")],
+            },
+            Message::user_text("next"),
+        ];
+        close_pending(&mut messages, &[]);
+        let req = ProviderRequest {
+            model: "m".into(),
+            system: String::new(),
+            messages,
+            tools: Vec::new(),
+            options: Default::default(),
+        };
+        let ctx = |kind| DecodeCtx {
+            kind,
+            origin: "o".into(),
+            name: "n".into(),
+        };
+        let chat =
+            crate::provider::openai_chat::build_body(&req, &ctx(ProviderKind::OpenAiChat), false)
+                .to_string();
+        assert!(chat.contains(r#""tool_call_id":"x1""#), "{chat}");
+        let anthropic =
+            crate::provider::anthropic::build_body(&req, &ctx(ProviderKind::Anthropic)).to_string();
+        assert!(anthropic.contains(r#""tool_use_id":"x1""#), "{anthropic}");
+        let responses = crate::provider::openai_responses::build_body(
+            &req,
+            &ctx(ProviderKind::OpenAiResponses),
+        )
+        .to_string();
+        assert!(
+            responses.contains("function_call_output") && responses.contains(r#""call_id":"x1""#),
+            "{responses}"
+        );
+    }
 }
