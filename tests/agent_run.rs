@@ -1184,6 +1184,20 @@ async fn a_cancel_with_a_pending_tool_call_stores_the_turn_closed_with_the_resol
         .contains("half-way output"));
 }
 
+/// One run of `req` to a clean end; the text of the provider's `n`-th request.
+async fn ask(
+    agent: &Agent,
+    client: &mut FakeCursor,
+    provider: &FakeProvider,
+    req: pb::AgentRunRequest,
+    n: usize,
+) -> String {
+    let mut run = agent.start_run(req, format!("req-ask-{n}"));
+    let (_, end) = drive_with(&mut run, client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    request_text(provider, n)
+}
+
 #[tokio::test]
 async fn system_originated_actions_reach_the_model_marked_as_such() {
     use pb::conversation_action::Action;
@@ -1197,7 +1211,6 @@ async fn system_originated_actions_reach_the_model_marked_as_such() {
     let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut client = FakeCursor::new(ws.path());
-    let run_one = |req: pb::AgentRunRequest, id: &str| agent.start_run(req, id.into());
 
     // Goal continuation names the open todos.
     let todo = pb::TodoItem {
@@ -1216,10 +1229,7 @@ async fn system_originated_actions_reach_the_model_marked_as_such() {
         todos: vec![id.to_vec().into()],
         ..Default::default()
     });
-    let mut run = run_one(req, "req-g1");
-    let (_, end) = drive_with(&mut run, &mut client).await;
-    assert!(end.error.is_none(), "{:?}", end.error);
-    let text = request_text(&provider, 0);
+    let text = ask(&agent, &mut client, &provider, req, 0).await;
     assert!(
         text.contains("wire the cache") && text.contains("goal continuation"),
         "{text}"
@@ -1235,10 +1245,7 @@ async fn system_originated_actions_reach_the_model_marked_as_such() {
             ..Default::default()
         },
     ));
-    let mut run = run_one(req, "req-n1");
-    let (_, end) = drive_with(&mut run, &mut client).await;
-    assert!(end.error.is_none(), "{:?}", end.error);
-    let text = request_text(&provider, 1);
+    let text = ask(&agent, &mut client, &provider, req, 1).await;
     assert!(
         text.contains("CI failed on main") && text.contains("not typed by the user"),
         "{text}"
@@ -1269,10 +1276,8 @@ async fn system_originated_actions_reach_the_model_marked_as_such() {
             }),
         },
     ));
-    let mut run = run_one(req, "req-a1");
-    let (_, end) = drive_with(&mut run, &mut client).await;
-    assert!(end.error.is_none(), "{:?}", end.error);
-    assert!(request_text(&provider, 2).contains("A: teal"));
+    let text = ask(&agent, &mut client, &provider, req, 2).await;
+    assert!(text.contains("A: teal"), "{text}");
 
     // prepend_user_messages go first; a client-supplied history replaces the rebuilt one.
     let mut req = run_request("and now?", false);
@@ -1300,9 +1305,7 @@ async fn system_originated_actions_reach_the_model_marked_as_such() {
         });
     }
     req.conversation_state = client.checkpoint.clone();
-    let mut run = run_one(req, "req-p1");
-    let (_, end) = drive_with(&mut run, &mut client).await;
-    assert!(end.error.is_none(), "{:?}", end.error);
+    ask(&agent, &mut client, &provider, req, 3).await;
     let body = provider.requests()[3].json();
     let msgs = body["messages"].as_array().unwrap();
     let contents: Vec<&str> = msgs[1..]

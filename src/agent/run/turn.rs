@@ -588,16 +588,12 @@ fn client_history(h: &pb::ConversationHistory, images: bool) -> Vec<Message> {
     for m in &h.messages {
         match &m.message {
             Some(M::User(u)) => {
-                let text: Vec<&str> = u
-                    .content
-                    .iter()
-                    .filter_map(|c| match &c.content {
-                        Some(U::Text(t)) => Some(t.text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
+                let text = joined(&u.content, |c| match &c.content {
+                    Some(U::Text(t)) => Some(t.text.as_str()),
+                    _ => None,
+                });
                 let user = pb::UserMessage {
-                    text: text.join("\n"),
+                    text,
                     ..Default::default()
                 };
                 out.push(prompt::user_message(&user, images));
@@ -626,18 +622,14 @@ fn client_history(h: &pb::ConversationHistory, images: bool) -> Vec<Message> {
                 }
             }
             Some(M::Tool(t)) => {
-                let content: Vec<&str> = t
-                    .content
-                    .iter()
-                    .filter_map(|c| match &c.content {
-                        Some(R::Text(t)) => Some(t.text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
+                let content = joined(&t.content, |c| match &c.content {
+                    Some(R::Text(t)) => Some(t.text.as_str()),
+                    _ => None,
+                });
                 out.push(Message::ToolResult {
                     call_id: t.tool_call_id.clone(),
                     name: t.tool_name.clone(),
-                    content: content.join("\n"),
+                    content,
                     is_error: t.is_error.unwrap_or(false),
                 });
             }
@@ -645,6 +637,11 @@ fn client_history(h: &pb::ConversationHistory, images: bool) -> Vec<Message> {
         }
     }
     out
+}
+
+/// The text parts of client-history content, one per line.
+fn joined<'a, T>(items: &'a [T], text: impl Fn(&'a T) -> Option<&'a str>) -> String {
+    items.iter().filter_map(text).collect::<Vec<_>>().join("\n")
 }
 
 /// An asynchronous question's answer becomes the result of the call that asked it.
