@@ -95,6 +95,20 @@ pub fn close_pending(
         while matches!(messages.get(end), Some(Message::ToolResult { .. })) {
             end += 1;
         }
+        // A call stored as interrupted takes the client's resolution when one comes later.
+        for m in &mut messages[i + 1..end] {
+            if let Message::ToolResult {
+                call_id,
+                content,
+                is_error,
+                ..
+            } = m
+            {
+                if content == INTERRUPTED {
+                    (*content, *is_error) = resolution_for(call_id, resolutions);
+                }
+            }
+        }
         let answered: Vec<&str> = messages[i + 1..end]
             .iter()
             .filter_map(|m| match m {
@@ -168,6 +182,10 @@ mod tests {
             ),
         }];
         close_pending(&mut messages, &resolutions);
+        // Run again with nothing new: unchanged; the interrupted one stays until resolved.
+        let once = messages.clone();
+        close_pending(&mut messages, &resolutions);
+        assert_eq!(messages, once);
         let results: Vec<(&str, &str)> = messages
             .iter()
             .filter_map(|m| match m {
@@ -183,6 +201,14 @@ mod tests {
         assert_eq!(results[2].0, "c");
         assert!(results[2].1.contains("partial output"), "{}", results[2].1);
         assert!(matches!(messages.last(), Some(Message::ToolResult { .. })));
+        let b = pb::InterruptedPendingToolCallResolution {
+            tool_call_id: "b#s1".into(),
+            ..resolutions[0].clone()
+        };
+        close_pending(&mut messages, &[b]);
+        assert!(
+            matches!(&messages[3], Message::ToolResult { content, .. } if content.contains("partial output"))
+        );
     }
 
     /// After closing, every provider kind's request pairs each tool call with a result.

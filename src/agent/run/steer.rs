@@ -112,9 +112,9 @@ impl RunState {
         self.out.send(msg::injection_state(id, state)).await
     }
 
-    /// The turn makes model calls from now on (`true`) or has made its last (`false`).
-    pub(super) fn steering_open(&mut self, open: bool) {
-        self.steering.open = open;
+    /// The turn makes model calls from now on: injections wait for the next one.
+    pub(super) fn open_steering(&mut self) {
+        self.steering.open = true;
     }
 
     /// Handle whatever the client has sent meanwhile, without waiting (an injection that came

@@ -41,6 +41,8 @@ impl RunState {
         req: Box<pb::AgentRunRequest>,
         mut input: TurnInput,
     ) -> Result<(), RunError> {
+        // Steering from now on joins this turn's first (or next) model call.
+        self.open_steering();
         let request_context = match input.request_context.take() {
             Some(ctx) => Some(ctx),
             None => self.fetch_request_context().await?,
@@ -53,7 +55,9 @@ impl RunState {
             let plan = self.read_plan(&read.path).await?;
             input.user.text = action::build_instruction(&plan);
         }
-        if input.user.execute_plan_info.is_some() {
+        let build =
+            input.user.simulated_msg_reason == Some(pb::SimulatedMsgReason::PlanExecution as i32);
+        if build {
             let seeded = tools::plan_todos(plan_text(&input.user.text));
             if !seeded.is_empty() {
                 todos = seeded;
@@ -104,7 +108,6 @@ impl RunState {
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
-        self.steering_open(true);
         loop {
             for text in self.deliver_injections(&mut messages).await? {
                 steps.push(StepRecord::UserContext { text });
@@ -164,8 +167,15 @@ impl RunState {
                         wire: &prev_wire,
                         todos: &known_todos,
                     };
-                    self.keep_canceled_turn(&req, prev, user, steps, &todos, tool_ctx.mode)
+                    // Keep what the turn did (its pending calls closed) so the next turn
+                    // sees it: best effort, within a short grace, since the user asked to stop.
+                    self.winding_down = true;
+                    let stored = self
+                        .write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, None)
                         .await;
+                    if let Err(e) = stored {
+                        debug!("the canceled turn was not stored: {e}");
+                    }
                     return Err(RunError::Canceled);
                 }
                 Err(e) => return Err(e),
@@ -212,7 +222,6 @@ impl RunState {
             summary,
         )
         .await?;
-        self.defer_injections().await?;
         self.out.send(msg::turn_ended(&self.usage)).await
     }
 
@@ -719,26 +728,6 @@ impl RunState {
             }
         }
         Err(failed("no read result".into()))
-    }
-
-    /// After a cancel mid-round, keep what the turn did (its pending calls closed) so the next
-    /// turn sees it; best effort, within a short grace, since the user asked to stop.
-    async fn keep_canceled_turn(
-        &mut self,
-        req: &pb::AgentRunRequest,
-        prev: Previous<'_>,
-        user: pb::UserMessage,
-        steps: Vec<StepRecord>,
-        todos: &[pb::TodoItem],
-        mode: i32,
-    ) {
-        self.winding_down = true;
-        if let Err(e) = self
-            .write_turn(req, prev, user, steps, todos, mode, None)
-            .await
-        {
-            debug!("the canceled turn was not stored: {e}");
-        }
     }
 }
 
