@@ -1073,13 +1073,25 @@ async fn a_user_shell_command_runs_streams_and_is_seen_by_the_next_turn() {
             shell_command: Some(pb::ShellCommand {
                 command: "echo 42".into(),
             }),
-            exec_id: String::new(),
+            exec_id: "client-exec-7".into(),
         },
     ));
     let mut run = agent.start_run(req, "req-sh1".into());
     let (messages, end) = drive_with(&mut run, &mut client).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert!(provider.requests().is_empty(), "no model call");
+    // The command runs under the client's exec id.
+    let shell = client
+        .execs
+        .iter()
+        .find(|e| {
+            matches!(
+                e.message,
+                Some(pb::exec_server_message::Message::ShellStreamArgs(_))
+            )
+        })
+        .unwrap();
+    assert_eq!(shell.exec_id, "client-exec-7");
     assert_eq!(tool_events(&messages).len(), 2);
     assert!(updates(&messages)
         .iter()
@@ -1378,4 +1390,47 @@ async fn no_conversation_action_branch_reaches_a_fallback() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn steering_after_the_last_model_call_is_queued_for_the_next_turn() {
+    let provider = FakeProvider::start(vec![
+        Reply::sse(text_sse("Done.")),
+        Reply::sse(text_sse("Sure.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("hi", true), "req-q4".into());
+    // The turn is storing its blobs: no model call is left to carry the injection.
+    let storing =
+        |m: &pb::AgentServerMessage| matches!(&m.message, Some(Server::KvServerMessage(_)));
+    let (messages, end) = drive_sending(
+        &mut run,
+        &mut client,
+        storing,
+        vec![steer("late", "", "one more thing")],
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(
+        injection_states(&messages),
+        [("late".to_string(), "queued_for_next_turn")]
+    );
+    assert_eq!(provider.requests().len(), 1);
+
+    // The client sends it as the next turn; a steer that arrives as a new run says so.
+    let mut next = run_request("one more thing", true);
+    next.conversation_state = client.checkpoint.clone();
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        next.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().turn_steer = Some(true);
+    }
+    let text = ask(&agent, &mut client, &provider, next, 1).await;
+    assert!(
+        text.contains("sent this while you were working") && text.contains("one more thing"),
+        "{text}"
+    );
 }

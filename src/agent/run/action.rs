@@ -12,9 +12,9 @@ pub(super) enum Begin {
     Turn(Box<TurnInput>),
     /// `/summarize`: compact the conversation now; no model turn.
     Summarize,
-    /// A command the user ran from the chat: run it through the client, record it; no model
-    /// turn.
-    Shell { command: String },
+    /// A command the user ran from the chat: run it through the client (under the client's
+    /// `exec_id` when it gave one), record it; no model turn.
+    Shell { command: String, exec_id: String },
 }
 
 /// Where a Build's plan text comes from when the action does not carry it.
@@ -131,7 +131,10 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
                     "shell_command_action carries no command".into(),
                 ));
             }
-            Ok(Begin::Shell { command })
+            Ok(Begin::Shell {
+                command,
+                exec_id: a.exec_id.clone(),
+            })
         }
         Action::CancelAction(_) => Err(RunError::BadClientMessage(
             "a run cannot start with cancel_action: there is nothing running to cancel".into(),

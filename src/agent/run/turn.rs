@@ -32,7 +32,7 @@ impl RunState {
         match action::begin(&req)? {
             Begin::Turn(input) => self.turn(req, *input).await,
             Begin::Summarize => self.summarize_now(&req).await,
-            Begin::Shell { command } => self.shell_command(&req, command).await,
+            Begin::Shell { command, exec_id } => self.shell_command(&req, command, exec_id).await,
         }
     }
 
@@ -355,8 +355,10 @@ impl RunState {
         &mut self,
         req: &pb::AgentRunRequest,
         command: String,
+        exec_id: String,
     ) -> Result<(), RunError> {
         let request_context = self.fetch_request_context().await?;
+        self.exec.adopt_next(exec_id);
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut ctx = tools::ToolContext {
