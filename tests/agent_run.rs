@@ -755,6 +755,15 @@ async fn the_tool_round_limit_ends_the_turn_with_an_explanation() {
 
 // ---- Issue 21: every conversation action does what Cursor's server does ----
 
+/// A fake provider with `replies`, an agent on it, and a client in a fresh workspace.
+async fn setup(replies: Vec<Reply>) -> (FakeProvider, Agent, tempfile::TempDir, FakeCursor) {
+    let provider = FakeProvider::start(replies).await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let client = FakeCursor::new(ws.path());
+    (provider, agent, ws, client)
+}
+
 fn action_request(action: pb::conversation_action::Action) -> pb::AgentRunRequest {
     let mut r = run_request("unused", false);
     r.action = Some(pb::ConversationAction {
@@ -922,14 +931,11 @@ async fn steering_during_a_tool_round_reaches_the_next_model_call_and_the_stored
 
 #[tokio::test]
 async fn steering_during_the_final_answer_gets_one_more_model_call() {
-    let provider = FakeProvider::start(vec![
+    let (provider, agent, _ws, mut client) = setup(vec![
         Reply::sse(text_sse("First answer.")).delay(Duration::from_millis(300)),
         Reply::sse(text_sse("Adjusted answer.")),
     ])
     .await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
     let mut run = agent.start_run(run_request("hi", true), "req-st3".into());
     let started = |m: &pb::AgentServerMessage| matches!(&m.message, Some(Server::InteractionUpdate(u)) if matches!(u.message, Some(Update::StepStarted(_))));
     let (messages, end) = drive_sending(
@@ -953,15 +959,12 @@ async fn steering_during_the_final_answer_gets_one_more_model_call() {
 
 #[tokio::test]
 async fn build_makes_the_plan_the_instruction_in_agent_mode_and_seeds_its_todos() {
-    let provider = FakeProvider::start(vec![
+    let replies = vec![
         Reply::sse(text_sse("Building.")),
         Reply::sse(text_sse("Built.")),
-    ])
-    .await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
+    ];
+    let (provider, agent, ws, mut client) = setup(replies).await;
     let plan = "---\nname: Greeting\ntodos:\n  - id: t1\n    content: Write hello.txt\n    status: pending\n---\n# Greeting plan\nWrite hello.txt with a greeting.\n";
-    let mut client = FakeCursor::new(ws.path());
     let mut req = action_request(pb::conversation_action::Action::ExecutePlanAction(
         pb::ExecutePlanAction {
             plan: Some(pb::ConversationPlan { plan: plan.into() }),
@@ -1015,15 +1018,12 @@ async fn build_makes_the_plan_the_instruction_in_agent_mode_and_seeds_its_todos(
 
 #[tokio::test]
 async fn summarize_action_summarises_without_a_model_turn() {
-    let provider = FakeProvider::start(vec![
+    let (provider, agent, _ws, mut client) = setup(vec![
         Reply::sse(text_sse("Llamas noted.")),
         Reply::sse(text_sse("SUMMARY: llamas.")),
         Reply::sse(text_sse("Yes, llamas.")),
     ])
     .await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
     let mut run = agent.start_run(run_request("remember llamas", true), "req-z1".into());
     drive_with(&mut run, &mut client).await;
     let mut req = action_request(pb::conversation_action::Action::SummarizeAction(
@@ -1064,10 +1064,8 @@ async fn summarize_action_summarises_without_a_model_turn() {
 
 #[tokio::test]
 async fn a_user_shell_command_runs_streams_and_is_seen_by_the_next_turn() {
-    let provider = FakeProvider::start(vec![Reply::sse(text_sse("It printed 42."))]).await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
+    let (provider, agent, _ws, mut client) =
+        setup(vec![Reply::sse(text_sse("It printed 42."))]).await;
     let req = action_request(pb::conversation_action::Action::ShellCommandAction(
         pb::ShellCommandAction {
             shell_command: Some(pb::ShellCommand {
@@ -1213,16 +1211,13 @@ async fn ask(
 #[tokio::test]
 async fn system_originated_actions_reach_the_model_marked_as_such() {
     use pb::conversation_action::Action;
-    let provider = FakeProvider::start(vec![
+    let (provider, agent, _ws, mut client) = setup(vec![
         Reply::sse(text_sse("a")),
         Reply::sse(text_sse("b")),
         Reply::sse(text_sse("c")),
         Reply::sse(text_sse("d")),
     ])
     .await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
 
     // Goal continuation names the open todos.
     let todo = pb::TodoItem {
@@ -1394,14 +1389,11 @@ async fn no_conversation_action_branch_reaches_a_fallback() {
 
 #[tokio::test]
 async fn steering_after_the_last_model_call_is_queued_for_the_next_turn() {
-    let provider = FakeProvider::start(vec![
+    let (provider, agent, _ws, mut client) = setup(vec![
         Reply::sse(text_sse("Done.")),
         Reply::sse(text_sse("Sure.")),
     ])
     .await;
-    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
     let mut run = agent.start_run(run_request("hi", true), "req-q4".into());
     // The turn is storing its blobs: no model call is left to carry the injection.
     let storing =
