@@ -1176,3 +1176,677 @@ async fn the_prompt_is_a_stable_prefix_across_turns() {
         "turn 1 is a prefix of turn 2"
     );
 }
+
+// ---- Issue 21: every conversation action does what Cursor's server does ----
+
+/// A fake provider with `replies`, an agent on it, and a client in a fresh workspace.
+async fn setup(replies: Vec<Reply>) -> (FakeProvider, Agent, tempfile::TempDir, FakeCursor) {
+    let provider = FakeProvider::start(replies).await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let client = FakeCursor::new(ws.path());
+    (provider, agent, ws, client)
+}
+
+fn action_request(action: pb::conversation_action::Action) -> pb::AgentRunRequest {
+    let mut r = run_request("unused", false);
+    r.action = Some(pb::ConversationAction {
+        action: Some(action),
+        ..Default::default()
+    });
+    r
+}
+
+fn conversation_action(action: pb::conversation_action::Action) -> pb::AgentClientMessage {
+    pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(action),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+fn steer(id: &str, expected_run_id: &str, text: &str) -> pb::AgentClientMessage {
+    conversation_action(pb::conversation_action::Action::InjectContextAction(
+        pb::InjectContextAction {
+            injection_id: id.into(),
+            expected_run_id: expected_run_id.into(),
+            payload: Some(pb::inject_context_action::Payload::UserContext(
+                pb::UserContextInjection {
+                    user_message: Some(pb::UserMessage {
+                        text: text.into(),
+                        message_id: "steer-m".into(),
+                        ..Default::default()
+                    }),
+                    request_context: None,
+                },
+            )),
+        },
+    ))
+}
+
+/// Like [`drive_with`], but sends `extra` (once) just before answering the first message
+/// `when` matches.
+async fn drive_sending(
+    handle: &mut RunHandle,
+    client: &mut FakeCursor,
+    when: impl Fn(&pb::AgentServerMessage) -> bool,
+    extra: Vec<pb::AgentClientMessage>,
+) -> (Vec<pb::AgentServerMessage>, EndStream) {
+    let mut extra = Some(extra);
+    let mut messages = Vec::new();
+    loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
+            .await
+            .expect("the run must not hang")
+            .expect("the run must end with an End");
+        match out {
+            RunOutput::End(end) => return (messages, end),
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
+                if when(&m) {
+                    for e in extra.take().unwrap_or_default() {
+                        handle.input.send(Box::new(e)).await.unwrap();
+                    }
+                }
+                for answer in client.respond(&m) {
+                    let _ = handle.input.send(Box::new(answer)).await;
+                }
+                messages.push(*m);
+            }
+        }
+    }
+}
+
+fn is_exec(
+    m: &pb::AgentServerMessage,
+    pred: fn(&pb::exec_server_message::Message) -> bool,
+) -> bool {
+    matches!(&m.message, Some(Server::ExecServerMessage(e)) if e.message.as_ref().is_some_and(pred))
+}
+
+fn injection_states(messages: &[pb::AgentServerMessage]) -> Vec<(String, &'static str)> {
+    use pb::context_injection_state::State;
+    updates(messages)
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::ContextInjectionState(s) => Some((
+                s.injection_id.clone(),
+                match s.state.as_ref().and_then(|s| s.state.as_ref()) {
+                    Some(State::Queued(_)) => "queued",
+                    Some(State::Delivered(_)) => "delivered",
+                    Some(State::QueuedForNextTurn(_)) => "queued_for_next_turn",
+                    Some(State::Rejected(_)) => "rejected",
+                    Some(State::Cancelled(_)) => "cancelled",
+                    None => "none",
+                },
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn request_text(provider: &FakeProvider, n: usize) -> String {
+    serde_json::to_string(&provider.requests()[n].json()["messages"]).unwrap()
+}
+
+#[tokio::test]
+async fn steering_during_a_tool_round_reaches_the_next_model_call_and_the_stored_turn() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("r1", "read_file", r#"{"path":"a.txt"}"#)])),
+        Reply::sse(text_sse("Done, in French as asked.")),
+        Reply::sse(text_sse("ok")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut req = run_request("read a.txt", false);
+    req.run_id = Some("run-1".into());
+    let mut run = agent.start_run(req, "req-st1".into());
+    let read = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ReadArgs(_))
+        })
+    };
+    let extra = vec![
+        steer("inj-1", "run-1", "answer in French"),
+        steer("inj-2", "run-other", "ignored"),
+    ];
+    let (messages, end) = drive_sending(&mut run, &mut client, read, extra).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(
+        injection_states(&messages),
+        [
+            ("inj-1".to_string(), "queued"),
+            ("inj-2".to_string(), "rejected"),
+            ("inj-1".to_string(), "delivered"),
+        ]
+    );
+    // Not in the first call; in the second, after the tool result.
+    assert!(!request_text(&provider, 0).contains("answer in French"));
+    let second = provider.requests()[1].json();
+    let msgs = second["messages"].as_array().unwrap();
+    let last = msgs.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert!(last["content"]
+        .as_str()
+        .unwrap()
+        .contains("answer in French"));
+    assert_eq!(msgs[msgs.len() - 2]["role"], "tool");
+    assert!(!request_text(&provider, 1).contains("ignored"));
+
+    // The stored turn keeps it: the next turn's history has it between the result and the answer.
+    let mut next = run_request("thanks", false);
+    next.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(next, "req-st2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let third = request_text(&provider, 2);
+    let (r, s, d) = (
+        third.find("alpha").unwrap(),
+        third.find("answer in French").unwrap(),
+        third.find("Done, in French").unwrap(),
+    );
+    assert!(r < s && s < d, "{third}");
+}
+
+#[tokio::test]
+async fn steering_during_the_final_answer_gets_one_more_model_call() {
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("First answer.")).delay(Duration::from_millis(300)),
+        Reply::sse(text_sse("Adjusted answer.")),
+    ])
+    .await;
+    let mut run = agent.start_run(run_request("hi", true), "req-st3".into());
+    let started = |m: &pb::AgentServerMessage| matches!(&m.message, Some(Server::InteractionUpdate(u)) if matches!(u.message, Some(Update::StepStarted(_))));
+    let (messages, end) = drive_sending(
+        &mut run,
+        &mut client,
+        started,
+        vec![steer("i", "", "be brief")],
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(provider.requests().len(), 2);
+    assert!(text_of(&messages).contains("First answer.Adjusted answer."));
+    assert!(request_text(&provider, 1).contains("be brief"));
+    assert!(request_text(&provider, 1).contains("First answer."));
+    let states: Vec<&str> = injection_states(&messages)
+        .into_iter()
+        .map(|s| s.1)
+        .collect();
+    assert_eq!(states, ["queued", "delivered"]);
+}
+
+#[tokio::test]
+async fn build_makes_the_plan_the_instruction_in_agent_mode_and_seeds_its_todos() {
+    let replies = vec![
+        Reply::sse(text_sse("Building.")),
+        Reply::sse(text_sse("Built.")),
+    ];
+    let (provider, agent, ws, mut client) = setup(replies).await;
+    let plan = "---\nname: Greeting\ntodos:\n  - id: t1\n    content: Write hello.txt\n    status: pending\n---\n# Greeting plan\nWrite hello.txt with a greeting.\n";
+    let mut req = action_request(pb::conversation_action::Action::ExecutePlanAction(
+        pb::ExecutePlanAction {
+            plan: Some(pb::ConversationPlan { plan: plan.into() }),
+            plan_id: Some("plan-7".into()),
+            plan_file_path: Some("/ws/.cursor/plans/greeting.plan.md".into()),
+            ..Default::default()
+        },
+    ));
+    req.conversation_state = Some(pb::ConversationStateStructure {
+        mode: Some(pb::AgentMode::Plan as i32),
+        ..Default::default()
+    });
+    let mut run = agent.start_run(req, "req-b1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let body = provider.requests()[0].json();
+    let system = body["messages"][0]["content"].as_str().unwrap();
+    assert!(!system.contains("Plan mode"), "agent mode: {system}");
+    let user = body["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        user.contains("Implement the plan") && user.contains("Write hello.txt with a greeting."),
+        "{user}"
+    );
+    assert!(
+        user.contains("plan execution"),
+        "marked as system-originated: {user}"
+    );
+    assert!(!user.contains("Continue where you left off"));
+    let cp = client.checkpoint.clone().unwrap();
+    assert_eq!(cp.mode, Some(pb::AgentMode::Agent as i32));
+    assert_eq!(cp.todos.len(), 1);
+    assert_eq!(
+        cp.plans["plan-7"].path,
+        "/ws/.cursor/plans/greeting.plan.md"
+    );
+
+    // Only a path: the plan is read through the client.
+    std::fs::write(ws.path().join("p.plan.md"), "# Plan B\nDelete tmp/.\n").unwrap();
+    let path = ws.path().join("p.plan.md").display().to_string();
+    let req = action_request(pb::conversation_action::Action::ExecutePlanAction(
+        pb::ExecutePlanAction {
+            plan_file_uri: Some(format!("file://{path}")),
+            ..Default::default()
+        },
+    ));
+    let mut run = agent.start_run(req, "req-b2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(request_text(&provider, 1).contains("Delete tmp/."));
+}
+
+#[tokio::test]
+async fn summarize_action_summarises_without_a_model_turn() {
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("Llamas noted.")),
+        Reply::sse(text_sse("SUMMARY: llamas.")),
+        Reply::sse(text_sse("Yes, llamas.")),
+    ])
+    .await;
+    let mut run = agent.start_run(run_request("remember llamas", true), "req-z1".into());
+    drive_with(&mut run, &mut client).await;
+    let mut req = action_request(pb::conversation_action::Action::SummarizeAction(
+        pb::SummarizeAction {},
+    ));
+    req.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(req, "req-z2".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let kinds: Vec<&str> = updates(&messages)
+        .iter()
+        .filter_map(|u| match u {
+            Update::SummaryStarted(_) => Some("started"),
+            Update::Summary(_) => Some("summary"),
+            Update::SummaryCompleted(_) => Some("completed"),
+            Update::StepStarted(_) => Some("step"),
+            Update::TurnEnded(_) => Some("turn_ended"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["started", "summary", "completed", "turn_ended"]);
+    assert_eq!(provider.requests().len(), 2);
+    assert!(request_text(&provider, 1).contains("remember llamas"));
+    let cp = client.checkpoint.clone().unwrap();
+    assert!(cp.summary.is_some());
+    assert_eq!(cp.turns.len(), 1);
+    // The next turn starts from the summary.
+    let mut next = run_request("llamas?", true);
+    next.conversation_state = Some(cp);
+    let mut run = agent.start_run(next, "req-z3".into());
+    drive_with(&mut run, &mut client).await;
+    let text = request_text(&provider, 2);
+    assert!(
+        text.contains("SUMMARY: llamas.") && !text.contains("remember llamas"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_user_shell_command_runs_streams_and_is_seen_by_the_next_turn() {
+    let (provider, agent, _ws, mut client) =
+        setup(vec![Reply::sse(text_sse("It printed 42."))]).await;
+    let req = action_request(pb::conversation_action::Action::ShellCommandAction(
+        pb::ShellCommandAction {
+            shell_command: Some(pb::ShellCommand {
+                command: "echo 42".into(),
+            }),
+            exec_id: "client-exec-7".into(),
+        },
+    ));
+    let mut run = agent.start_run(req, "req-sh1".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(provider.requests().is_empty(), "no model call");
+    // The command runs under the client's exec id.
+    let shell = client
+        .execs
+        .iter()
+        .find(|e| {
+            matches!(
+                e.message,
+                Some(pb::exec_server_message::Message::ShellStreamArgs(_))
+            )
+        })
+        .unwrap();
+    assert_eq!(shell.exec_id, "client-exec-7");
+    assert_eq!(tool_events(&messages).len(), 2);
+    assert!(updates(&messages)
+        .iter()
+        .any(|u| matches!(u, Update::ToolCallDelta(_))));
+    assert!(updates(&messages)
+        .iter()
+        .any(|u| matches!(u, Update::TurnEnded(_))));
+    let mut next = run_request("what did it print?", true);
+    next.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(next, "req-sh2".into());
+    drive_with(&mut run, &mut client).await;
+    let text = request_text(&provider, 0);
+    assert!(
+        text.contains("$ echo 42") && text.contains("42\\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_with_a_pending_tool_call_stores_the_turn_closed_with_the_resolution() {
+    let ws = tempfile::tempdir().unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[(
+            "s1",
+            "run_terminal_cmd",
+            r#"{"command":"sleep 100"}"#,
+        )])),
+        Reply::sse(text_sse("Understood.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.shell_gate = Some(ws.path().join("never"));
+    let mut run = agent.start_run(run_request("run it", false), "req-cx1".into());
+    let shell = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ShellStreamArgs(_))
+        })
+    };
+    let cancel = conversation_action(pb::conversation_action::Action::CancelAction(
+        pb::CancelAction {
+            reason: "user".into(),
+            interrupted_pending_tool_call_resolutions: Some(
+                pb::InterruptedPendingToolCallResolutions {
+                    resolutions: vec![pb::InterruptedPendingToolCallResolution {
+                        tool_call_id: "s1#s1".into(),
+                        resolution: Some(
+                            pb::interrupted_pending_tool_call_resolution::Resolution::ShellResult(
+                                pb::ShellResult {
+                                    result: Some(pb::shell_result::Result::Success(
+                                        pb::ShellSuccess {
+                                            stdout: "half-way output".into(),
+                                            ..Default::default()
+                                        },
+                                    )),
+                                    ..Default::default()
+                                },
+                            ),
+                        ),
+                    }],
+                },
+            ),
+        },
+    ));
+    // The cancel goes out after the client answered the shell's start.
+    let mut sent = false;
+    let end = loop {
+        match run.output.recv().await.unwrap() {
+            RunOutput::End(e) => break e,
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
+                for a in client.respond(&m) {
+                    let _ = run.input.send(Box::new(a)).await;
+                }
+                if shell(&m) && !sent {
+                    sent = true;
+                    run.input.send(Box::new(cancel.clone())).await.unwrap();
+                }
+            }
+        }
+    };
+    assert_eq!(end.error.unwrap().code, Code::Canceled);
+    let cp = client
+        .checkpoint
+        .clone()
+        .expect("the canceled turn is stored");
+    let mut next = run_request("never mind", false);
+    next.conversation_state = Some(cp);
+    let mut run = agent.start_run(next, "req-cx2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let body = provider.requests()[1].json();
+    let msgs = body["messages"].as_array().unwrap();
+    let call = msgs
+        .iter()
+        .position(|m| m["tool_calls"][0]["id"] == "s1")
+        .expect("the call is replayed");
+    assert_eq!(msgs[call + 1]["role"], "tool");
+    assert_eq!(msgs[call + 1]["tool_call_id"], "s1");
+    assert!(msgs[call + 1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("half-way output"));
+}
+
+/// One run of `req` to a clean end; the text of the provider's `n`-th request.
+async fn ask(
+    agent: &Agent,
+    client: &mut FakeCursor,
+    provider: &FakeProvider,
+    req: pb::AgentRunRequest,
+    n: usize,
+) -> String {
+    let mut run = agent.start_run(req, format!("req-ask-{n}"));
+    let (_, end) = drive_with(&mut run, client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    request_text(provider, n)
+}
+
+#[tokio::test]
+async fn system_originated_actions_reach_the_model_marked_as_such() {
+    use pb::conversation_action::Action;
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("a")),
+        Reply::sse(text_sse("b")),
+        Reply::sse(text_sse("c")),
+        Reply::sse(text_sse("d")),
+    ])
+    .await;
+
+    // Goal continuation names the open todos.
+    let todo = pb::TodoItem {
+        id: "1".into(),
+        content: "wire the cache".into(),
+        status: pb::TodoStatus::Pending as i32,
+        ..Default::default()
+    };
+    let todo_blob = prost::Message::encode_to_vec(&todo);
+    let id = cursor_byok::proto::blob_id(&todo_blob);
+    client.blobs.insert(id.to_vec(), todo_blob.into());
+    let mut req = action_request(Action::GoalContinuationAction(
+        pb::GoalContinuationAction {},
+    ));
+    req.conversation_state = Some(pb::ConversationStateStructure {
+        todos: vec![id.to_vec().into()],
+        ..Default::default()
+    });
+    let text = ask(&agent, &mut client, &provider, req, 0).await;
+    assert!(
+        text.contains("wire the cache") && text.contains("goal continuation"),
+        "{text}"
+    );
+
+    // Subscription notifications: simulated user messages.
+    let req = action_request(Action::SubscriptionNotificationAction(
+        pb::SubscriptionNotificationAction {
+            notifications: vec![pb::UserMessage {
+                text: "CI failed on main".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    ));
+    let text = ask(&agent, &mut client, &provider, req, 1).await;
+    assert!(
+        text.contains("CI failed on main") && text.contains("not typed by the user"),
+        "{text}"
+    );
+
+    // An async question's answer is delivered as that tool call's result.
+    let req = action_request(Action::AsyncAskQuestionCompletionAction(
+        pb::AsyncAskQuestionCompletionAction {
+            original_tool_call_id: "q9#s2".into(),
+            original_args: Some(pb::AskQuestionArgs {
+                questions: vec![pb::ask_question_args::Question {
+                    id: "q1".into(),
+                    prompt: "Colour?".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            result: Some(pb::AskQuestionResult {
+                result: Some(pb::ask_question_result::Result::Success(
+                    pb::AskQuestionSuccess {
+                        answers: vec![pb::ask_question_success::Answer {
+                            question_id: "q1".into(),
+                            freeform_text: "teal".into(),
+                            ..Default::default()
+                        }],
+                    },
+                )),
+            }),
+        },
+    ));
+    let text = ask(&agent, &mut client, &provider, req, 2).await;
+    assert!(text.contains("A: teal"), "{text}");
+
+    // prepend_user_messages go first; a client-supplied history replaces the rebuilt one.
+    let mut req = run_request("and now?", false);
+    if let Some(Action::UserMessageAction(a)) = req.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.prepend_user_messages = vec![pb::UserMessage {
+            text: "PREPENDED".into(),
+            ..Default::default()
+        }];
+        a.conversation_history = Some(pb::ConversationHistory {
+            messages: vec![pb::ConversationHistoryMessage {
+                message: Some(pb::conversation_history_message::Message::User(
+                    pb::ConversationHistoryUserMessage {
+                        content: vec![pb::ConversationHistoryUserContent {
+                            content: Some(pb::conversation_history_user_content::Content::Text(
+                                pb::ConversationHistoryTextContent {
+                                    text: "FROM CLIENT HISTORY".into(),
+                                },
+                            )),
+                        }],
+                    },
+                )),
+            }],
+            replace_user_info: None,
+        });
+    }
+    req.conversation_state = client.checkpoint.clone();
+    ask(&agent, &mut client, &provider, req, 3).await;
+    let body = provider.requests()[3].json();
+    let msgs = body["messages"].as_array().unwrap();
+    let contents: Vec<&str> = msgs[1..]
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(contents, ["FROM CLIENT HISTORY", "PREPENDED", "and now?"]);
+}
+
+/// Every branch of `ConversationAction`, from the compiled descriptors: none falls back to
+/// "Continue where you left off." (only `resume_action` means exactly that); each either
+/// reaches the model with its own content, answers without a model turn, or ends with an error
+/// naming the branch.
+#[tokio::test]
+async fn no_conversation_action_branch_reaches_a_fallback() {
+    use prost::Message as _;
+    use prost_reflect::{DescriptorPool, DynamicMessage};
+    let pool = DescriptorPool::decode(cursor_byok::proto::DESCRIPTOR_SET).unwrap();
+    let desc = pool
+        .get_message_by_name("agent.v1.ConversationAction")
+        .unwrap();
+    let oneof = desc.oneofs().find(|o| o.name() == "action").unwrap();
+    let branches: Vec<_> = oneof.fields().collect();
+    assert_eq!(branches.len(), 15);
+    for field in branches {
+        let name = field.name().to_string();
+        let mut dynamic = DynamicMessage::new(desc.clone());
+        let value = prost_reflect::Value::Message(DynamicMessage::new(
+            field.kind().as_message().unwrap().clone(),
+        ));
+        dynamic.set_field(&field, value);
+        let mut action =
+            pb::ConversationAction::decode(dynamic.encode_to_vec().as_slice()).unwrap();
+        assert!(action.action.is_some(), "{name} decodes to a known branch");
+        if let Some(pb::conversation_action::Action::ShellCommandAction(s)) = &mut action.action {
+            s.shell_command = Some(pb::ShellCommand {
+                command: "true".into(),
+            });
+        }
+        let provider =
+            FakeProvider::start(vec![Reply::sse(text_sse("ok")), Reply::sse(text_sse("ok"))]).await;
+        let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+        let mut req = run_request("x", true);
+        req.action = Some(action);
+        let mut run = agent.start_run(req, format!("req-{name}"));
+        let (_, end) = drive(&mut run).await;
+        let asked: Vec<String> = (0..provider.requests().len())
+            .map(|n| request_text(&provider, n))
+            .collect();
+        if name != "resume_action" {
+            assert!(
+                !asked
+                    .iter()
+                    .any(|t| t.contains("Continue where you left off")),
+                "{name} fell back to a continue: {asked:?}"
+            );
+        }
+        if let Some(err) = &end.error {
+            assert!(
+                err.message.contains(&name)
+                    || name == "cancel_action"
+                    || name == "inject_context_action",
+                "{name}: the error must name the branch: {}",
+                err.message
+            );
+            assert!(
+                matches!(err.code, Code::Unimplemented | Code::InvalidArgument),
+                "{name}: {:?}",
+                err.code
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn steering_after_the_last_model_call_is_queued_for_the_next_turn() {
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("Done.")),
+        Reply::sse(text_sse("Sure.")),
+    ])
+    .await;
+    let mut run = agent.start_run(run_request("hi", true), "req-q4".into());
+    // The turn is storing its blobs: no model call is left to carry the injection.
+    let storing =
+        |m: &pb::AgentServerMessage| matches!(&m.message, Some(Server::KvServerMessage(_)));
+    let (messages, end) = drive_sending(
+        &mut run,
+        &mut client,
+        storing,
+        vec![steer("late", "", "one more thing")],
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(
+        injection_states(&messages),
+        [("late".to_string(), "queued_for_next_turn")]
+    );
+    assert_eq!(provider.requests().len(), 1);
+
+    // The client sends it as the next turn; a steer that arrives as a new run says so.
+    let mut next = run_request("one more thing", true);
+    next.conversation_state = client.checkpoint.clone();
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        next.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().turn_steer = Some(true);
+    }
+    let text = ask(&agent, &mut client, &provider, next, 1).await;
+    assert!(
+        text.contains("sent this while you were working") && text.contains("one more thing"),
+        "{text}"
+    );
+}

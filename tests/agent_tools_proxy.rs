@@ -811,3 +811,259 @@ async fn gemini_thinking_tool_round_trip_and_signatures_across_turns() {
     }
     h.assert_nothing_relayed();
 }
+
+// ---- Issue 21: conversation actions on both transports ----
+
+/// A run request on `conv` with `action` and the client's checkpoint.
+fn action_message(
+    conv: &str,
+    action: pb::conversation_action::Action,
+    state: Option<pb::ConversationStateStructure>,
+) -> pb::AgentClientMessage {
+    let mut m = run_request(OURS, conv, "unused", false);
+    if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut m.message {
+        r.action = Some(pb::ConversationAction {
+            action: Some(action),
+            ..Default::default()
+        });
+        r.conversation_state = state;
+    }
+    m
+}
+
+fn with_state(
+    mut m: pb::AgentClientMessage,
+    state: Option<pb::ConversationStateStructure>,
+) -> pb::AgentClientMessage {
+    if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut m.message {
+        r.conversation_state = state;
+    }
+    m
+}
+
+fn request_json(h: &Harness, n: usize) -> String {
+    serde_json::to_string(&h.provider.requests()[n].json()["messages"]).unwrap()
+}
+
+/// Plan mode proposes a plan; Build makes it the instruction, in agent mode.
+async fn build_a_plan_from_plan_mode(transport: Transport) {
+    let ws = tempfile::tempdir().unwrap();
+    let h = harness(vec![text_sse("PLAN: write hello.txt"), text_sse("Built.")]).await;
+    let mut client = FakeCursor::new(ws.path());
+    let mut first = run_request(OURS, "conv-build", "plan a greeting", false);
+    if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut first.message {
+        if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+            r.action.as_mut().and_then(|a| a.action.as_mut())
+        {
+            if let Some(u) = a.user_message.as_mut() {
+                u.mode = pb::AgentMode::Plan as i32;
+            }
+        }
+    }
+    let id = format!("req-build-1-{transport:?}");
+    let (_, end) = turn(&h, transport, &id, &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let build = action_message(
+        "conv-build",
+        pb::conversation_action::Action::ExecutePlanAction(pb::ExecutePlanAction {
+            plan: Some(pb::ConversationPlan {
+                plan: "1. Write hello.txt\n2. Check it".into(),
+            }),
+            plan_id: Some("plan-1".into()),
+            ..Default::default()
+        }),
+        client.checkpoint.clone(),
+    );
+    let id = format!("req-build-2-{transport:?}");
+    let (messages, end) = turn(&h, transport, &id, &build, &mut client).await;
+    assert!(end.error.is_none(), "{transport:?}: {:?}", end.error);
+    assert!(text_of(&messages).ends_with("Built."));
+    let system = |n: usize| {
+        h.provider.requests()[n].json()["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(system(0).contains("Plan mode"));
+    assert!(!system(1).contains("Plan mode"), "{}", system(1));
+    let second = request_json(&h, 1);
+    assert!(second.contains("PLAN: write hello.txt"), "{second}");
+    assert!(second.contains("Implement the plan") && second.contains("1. Write hello.txt"));
+    let cp = client.checkpoint.clone().unwrap();
+    assert_eq!(cp.mode, Some(pb::AgentMode::Agent as i32));
+    assert!(cp.plans.contains_key("plan-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_a_plan_from_plan_mode_over_h2_run() {
+    build_a_plan_from_plan_mode(Transport::H2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_a_plan_from_plan_mode_over_run_sse_and_bidi_append() {
+    build_a_plan_from_plan_mode(Transport::Sse).await
+}
+
+/// Steering sent while a shell command runs is acknowledged and reaches the next model call.
+async fn steering_during_a_tool_round(transport: Transport) {
+    let ws = tempfile::tempdir().unwrap();
+    let h = harness(vec![
+        tool_sse(&[("s1", "run_terminal_cmd", r#"{"command":"echo ran"}"#)]),
+        text_sse("Steered answer."),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    // The command keeps running (only its start is answered) until the test ends it.
+    client.shell_gate = Some(ws.path().join("never"));
+    let first = run_request(OURS, "conv-steer", "run it", false);
+    let id = format!("req-steer-{transport:?}");
+    let mut conn = Conn::open(&h, transport, &id, &first).await;
+    conn.hold_shell_close = true;
+    let mut messages = Vec::new();
+    let end = conn.drive(&mut client, &mut messages, is_shell_exec).await;
+    assert!(end.is_none());
+    let steer = pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ConversationAction(
+            pb::ConversationAction {
+                action: Some(pb::conversation_action::Action::InjectContextAction(
+                    pb::InjectContextAction {
+                        injection_id: "inj".into(),
+                        expected_run_id: String::new(),
+                        payload: Some(pb::inject_context_action::Payload::UserContext(
+                            pb::UserContextInjection {
+                                user_message: Some(pb::UserMessage {
+                                    text: "also list the files".into(),
+                                    ..Default::default()
+                                }),
+                                request_context: None,
+                            },
+                        )),
+                    },
+                )),
+                ..Default::default()
+            },
+        )),
+    };
+    conn.send(&steer).await;
+    // Now the command ends: its exit, then the stream close.
+    let shell = client
+        .execs
+        .iter()
+        .rfind(|e| matches!(e.message, Some(X::ShellStreamArgs(_))))
+        .unwrap()
+        .id;
+    conn.send(&pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ExecClientMessage(
+            pb::ExecClientMessage {
+                id: shell,
+                message: Some(pb::exec_client_message::Message::ShellStream(
+                    pb::ShellStream {
+                        event: Some(pb::shell_stream::Event::Exit(pb::ShellStreamExit::default())),
+                    },
+                )),
+                ..Default::default()
+            },
+        )),
+    })
+    .await;
+    conn.send(&pb::AgentClientMessage {
+        message: Some(pb::agent_client_message::Message::ExecClientControlMessage(
+            pb::ExecClientControlMessage {
+                message: Some(pb::exec_client_control_message::Message::StreamClose(
+                    pb::ExecClientStreamClose { id: shell },
+                )),
+            },
+        )),
+    })
+    .await;
+    let end = conn
+        .drive(&mut client, &mut messages, |_| false)
+        .await
+        .unwrap();
+    assert!(end.error.is_none(), "{transport:?}: {:?}", end.error);
+    let states: Vec<String> = updates(&messages)
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::ContextInjectionState(s) => {
+                Some(format!("{:?}", s.state.as_ref()?.state.as_ref()?))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(states.len(), 2, "{states:?}");
+    assert!(
+        states[0].starts_with("Queued") && states[1].starts_with("Delivered"),
+        "{states:?}"
+    );
+    let second = request_json(&h, 1);
+    assert!(second.contains("also list the files"), "{second}");
+    assert!(!request_json(&h, 0).contains("also list the files"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_during_a_tool_round_over_h2_run() {
+    steering_during_a_tool_round(Transport::H2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_during_a_tool_round_over_run_sse_and_bidi_append() {
+    steering_during_a_tool_round(Transport::Sse).await
+}
+
+/// A cancel with a pending shell call stores the turn; the next turn's request has a result
+/// for every tool call.
+async fn cancel_with_a_pending_call_then_a_next_turn(transport: Transport) {
+    let ws = tempfile::tempdir().unwrap();
+    let h = harness(vec![
+        tool_sse(&[("s1", "run_terminal_cmd", r#"{"command":"sleep 100"}"#)]),
+        text_sse("Fine."),
+    ])
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.shell_gate = Some(ws.path().join("never"));
+    let first = run_request(OURS, "conv-cxp", "run it", false);
+    let id = format!("req-cxp-1-{transport:?}");
+    let mut conn = Conn::open(&h, transport, &id, &first).await;
+    conn.hold_shell_close = true;
+    let mut messages = Vec::new();
+    assert!(conn
+        .drive(&mut client, &mut messages, is_shell_exec)
+        .await
+        .is_none());
+    conn.send(&cancel()).await;
+    let end = conn
+        .drive(&mut client, &mut messages, |_| false)
+        .await
+        .unwrap();
+    assert_eq!(end.error.unwrap().code, Code::Canceled);
+    let next = with_state(
+        run_request(OURS, "conv-cxp", "never mind", false),
+        client.checkpoint.clone(),
+    );
+    assert!(client.checkpoint.is_some(), "the canceled turn is stored");
+    let id = format!("req-cxp-2-{transport:?}");
+    let (_, end) = turn(&h, transport, &id, &next, &mut client).await;
+    assert!(end.error.is_none(), "{transport:?}: {:?}", end.error);
+    let body = h.provider.requests()[1].json();
+    let msgs = body["messages"].as_array().unwrap();
+    let calls: Vec<String> = msgs
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .map(|c| c["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(calls, ["s1"]);
+    assert!(h
+        .tool_results(1)
+        .iter()
+        .any(|(id, text)| id == "s1" && text.contains("interrupted")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_with_a_pending_call_then_a_next_turn_over_h2_run() {
+    cancel_with_a_pending_call_then_a_next_turn(Transport::H2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_with_a_pending_call_then_a_next_turn_over_run_sse_and_bidi_append() {
+    cancel_with_a_pending_call_then_a_next_turn(Transport::Sse).await
+}

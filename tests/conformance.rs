@@ -1178,3 +1178,84 @@ async fn rules_and_skills_from_the_sdk() {
     )
     .await;
 }
+
+/// Issue 21: `run.steer(text)` during a slow tool round is acknowledged `delivered` (the SDK
+/// says `complete_delivered`), the steering text reaches the model's next call, and no
+/// follow-up turn is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_during_a_slow_tool() {
+    on_every_transport("steering_during_a_slow_tool", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_slow",
+                "run_terminal_cmd",
+                json!({"command": "sleep 2 && echo slow-done"}),
+            )),
+            Reply::sse(text_reply(&["Réponse ", "en français."], (300, 5, 0))),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Run the slow command.",
+                       "steerOn": "tool-call-started", "steerText": "Answer in French."}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        run.assert_transport();
+        let outcome = run.of("steer").next().map(|e| e["outcome"].clone());
+        assert_eq!(outcome, Some(json!("complete_delivered")), "{}", run.dump());
+        let second = messages(&h.provider, 1);
+        let last = second.last().expect("messages");
+        assert_eq!(last["role"], "user", "{}", run.dump());
+        assert!(
+            content_text(last).contains("Answer in French."),
+            "{second:?}"
+        );
+        assert!(second
+            .iter()
+            .any(|m| m["role"] == "tool" && content_text(m).contains("slow-done")));
+        assert_eq!(run.text(), "Réponse en français.", "{}", run.dump());
+        assert_eq!(h.provider.requests().len(), 2, "no follow-up turn");
+    })
+    .await;
+}
+
+/// Issue 21: a turn in plan mode, then a turn in agent mode that carries the plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_mode_then_agent_mode() {
+    on_every_transport("plan_mode_then_agent_mode", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(text_reply(
+                &["PLAN: 1. write hello.txt ", "2. check it"],
+                (300, 5, 0),
+            )),
+            Reply::sse(text_reply(&["Building ", "the plan."], (400, 5, 0))),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        let first = h
+            .client(
+                json!({"mode": "create", "prompt": "Plan a greeting file.", "sendMode": "plan"}),
+                TIMEOUT,
+            )
+            .await;
+        first.assert_finished();
+        let agent_id = first.agent_id();
+        let second = h
+            .client(
+                json!({"mode": "resume", "agentId": agent_id, "prompt": "Build the plan.",
+                       "sendMode": "agent"}),
+                TIMEOUT,
+            )
+            .await;
+        second.assert_finished();
+        let system = |n: usize| content_text(&messages(&h.provider, n)[0]);
+        assert!(system(0).contains("Plan mode"), "{}", system(0));
+        assert!(!system(1).contains("Plan mode"), "{}", system(1));
+        let carried = messages(&h.provider, 1).iter().any(|m| {
+            m["role"] == "assistant" && content_text(m).contains("PLAN: 1. write hello.txt")
+        });
+        assert!(carried, "{:?}", messages(&h.provider, 1));
+    })
+    .await;
+}

@@ -224,3 +224,28 @@ pub fn checkpoint_encoded(
     wire.extend_from_slice(state_wire);
     crate::agent::RunOutput::Encoded(Box::new(checkpoint(state)), wire.into())
 }
+
+/// The state of a context injection (steering), acknowledged to the client.
+pub fn injection_state(
+    injection_id: String,
+    state: pb::context_injection_state::State,
+) -> pb::AgentServerMessage {
+    update(Update::ContextInjectionState(
+        pb::ContextInjectionStateUpdate {
+            injection_id,
+            state: Some(pb::ContextInjectionState { state: Some(state) }),
+        },
+    ))
+}
+
+/// `delivered`: the model call that carries the injection starts (as step `step`).
+pub fn injection_delivered(injection_id: String, step: u64) -> pb::AgentServerMessage {
+    injection_state(
+        injection_id.clone(),
+        pb::context_injection_state::State::Delivered(pb::ContextInjectionDelivered {
+            step: i32::try_from(step).unwrap_or(i32::MAX),
+            delivery_batch_id: format!("{injection_id}@{step}"),
+            delivered_at_ms: i64::try_from(now_unix_ms()).unwrap_or(i64::MAX),
+        }),
+    )
+}

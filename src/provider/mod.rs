@@ -34,7 +34,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::secret::Secret;
 pub use decode::{decode_all, StreamDecoder};
 pub use error::{ProviderError, ProviderErrorKind};
-use machine::DecodeCtx;
+pub(crate) use machine::DecodeCtx;
 pub use price::Price;
 pub use types::*;
 

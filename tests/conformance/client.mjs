@@ -15,6 +15,9 @@
 //   settingSources optional: the SDK's `local.settingSources` (default [], no workspace rules)
 //   mcpServers  optional: the SDK's `mcpServers` option (e.g. a stdio server)
 //   systemPrompt optional: the SDK's `systemPrompt` option
+//   sendMode    optional: the conversation mode of this send ("agent" | "plan")
+//   steerOn     optional: an update type ("tool-call-started"): at the first one, `run.steer`
+//               with `steerText`; prints {"ev":"steer","outcome":…}
 //
 // The SDK reads CURSOR_BACKEND_URL when it is imported, so the environment (backend URL,
 // NODE_EXTRA_CA_CERTS, HOME, CURSOR_SDK_LOCAL_MODEL_CATALOG_JSON) comes from the caller. Real host
@@ -33,7 +36,11 @@ import { syncBuiltinESMExports } from "node:module";
 const opts = JSON.parse(process.argv[2] ?? "{}");
 const started = Date.now();
 
+const emitted = new Set();
+const stdoutHas = (ev) => emitted.has(ev);
+
 function emit(ev, fields = {}) {
+  emitted.add(ev);
   const line = JSON.stringify({ ev, t: Date.now() - started, ...fields }, (_k, v) =>
     typeof v === "bigint" ? Number(v) : v,
   );
@@ -237,9 +244,25 @@ async function main() {
     );
   };
   const pending = [];
+  let steered = false;
+  const steerOnce = () => {
+    if (steered || !run?.steer) return;
+    steered = true;
+    emit("steer-sent", { text: opts.steerText });
+    run.steer(opts.steerText).then(
+      (outcome) => emit("steer", { outcome }),
+      (e) => emit("steer-error", { error: describeError(e) }),
+    );
+  };
+  const sendOptions = opts.sendMode ? { mode: opts.sendMode } : {};
   run = await agent.send(opts.prompt, {
+    ...sendOptions,
     onDelta: ({ update }) => {
       emit("delta", { update });
+      if (opts.steerOn && update?.type === opts.steerOn) {
+        if (run) steerOnce();
+        else pending.push("steer");
+      }
       if (opts.cancelOn && update?.type === opts.cancelOn) {
         // `run` is set once `send` resolves; deltas can come earlier.
         if (run) cancelOnce(`first ${opts.cancelOn}`);
@@ -250,9 +273,14 @@ async function main() {
   });
   emit("run", { id: run.id, requestId: run.requestId ?? null, status: run.status });
   run.onDidChangeStatus?.((status) => emit("status", { status }));
-  if (pending.length) cancelOnce(`first ${pending[0]} (before send resolved)`);
+  if (pending.includes("steer")) steerOnce();
+  else if (pending.length) cancelOnce(`first ${pending[0]} (before send resolved)`);
 
   const result = await run.wait();
+  // A steer still waiting for its acknowledgement settles before we report.
+  for (let i = 0; steered && i < 50 && !stdoutHas("steer"); i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
   emit("result", { result: { ...result, error: result.error ?? null } });
   try {
     agent.close();

@@ -31,6 +31,9 @@ pub enum RunError {
     /// The Cursor client reported a failure we cannot continue from.
     #[error("Cursor reported an error for {what}: {message}")]
     ClientFailed { what: String, message: String },
+    /// A conversation action this build does not carry out (named by its schema branch).
+    #[error("cursor-byok does not support the conversation action `{0}` yet")]
+    Unsupported(String),
     /// A bug or limit on our side.
     #[error("cursor-byok: {0}")]
     Internal(String),
@@ -44,6 +47,7 @@ impl RunError {
             RunError::BadClientMessage(_) => Code::InvalidArgument,
             RunError::ClientTimeout { .. } => Code::DeadlineExceeded,
             RunError::ClientFailed { .. } => Code::Aborted,
+            RunError::Unsupported(_) => Code::Unimplemented,
             RunError::Internal(_) => Code::Internal,
         }
     }
@@ -67,7 +71,7 @@ impl RunError {
             | RunError::BadClientMessage(_)
             | RunError::ClientTimeout { .. }
             | RunError::ClientFailed { .. } => "cursor-client",
-            RunError::Internal(_) => "cursor-byok",
+            RunError::Unsupported(_) | RunError::Internal(_) => "cursor-byok",
         }
     }
 

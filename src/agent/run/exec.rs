@@ -26,6 +26,8 @@ struct Pending {
 pub struct ExecBridge {
     next_id: u32,
     pending: HashMap<u32, Pending>,
+    /// The client's own exec id for the next exec (a user command it already started).
+    adopt: Option<String>,
 }
 
 impl Default for ExecBridge {
@@ -34,6 +36,7 @@ impl Default for ExecBridge {
         ExecBridge {
             next_id: 1,
             pending: HashMap::new(),
+            adopt: None,
         }
     }
 }
@@ -44,7 +47,17 @@ impl ExecBridge {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.pending.insert(id, Pending::default());
-        (id, format!("byok-exec-{id}-{:08x}", rand::random::<u32>()))
+        let exec_id = self
+            .adopt
+            .take()
+            .unwrap_or_else(|| format!("byok-exec-{id}-{:08x}", rand::random::<u32>()));
+        (id, exec_id)
+    }
+
+    /// The next exec carries the client's `exec_id` (`shell_command_action.exec_id`), so the
+    /// client attaches it to the command it already runs.
+    pub fn adopt_next(&mut self, exec_id: String) {
+        self.adopt = Some(exec_id).filter(|e| !e.is_empty());
     }
 
     /// Record a result. Returns false when it belongs to no exec of ours.

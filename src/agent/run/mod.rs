@@ -6,9 +6,12 @@
 //! cancellation, forwards everything else) and a heartbeat that speaks when the run has been
 //! silent, because clients abort a stream after 30 s without server output.
 
+mod action;
 mod error;
 mod exec;
 mod kv;
+mod pending;
+mod steer;
 mod tooling;
 mod turn;
 
@@ -37,6 +40,9 @@ pub use error::RunError;
 use exec::ExecBridge;
 pub use exec::ExecOutcome;
 
+/// How long a canceled run still waits on the client to store what the turn did.
+const WIND_DOWN: Duration = Duration::from_secs(5);
+
 /// Settings a run needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct RunSettings {
@@ -56,6 +62,8 @@ enum ClientEvent {
     ExecControl(pb::ExecClientControlMessage),
     Kv(pb::KvClientMessage),
     Interaction(pb::InteractionResponse),
+    /// Steering: context to add at the next model call of the running turn.
+    Inject(Box<pb::InjectContextAction>),
 }
 
 /// The sending side of a run, shared with the heartbeat and the inbox pump.
@@ -132,6 +140,7 @@ impl Run {
         };
         let done = CancellationToken::new();
         let (events_tx, events_rx) = mpsc::channel(64);
+        let resolutions = pending::CancelResolutions::default();
         tokio::spawn(
             pump_inbox(
                 inbox,
@@ -139,6 +148,7 @@ impl Run {
                 outbox.clone(),
                 cancel.clone(),
                 done.clone(),
+                resolutions.clone(),
             )
             .instrument(span.clone()),
         );
@@ -168,6 +178,10 @@ impl Run {
             cost_usd: Some(0.0),
             route: route.clone(),
             progress: ticket.progress(),
+            steering: steer::Steering::new(first.run_id.clone()),
+            cancel_resolutions: resolutions,
+            winding_down: false,
+            plan_entry: None,
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
         // of it in every state for the run's whole life.
@@ -254,6 +268,7 @@ async fn pump_inbox(
     out: Outbox,
     cancel: CancellationToken,
     done: CancellationToken,
+    resolutions: pending::CancelResolutions,
 ) {
     use pb::agent_client_message::Message as In;
     loop {
@@ -271,14 +286,25 @@ async fn pump_inbox(
                 continue;
             }
             Some(In::ConversationAction(a)) => {
-                if matches!(
-                    a.action,
-                    Some(pb::conversation_action::Action::CancelAction(_))
-                ) {
-                    debug!("cancel requested by the client");
-                    cancel.cancel();
+                use pb::conversation_action::Action;
+                match a.action {
+                    Some(Action::CancelAction(c)) => {
+                        debug!("cancel requested by the client");
+                        resolutions.set(c.interrupted_pending_tool_call_resolutions);
+                        cancel.cancel();
+                        continue;
+                    }
+                    Some(Action::InjectContextAction(i)) => ClientEvent::Inject(Box::new(i)),
+                    Some(other) => {
+                        // Only a cancel or steering makes sense on a running run.
+                        warn!(
+                            action = action::branch_name(&other),
+                            "conversation action on a running run is not acted on"
+                        );
+                        continue;
+                    }
+                    None => continue,
                 }
-                continue;
             }
             Some(In::ExecClientMessage(e)) => ClientEvent::Exec(Box::new(e)),
             Some(In::ExecClientControlMessage(c)) => ClientEvent::ExecControl(c),
@@ -340,6 +366,14 @@ struct RunState {
     route: Arc<std::sync::Mutex<Route>>,
     /// Live figures for the status page.
     progress: crate::status::RunProgress,
+    /// Context injected into the running turn, waiting for the next model call.
+    steering: steer::Steering,
+    /// What the client said about pending tool calls when it canceled.
+    cancel_resolutions: pending::CancelResolutions,
+    /// Canceled, storing what the turn did: waits ignore the cancel but are kept short.
+    winding_down: bool,
+    /// A Build's plan (id, path), registered in the checkpoint.
+    plan_entry: Option<(String, String)>,
 }
 
 /// What one model call produced.
@@ -351,7 +385,7 @@ struct ModelCall {
 
 impl RunState {
     async fn execute(mut self, req: Box<pb::AgentRunRequest>) -> Result<RunSummary, RunError> {
-        let result = self.turn(req).await;
+        let result = self.begin(req).await;
         if result.is_err() {
             self.abort_open_execs().await;
         }
@@ -541,6 +575,13 @@ impl RunState {
         if !self.events_open {
             return Err(RunError::ClientGone);
         }
+        if self.winding_down {
+            let deadline = deadline.min(tokio::time::Instant::now() + WIND_DOWN);
+            return tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => Err(RunError::Canceled),
+                ev = self.events.recv() => ev.ok_or(RunError::ClientGone),
+            };
+        }
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => Err(RunError::Canceled),
@@ -580,6 +621,7 @@ impl RunState {
                 self.exec.on_control(c);
             }
             Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
+            Some(ClientEvent::Inject(i)) => self.on_inject(*i).await?,
             Some(ClientEvent::Interaction(r)) => {
                 if let Some(slot) = self.interactions.get_mut(&r.id) {
                     *slot = Some(r);

@@ -3,7 +3,8 @@
 
 use tracing::{debug, warn};
 
-use super::{RunError, RunState};
+use super::action::{self, Begin, TurnInput};
+use super::{pending, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
@@ -14,26 +15,6 @@ use crate::provider::{AssistantPart, Message, ProviderRequest};
 
 /// The transcript handed to the model for a summary is cut to this many characters.
 const SUMMARY_MAX_CHARS: usize = 400_000;
-
-/// The user's turn as the run request gives it.
-struct TurnInput {
-    user: Option<pb::UserMessage>,
-    request_context: Option<pb::RequestContext>,
-}
-
-fn turn_input(req: &pb::AgentRunRequest) -> TurnInput {
-    use pb::conversation_action::Action;
-    let (user, request_context) = match req.action.as_ref().and_then(|a| a.action.as_ref()) {
-        Some(Action::UserMessageAction(a)) => (a.user_message.clone(), a.request_context.clone()),
-        Some(Action::ResumeAction(a)) => (None, a.request_context.clone()),
-        Some(Action::StartPlanAction(a)) => (a.user_message.clone(), a.request_context.clone()),
-        _ => (None, None),
-    };
-    TurnInput {
-        user,
-        request_context,
-    }
-}
 
 /// Where relative paths resolve: the first workspace, else the client's working directory.
 fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
@@ -46,22 +27,49 @@ fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
 }
 
 impl RunState {
-    pub(super) async fn turn(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
-        let input = turn_input(&req);
-        let request_context = match input.request_context {
+    /// Carry out what the run request's action asks for.
+    pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
+        match action::begin(&req)? {
+            Begin::Turn(input) => self.turn(req, *input).await,
+            Begin::Summarize => self.summarize_now(&req).await,
+            Begin::Shell { command, exec_id } => self.shell_command(&req, command, exec_id).await,
+        }
+    }
+
+    async fn turn(
+        &mut self,
+        req: Box<pb::AgentRunRequest>,
+        mut input: TurnInput,
+    ) -> Result<(), RunError> {
+        // Steering from now on joins this turn's first (or next) model call.
+        self.open_steering();
+        let request_context = match input.request_context.take() {
             Some(ctx) => Some(ctx),
             None => self.fetch_request_context().await?,
         };
         let parts = context::parts(&req);
-        let blobs = self.context_blobs(&req, input.user.as_ref()).await?;
+        let blobs = self.context_blobs(&req, Some(&input.user)).await?;
         let request_context = context::merge_parts(request_context, parts, &blobs);
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
-        let mode = input
-            .user
-            .as_ref()
-            .map(|u| u.mode)
+        let mut todos = history.todos.clone();
+        if let Some(read) = input.plan_to_read.take() {
+            let plan = self.read_plan(&read.path).await?;
+            input.user.text = action::build_instruction(&plan);
+        }
+        let build =
+            input.user.simulated_msg_reason == Some(pb::SimulatedMsgReason::PlanExecution as i32);
+        if build {
+            let seeded = tools::plan_todos(plan_text(&input.user.text));
+            if !seeded.is_empty() {
+                todos = seeded;
+            }
+        }
+        if input.goal_continuation {
+            input.user.text = goal_prompt(&input.user.text, &todos);
+        }
+        let mode = Some(input.user.mode)
             .filter(|m| *m != 0)
             .or(prev_state.mode)
             .unwrap_or(0);
@@ -86,14 +94,21 @@ impl RunState {
                 .unwrap_or_default(),
         };
         let images = self.run.model.config.supports_images;
-        let user = input.user.clone().unwrap_or_else(|| pb::UserMessage {
-            text: "Continue where you left off.".into(),
-            ..Default::default()
-        });
+        let user = input.user.clone();
         let mut messages = std::mem::take(&mut history.messages);
-        messages.push(prompt::user_message_with(&user, images, &blobs));
+        if let Some(h) = &input.history {
+            messages = client_history(h, images);
+            history.turn_starts.clear();
+        }
+        if let Some((call_id, answer)) = &input.answer {
+            deliver_answer(&mut messages, call_id, answer);
+        }
+        pending::close_pending(&mut messages, &input.resolutions);
+        for m in &input.prepend {
+            messages.push(model_user_message(m, images, &blobs));
+        }
+        messages.push(model_user_message(&user, images, &blobs));
 
-        let mut todos = history.todos.clone();
         let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
             .todo_ids
             .iter()
@@ -104,6 +119,9 @@ impl RunState {
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
         loop {
+            for text in self.deliver_injections(&mut messages).await? {
+                steps.push(StepRecord::UserContext { text });
+            }
             let touched = context::touched_paths(&messages, tool_ctx.workspace_root.as_deref());
             let system = prompt::system_prompt(&prompt::PromptInputs {
                 ctx: request_context.as_ref(),
@@ -123,12 +141,7 @@ impl RunState {
             let step = self.step;
             let assistant = call.turn.message.clone();
             record_steps(&mut steps, &call.turn, call.thinking_ms);
-            let calls: Vec<(
-                String,
-                String,
-                serde_json::Value,
-                Option<crate::provider::ProviderExtra>,
-            )> = call
+            let calls: Vec<Call> = call
                 .turn
                 .parts()
                 .iter()
@@ -146,12 +159,40 @@ impl RunState {
                 messages.push(assistant);
             }
             if calls.is_empty() {
+                // Steering that came in during this answer gets its own model call.
+                self.drain_events().await?;
+                if self.steering.has_queued() {
+                    continue;
+                }
                 break;
             }
             rounds += 1;
-            let results = self
+            let results = match self
                 .run_tool_round(step, &calls, &mut tool_ctx, &mut todos)
-                .await?;
+                .await
+            {
+                Ok(results) => results,
+                Err(RunError::Canceled) => {
+                    self.abort_open_execs().await;
+                    record_interrupted(&mut steps, &calls, &self.cancel_resolutions.get());
+                    let prev = Previous {
+                        state: &prev_state,
+                        wire: &prev_wire,
+                        todos: &known_todos,
+                    };
+                    // Keep what the turn did (its pending calls closed) so the next turn
+                    // sees it: best effort, within a short grace, since the user asked to stop.
+                    self.winding_down = true;
+                    let stored = self
+                        .write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, None)
+                        .await;
+                    if let Err(e) = stored {
+                        debug!("the canceled turn was not stored: {e}");
+                    }
+                    return Err(RunError::Canceled);
+                }
+                Err(e) => return Err(e),
+            };
             for ((id, name, arguments, extra), outcome) in calls.into_iter().zip(results) {
                 messages.push(Message::ToolResult {
                     call_id: id.clone(),
@@ -178,6 +219,8 @@ impl RunState {
                 break;
             }
         }
+        self.defer_injections().await?;
+        self.plan_entry = input.plan_id.take();
         self.write_turn(
             &req,
             Previous {
@@ -297,11 +340,21 @@ impl RunState {
         let Some(through) = history.turn_through(plan.split) else {
             return Ok(None);
         };
+        let text = self.summarize(&plan.older).await?;
+        let mut compacted = vec![state::summary_message(&text)];
+        compacted.extend(plan.keep);
+        *messages = compacted;
+        Ok(Some((text, through)))
+    }
+
+    /// Summarise `older` with the model, telling Cursor as it goes.
+    async fn summarize(&mut self, older: &[Message]) -> Result<String, RunError> {
+        let cfg = &self.run.model.config;
         self.out.send(msg::summary_started()).await?;
         let request = ProviderRequest {
             model: cfg.model.clone(),
             system: "You summarise coding-agent conversations so the work can continue. Keep file paths, decisions, open tasks, errors and the user's requests; be concise.".into(),
-            messages: state::summary_prompt(&plan.older, SUMMARY_MAX_CHARS),
+            messages: state::summary_prompt(older, SUMMARY_MAX_CHARS),
             tools: Vec::new(),
             options: crate::provider::RequestOptions {
                 max_output_tokens: Some(4_000.min(cfg.max_output_tokens)),
@@ -330,10 +383,95 @@ impl RunState {
         let text = turn.text();
         self.out.send(msg::summary(text.clone())).await?;
         self.out.send(msg::summary_completed(false)).await?;
-        let mut compacted = vec![state::summary_message(&text)];
-        compacted.extend(plan.keep);
-        *messages = compacted;
-        Ok(Some((text, through)))
+        Ok(text)
+    }
+
+    /// `/summarize`: the whole conversation so far, by the path automatic compaction takes; the
+    /// checkpoint records it and no model turn follows.
+    async fn summarize_now(&mut self, req: &pb::AgentRunRequest) -> Result<(), RunError> {
+        let prev_state = req.conversation_state.clone().unwrap_or_default();
+        let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
+        let history = self.rebuild_history(&prev_state).await?;
+        let Some(through) = history.turn_through(history.messages.len()) else {
+            self.out
+                .send(msg::notice("There is nothing to summarise yet.".into()))
+                .await?;
+            return self.out.send(msg::turn_ended(&self.usage)).await;
+        };
+        let text = self.summarize(&history.messages).await?;
+        let mut checkpoint = state::Checkpoint {
+            state: prev_state.clone(),
+            blobs: Vec::new(),
+        };
+        checkpoint.set_summary(&text, &through);
+        self.publish(&prev_state, &prev_wire, checkpoint, Vec::new())
+            .await?;
+        self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// A command the user ran from the chat: run through the client like the model's shell
+    /// calls (its output streams to the UI), then stored as a shell turn the next model turn
+    /// reads. No model call.
+    async fn shell_command(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        command: String,
+        exec_id: String,
+    ) -> Result<(), RunError> {
+        let request_context = self.fetch_request_context().await?;
+        self.exec.adopt_next(exec_id);
+        let prev_state = req.conversation_state.clone().unwrap_or_default();
+        let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
+        let mut ctx = tools::ToolContext {
+            workspace_root: workspace_root(request_context.as_ref()),
+            mcp_tools: Vec::new(),
+            web_fetch: false,
+            mode: prev_state.mode.unwrap_or(0),
+            command_denylist: request_context
+                .as_ref()
+                .map(|c| c.admin_command_denylist.clone())
+                .unwrap_or_default(),
+        };
+        let call: Call = (
+            "user_shell".into(),
+            "run_terminal_cmd".into(),
+            serde_json::json!({ "command": command }),
+            None,
+        );
+        let mut todos = Vec::new();
+        let outcomes = self
+            .run_tool_round(self.step, &[call], &mut ctx, &mut todos)
+            .await?;
+        let output = outcomes.first().map(shell_output).unwrap_or_default();
+        let (turn_blobs, turn_id) = state::encode_shell_turn(&command, &output);
+        let mut checkpoint = state::Checkpoint {
+            state: prev_state.clone(),
+            blobs: Vec::new(),
+        };
+        checkpoint
+            .state
+            .turns
+            .push(bytes::Bytes::copy_from_slice(&turn_id));
+        self.publish(&prev_state, &prev_wire, checkpoint, turn_blobs)
+            .await?;
+        self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// Store `extra` and the checkpoint's blobs, then send the checkpoint.
+    async fn publish(
+        &mut self,
+        prev: &pb::ConversationStateStructure,
+        prev_wire: &[u8],
+        checkpoint: state::Checkpoint,
+        mut extra: Vec<state::Blob>,
+    ) -> Result<(), RunError> {
+        extra.extend(checkpoint.blobs.iter().cloned());
+        self.store_blobs(&extra).await?;
+        self.run.cache.put_many(extra).await;
+        let wire = checkpoint.encode_over(prev, prev_wire);
+        self.out
+            .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
+            .await
     }
 
     /// Store the turn's blobs, wait for every ack, then publish the checkpoint.
@@ -372,13 +510,13 @@ impl RunState {
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
-        let mut blobs = encoded.blobs;
-        blobs.extend(checkpoint.blobs.iter().cloned());
-        self.store_blobs(&blobs).await?;
-        self.run.cache.put_many(blobs).await;
-        let wire = checkpoint.encode_over(prev.state, prev.wire);
-        self.out
-            .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
+        if let Some((id, path)) = self.plan_entry.take() {
+            checkpoint
+                .state
+                .plans
+                .insert(id.clone(), pb::PlanRegistryEntry { id, path });
+        }
+        self.publish(prev.state, prev.wire, checkpoint, encoded.blobs)
             .await
     }
 }
@@ -389,6 +527,13 @@ struct Previous<'a> {
     wire: &'a [u8],
     todos: &'a [(state::BlobId, pb::TodoItem)],
 }
+
+type Call = (
+    String,
+    String,
+    serde_json::Value,
+    Option<crate::provider::ProviderExtra>,
+);
 
 /// `AgentRunRequest.conversation_state`.
 const CONVERSATION_STATE: u32 = 1;
@@ -430,5 +575,257 @@ fn record_steps(steps: &mut Vec<StepRecord>, turn: &crate::provider::Turn, think
             }
             _ => {}
         }
+    }
+}
+
+/// A Build instruction's plan (the part inside `<plan>`), or the whole text.
+fn plan_text(instruction: &str) -> &str {
+    instruction
+        .split_once("<plan>\n")
+        .and_then(|(_, rest)| rest.rsplit_once("\n</plan>"))
+        .map_or(instruction, |(plan, _)| plan)
+}
+
+/// The goal-continuation prompt: `base`, then the todos still open.
+fn goal_prompt(base: &str, todos: &[pb::TodoItem]) -> String {
+    use pb::TodoStatus;
+    let open: Vec<String> = todos
+        .iter()
+        .filter(|t| {
+            !matches!(
+                TodoStatus::try_from(t.status),
+                Ok(TodoStatus::Completed | TodoStatus::Cancelled)
+            )
+        })
+        .map(|t| format!("- {}", t.content))
+        .collect();
+    if open.is_empty() {
+        format!("{base} The todo list has no open items: check the work is complete and say what remains, if anything.")
+    } else {
+        format!("{base} Open todos:\n{}", open.join("\n"))
+    }
+}
+
+/// The model's form of a user message. A message the system wrote on the user's behalf (a
+/// Build, a notification, a goal continuation) says so, so the model does not take it for the
+/// user's own words; a steering message that arrived as a new run says it was sent mid-work.
+fn model_user_message(user: &pb::UserMessage, images: bool, blobs: &context::Blobs) -> Message {
+    let note = if user.is_simulated_msg == Some(true) {
+        let reason = user
+            .simulated_msg_reason
+            .and_then(|r| pb::SimulatedMsgReason::try_from(r).ok())
+            .filter(|r| *r != pb::SimulatedMsgReason::Unspecified)
+            .map(|r| {
+                let name = r.as_str_name();
+                name.strip_prefix("SIMULATED_MSG_REASON_")
+                    .unwrap_or(name)
+                    .to_lowercase()
+                    .replace('_', " ")
+            });
+        Some(match reason {
+            Some(r) => {
+                format!("[System message ({r}), sent on the user's behalf; not typed by the user]")
+            }
+            None => "[System message, sent on the user's behalf; not typed by the user]".into(),
+        })
+    } else if user.turn_steer == Some(true) {
+        Some("[The user sent this while you were working on the previous request]".into())
+    } else {
+        None
+    };
+    let plan = user
+        .execute_plan_info
+        .as_ref()
+        .filter(|p| !p.plan_id.is_empty() && user.is_simulated_msg != Some(true))
+        .map(|p| {
+            format!(
+                "[This message is about the plan {} {}]",
+                p.plan_id, p.plan_title
+            )
+        });
+    match (note, plan) {
+        (None, None) => prompt::user_message_with(user, images, blobs),
+        (note, plan) => {
+            let mut u = user.clone();
+            let head: Vec<String> = note.into_iter().chain(plan).collect();
+            u.text = format!("{}\n{}", head.join("\n"), u.text);
+            prompt::user_message_with(&u, images, blobs)
+        }
+    }
+}
+
+/// A history the client supplies (`conversation_history`), in the provider's form.
+fn client_history(h: &pb::ConversationHistory, images: bool) -> Vec<Message> {
+    use pb::conversation_history_assistant_content::Content as A;
+    use pb::conversation_history_message::Message as M;
+    use pb::conversation_history_tool_result_content::Content as R;
+    use pb::conversation_history_user_content::Content as U;
+    let mut out = Vec::new();
+    for m in &h.messages {
+        match &m.message {
+            Some(M::User(u)) => {
+                let text = joined(&u.content, |c| match &c.content {
+                    Some(U::Text(t)) => Some(t.text.as_str()),
+                    _ => None,
+                });
+                let user = pb::UserMessage {
+                    text,
+                    ..Default::default()
+                };
+                out.push(prompt::user_message_with(
+                    &user,
+                    images,
+                    &context::Blobs::default(),
+                ));
+            }
+            Some(M::Assistant(a)) => {
+                let parts: Vec<AssistantPart> = a
+                    .content
+                    .iter()
+                    .filter_map(|c| match &c.content {
+                        Some(A::Text(t)) => Some(AssistantPart::Text {
+                            text: t.text.clone(),
+                        }),
+                        Some(A::ToolCall(t)) => Some(AssistantPart::ToolCall {
+                            id: t.tool_call_id.clone(),
+                            name: t.tool_name.clone(),
+                            arguments: serde_json::from_str(&t.args_json)
+                                .unwrap_or_else(|_| serde_json::Value::String(t.args_json.clone())),
+                            extra: None,
+                        }),
+                        // Reasoning without the provider's signature cannot be replayed.
+                        _ => None,
+                    })
+                    .collect();
+                if !parts.is_empty() {
+                    out.push(Message::Assistant { parts });
+                }
+            }
+            Some(M::Tool(t)) => {
+                let content = joined(&t.content, |c| match &c.content {
+                    Some(R::Text(t)) => Some(t.text.as_str()),
+                    _ => None,
+                });
+                out.push(Message::ToolResult {
+                    call_id: t.tool_call_id.clone(),
+                    name: t.tool_name.clone(),
+                    content,
+                    is_error: t.is_error.unwrap_or(false),
+                });
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+/// The text parts of client-history content, one per line.
+fn joined<'a, T>(items: &'a [T], text: impl Fn(&'a T) -> Option<&'a str>) -> String {
+    items.iter().filter_map(text).collect::<Vec<_>>().join("\n")
+}
+
+/// An asynchronous question's answer becomes the result of the call that asked it.
+fn deliver_answer(messages: &mut [Message], cursor_call_id: &str, answer: &str) {
+    for m in messages.iter_mut() {
+        if let Message::ToolResult {
+            call_id, content, ..
+        } = m
+        {
+            let ours = cursor_call_id == call_id.as_str()
+                || cursor_call_id
+                    .strip_prefix(call_id.as_str())
+                    .is_some_and(|r| r.starts_with("#s"));
+            if ours {
+                *content = answer.to_string();
+            }
+        }
+    }
+}
+
+/// The calls of a round a cancel interrupted, closed with the client's resolution.
+fn record_interrupted(
+    steps: &mut Vec<StepRecord>,
+    calls: &[Call],
+    resolutions: &[pb::InterruptedPendingToolCallResolution],
+) {
+    for (id, name, arguments, extra) in calls {
+        let (result, is_error) = pending::resolution_for(id, resolutions);
+        steps.push(StepRecord::ToolCall {
+            tool_call: pb::ToolCall {
+                tool_call_id: Some(id.clone()),
+                ..Default::default()
+            },
+            call_id: id.clone(),
+            name: name.clone(),
+            arguments: arguments.clone(),
+            result,
+            is_error,
+            extra: extra.clone(),
+        });
+    }
+}
+
+impl RunState {
+    /// Read a plan file through the client (a Build that names only the file).
+    async fn read_plan(&mut self, path: &str) -> Result<String, RunError> {
+        use pb::exec_client_message::Message as R;
+        use pb::read_result::Result as RR;
+        let args = pb::exec_server_message::Message::ReadArgs(pb::ReadArgs {
+            path: path.to_string(),
+            ..Default::default()
+        });
+        let what = "the plan file";
+        let outcome = self.run_exec(args, None, what).await?;
+        let failed = |message: String| RunError::ClientFailed {
+            what: format!("{what} {path}"),
+            message,
+        };
+        if let Some(err) = outcome.thrown {
+            return Err(failed(err));
+        }
+        for r in outcome.results {
+            if let R::ReadResult(res) = r {
+                return match res.result {
+                    Some(RR::Success(s)) => match s.output {
+                        Some(pb::read_success::Output::Content(c)) => Ok(c),
+                        Some(pb::read_success::Output::Data(d)) => {
+                            Ok(String::from_utf8_lossy(&d).into_owned())
+                        }
+                        None => Ok(String::new()),
+                    },
+                    Some(RR::FileNotFound(_)) => Err(failed("the file does not exist".into())),
+                    other => Err(failed(format!("the read failed ({other:?})"))),
+                };
+            }
+        }
+        Err(failed("no read result".into()))
+    }
+}
+
+/// A user command's output, from its shell tool call.
+fn shell_output(outcome: &tools::ToolOutcome) -> pb::ShellOutput {
+    use pb::shell_result::Result as R;
+    let result = match &outcome.tool_call.tool {
+        Some(pb::tool_call::Tool::ShellToolCall(t)) => {
+            t.result.as_ref().and_then(|r| r.result.as_ref())
+        }
+        _ => None,
+    };
+    match result {
+        Some(R::Success(s)) => pb::ShellOutput {
+            stdout: s.stdout.clone(),
+            stderr: s.stderr.clone(),
+            exit_code: s.exit_code,
+        },
+        Some(R::Failure(f)) => pb::ShellOutput {
+            stdout: f.stdout.clone(),
+            stderr: f.stderr.clone(),
+            exit_code: f.exit_code,
+        },
+        _ => pb::ShellOutput {
+            stderr: outcome.content.clone(),
+            exit_code: -1,
+            ..Default::default()
+        },
     }
 }

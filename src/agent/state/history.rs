@@ -504,6 +504,11 @@ impl HistoryBuilder {
             };
             let replay: Option<StepReplay> = replay::extract_json(data);
             use pb::conversation_step::Message as M;
+            if let Some(StepReplay::UserContext { text }) = &replay {
+                flush(&mut parts, &mut results, out);
+                out.push(Message::user_text(text.clone()));
+                continue;
+            }
             match step.message {
                 Some(M::AssistantMessage(a)) => {
                     if !results.is_empty() {

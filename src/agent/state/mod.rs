@@ -31,4 +31,4 @@ pub use history::{HistoryBuilder, HistoryOptions, RebuiltHistory, ToolCallFallba
 pub use summary::{
     estimate_tokens, plan_compaction, summary_message, summary_prompt, Compaction, SUMMARY_PREFIX,
 };
-pub use turn::{encode_step, encode_turn, EncodedTurn, StepRecord, TurnRecord};
+pub use turn::{encode_shell_turn, encode_step, encode_turn, EncodedTurn, StepRecord, TurnRecord};

@@ -26,6 +26,8 @@ const WIRE_LEN: u64 = 2;
 pub enum StepReplay {
     /// Assistant text: the text itself is in the step; this only marks the step as ours.
     Text {},
+    /// A user-side message that joined the turn between model calls (steering).
+    UserContext { text: String },
     Thinking {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         extra: Option<ProviderExtra>,

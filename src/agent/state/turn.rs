@@ -31,6 +31,12 @@ pub enum StepRecord {
     Assistant {
         text: String,
     },
+    /// Context that joined the turn between two model calls (steering, a system note): the
+    /// model read it as a user message. Cursor's step kinds have no user form, so it is an
+    /// empty assistant message for the UI, with the text in our replay field.
+    UserContext {
+        text: String,
+    },
     Thinking {
         text: String,
         duration_ms: u32,
@@ -103,6 +109,10 @@ pub fn encode_step(step: &StepRecord) -> Blob {
             }),
             StepReplay::Text {},
         ),
+        StepRecord::UserContext { text } => (
+            M::AssistantMessage(pb::AssistantMessage::default()),
+            StepReplay::UserContext { text: text.clone() },
+        ),
         StepRecord::Thinking {
             text,
             duration_ms,
@@ -143,6 +153,28 @@ pub fn encode_step(step: &StepRecord) -> Blob {
     .encode_to_vec();
     replay::append_json(&mut buf, &replay);
     Blob::new(buf)
+}
+
+/// A command the user ran from the chat and its output, as Cursor stores it: a
+/// `ShellConversationTurnStructure` over `ShellCommand` and `ShellOutput` blobs. Returns every
+/// blob (the turn last) and the turn's id.
+pub fn encode_shell_turn(command: &str, output: &pb::ShellOutput) -> (Vec<Blob>, BlobId) {
+    let cmd = Blob::from_message(&pb::ShellCommand {
+        command: command.to_string(),
+    });
+    let out = Blob::from_message(output);
+    let turn = Blob::from_message(&pb::ConversationTurnStructure {
+        turn: Some(
+            pb::conversation_turn_structure::Turn::ShellConversationTurn(
+                pb::ShellConversationTurnStructure {
+                    shell_command: cmd.id_bytes(),
+                    shell_output: out.id_bytes(),
+                },
+            ),
+        ),
+    });
+    let id = turn.id;
+    (vec![cmd, out, turn], id)
 }
 
 #[cfg(test)]

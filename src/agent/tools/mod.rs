@@ -532,3 +532,18 @@ pub fn error_outcome(tool_call: pb::ToolCall, message: String) -> ToolOutcome {
         },
     }
 }
+
+/// What the model reads for an ask-question answer (`args` asked, `result` answered), e.g. one
+/// that arrives later as `async_ask_question_completion_action`.
+pub fn render_ask_result(
+    args: Option<pb::AskQuestionArgs>,
+    result: Option<pb::AskQuestionResult>,
+) -> String {
+    interaction::render_ask(&pb::AskQuestionToolCall { args, result }).0
+}
+
+/// The todos a plan's front matter lists (Cursor's `.plan.md`: `todos:` with `- id:`,
+/// `content:`, `status:` entries); empty when it lists none.
+pub fn plan_todos(plan: &str) -> Vec<pb::TodoItem> {
+    todos::from_front_matter(plan)
+}

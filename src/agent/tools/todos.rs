@@ -356,3 +356,60 @@ mod tests {
         assert_eq!(list[0].status, TodoStatus::Pending as i32);
     }
 }
+
+/// The `todos:` list of a Markdown document's front matter (`---` … `---`), read as the small
+/// YAML subset Cursor writes in plan files: `- key: value` items with `key: value` lines.
+pub(crate) fn from_front_matter(doc: &str) -> Vec<pb::TodoItem> {
+    let mut lines = doc.lines();
+    if lines.next().map(str::trim) != Some("---") {
+        return Vec::new();
+    }
+    let mut items: Vec<serde_json::Map<String, Value>> = Vec::new();
+    let mut in_todos = false;
+    for line in lines {
+        if line.trim() == "---" {
+            break;
+        }
+        if !line.starts_with(' ') && !line.starts_with('-') {
+            in_todos = line.trim_end() == "todos:";
+            continue;
+        }
+        if !in_todos {
+            continue;
+        }
+        let t = line.trim();
+        let (new_item, rest) = match t.strip_prefix("- ") {
+            Some(r) => (true, r),
+            None => (false, t),
+        };
+        if new_item || items.is_empty() {
+            items.push(serde_json::Map::new());
+        }
+        if let (Some((k, v)), Some(item)) = (rest.split_once(':'), items.last_mut()) {
+            let v = v.trim().trim_matches(|c| c == '"' || c == '\'');
+            item.insert(k.trim().to_string(), Value::String(v.to_string()));
+        }
+    }
+    let value = Value::Array(items.into_iter().map(Value::Object).collect());
+    parse_items(&value, false)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| !t.content.trim().is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod front_matter_tests {
+    use super::*;
+
+    #[test]
+    fn plan_front_matter_todos_are_read() {
+        let doc = "---\nname: Greeting\ntodos:\n  - id: t1\n    content: \"Write hello.txt\"\n    status: pending\n  - id: t2\n    content: Test it\n    status: completed\n---\n# Plan\n";
+        let todos = from_front_matter(doc);
+        assert_eq!(todos.len(), 2);
+        assert_eq!(todos[0].id, "t1");
+        assert_eq!(todos[0].content, "Write hello.txt");
+        assert_eq!(todos[1].status, pb::TodoStatus::Completed as i32);
+        assert!(from_front_matter("# no front matter").is_empty());
+    }
+}

@@ -473,26 +473,16 @@ fn repeated_call_ids_are_made_unique() {
 
 #[test]
 fn shell_turns_become_user_notes() {
-    let cmd = Blob::from_message(&pb::ShellCommand {
-        command: "ls".into(),
-    });
-    let out = Blob::from_message(&pb::ShellOutput {
+    let output = pb::ShellOutput {
         stdout: "a.rs".into(),
         stderr: String::new(),
         exit_code: 0,
-    });
-    let turn = Blob::from_message(&pb::ConversationTurnStructure {
-        turn: Some(
-            pb::conversation_turn_structure::Turn::ShellConversationTurn(
-                pb::ShellConversationTurnStructure {
-                    shell_command: cmd.id_bytes(),
-                    shell_output: out.id_bytes(),
-                },
-            ),
-        ),
-    });
+    };
+    let (blobs, turn_id) = crate::agent::state::encode_shell_turn("ls", &output);
+    let turn = blobs.last().cloned().unwrap();
+    assert_eq!(turn.id, turn_id);
     let mut client = Client::default();
-    client.add(&[cmd, out, turn.clone()]);
+    client.add(&blobs);
     let state = pb::ConversationStateStructure {
         turns: vec![turn.id_bytes(), Bytes::from_static(b"bad id")],
         ..Default::default()

@@ -1,0 +1,298 @@
+//! What each `ConversationAction` branch of a run request asks the run to do, the way Cursor's
+//! own server answers it. Pure: the run carries the result out. A branch without a handler is
+//! an error naming it, never a silent "continue".
+
+use super::RunError;
+use crate::proto::agent::v1 as pb;
+use pb::conversation_action::Action;
+
+/// What the run does for its first request.
+pub(super) enum Begin {
+    /// A model turn.
+    Turn(Box<TurnInput>),
+    /// `/summarize`: compact the conversation now; no model turn.
+    Summarize,
+    /// A command the user ran from the chat: run it through the client (under the client's
+    /// `exec_id` when it gave one), record it; no model turn.
+    Shell { command: String, exec_id: String },
+}
+
+/// Where a Build's plan text comes from when the action does not carry it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PlanToRead {
+    pub path: String,
+}
+
+/// The input of one model turn.
+#[derive(Default)]
+pub(super) struct TurnInput {
+    /// The message that opens the turn (recorded as the turn's user message).
+    pub user: pb::UserMessage,
+    /// Messages that go before `user` (`prepend_user_messages`).
+    pub prepend: Vec<pb::UserMessage>,
+    pub request_context: Option<pb::RequestContext>,
+    /// A Build whose plan must be read through the client first.
+    pub plan_to_read: Option<PlanToRead>,
+    /// A Build: the plan registered in the checkpoint under this id.
+    pub plan_id: Option<(String, String)>,
+    /// The answer to an earlier ask-question call: (Cursor call id, result for the model).
+    pub answer: Option<(String, String)>,
+    /// A history the client supplies in place of the rebuilt one.
+    pub history: Option<pb::ConversationHistory>,
+    /// How tool calls left pending by a cancel were resolved.
+    pub resolutions: Vec<pb::InterruptedPendingToolCallResolution>,
+    /// Continue toward the goal: the prompt names the open todos.
+    pub goal_continuation: bool,
+}
+
+/// Every branch name of `ConversationAction`, as the schema spells it.
+pub fn branch_name(a: &Action) -> &'static str {
+    match a {
+        Action::UserMessageAction(_) => "user_message_action",
+        Action::ResumeAction(_) => "resume_action",
+        Action::CancelAction(_) => "cancel_action",
+        Action::SummarizeAction(_) => "summarize_action",
+        Action::ShellCommandAction(_) => "shell_command_action",
+        Action::StartPlanAction(_) => "start_plan_action",
+        Action::ExecutePlanAction(_) => "execute_plan_action",
+        Action::AsyncAskQuestionCompletionAction(_) => "async_ask_question_completion_action",
+        Action::CancelSubagentAction(_) => "cancel_subagent_action",
+        Action::BackgroundTaskCompletionAction(_) => "background_task_completion_action",
+        Action::BackgroundShellAction(_) => "background_shell_action",
+        Action::BackgroundSubagentAction(_) => "background_subagent_action",
+        Action::SubscriptionNotificationAction(_) => "subscription_notification_action",
+        Action::GoalContinuationAction(_) => "goal_continuation_action",
+        Action::InjectContextAction(_) => "inject_context_action",
+    }
+}
+
+/// What the run request's action asks for.
+pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
+    let Some(action) = req.action.as_ref().and_then(|a| a.action.as_ref()) else {
+        return Err(RunError::BadClientMessage(
+            "the run request carries no conversation action".into(),
+        ));
+    };
+    let turn = |t: TurnInput| Ok(Begin::Turn(Box::new(t)));
+    match action {
+        Action::UserMessageAction(a) => {
+            let user = a.user_message.clone().unwrap_or_default();
+            turn(TurnInput {
+                user,
+                prepend: a.prepend_user_messages.clone(),
+                request_context: a.request_context.clone(),
+                history: a.conversation_history.clone(),
+                resolutions: resolutions(a.interrupted_pending_tool_call_resolutions.as_ref()),
+                ..Default::default()
+            })
+        }
+        Action::ResumeAction(a) => turn(TurnInput {
+            user: simulated("Continue where you left off.", None),
+            request_context: a.request_context.clone(),
+            ..Default::default()
+        }),
+        Action::StartPlanAction(a) => {
+            let mut user = a.user_message.clone().unwrap_or_default();
+            if user.mode == 0 {
+                user.mode = pb::AgentMode::Plan as i32;
+            }
+            if a.is_spec {
+                user.text = format!(
+                    "{}\n\n(Write a specification for this — what to build and the requirements it must meet — not an implementation plan.)",
+                    user.text
+                );
+            }
+            turn(TurnInput {
+                user,
+                request_context: a.request_context.clone(),
+                ..Default::default()
+            })
+        }
+        Action::ExecutePlanAction(a) => turn(execute_plan(a)),
+        Action::AsyncAskQuestionCompletionAction(a) => turn(async_answer(a)),
+        Action::SubscriptionNotificationAction(a) => turn(notifications(a)),
+        Action::GoalContinuationAction(_) => turn(TurnInput {
+            user: simulated(
+                "Continue working toward the goal of this conversation.",
+                Some(pb::SimulatedMsgReason::GoalContinuation),
+            ),
+            goal_continuation: true,
+            ..Default::default()
+        }),
+        Action::SummarizeAction(_) => Ok(Begin::Summarize),
+        Action::ShellCommandAction(a) => {
+            let command = a
+                .shell_command
+                .as_ref()
+                .map(|c| c.command.clone())
+                .unwrap_or_default();
+            if command.trim().is_empty() {
+                return Err(RunError::BadClientMessage(
+                    "shell_command_action carries no command".into(),
+                ));
+            }
+            Ok(Begin::Shell {
+                command,
+                exec_id: a.exec_id.clone(),
+            })
+        }
+        Action::CancelAction(_) => Err(RunError::BadClientMessage(
+            "a run cannot start with cancel_action: there is nothing running to cancel".into(),
+        )),
+        Action::InjectContextAction(_) => Err(RunError::BadClientMessage(
+            "inject_context_action steers a running run; it cannot start one".into(),
+        )),
+        Action::CancelSubagentAction(_)
+        | Action::BackgroundTaskCompletionAction(_)
+        | Action::BackgroundShellAction(_)
+        | Action::BackgroundSubagentAction(_) => {
+            Err(RunError::Unsupported(branch_name(action).to_string()))
+        }
+    }
+}
+
+fn resolutions(
+    r: Option<&pb::InterruptedPendingToolCallResolutions>,
+) -> Vec<pb::InterruptedPendingToolCallResolution> {
+    r.map(|r| r.resolutions.clone()).unwrap_or_default()
+}
+
+/// A message the system writes on the user's behalf.
+fn simulated(text: &str, reason: Option<pb::SimulatedMsgReason>) -> pb::UserMessage {
+    pb::UserMessage {
+        text: text.into(),
+        is_simulated_msg: Some(true),
+        simulated_msg_reason: reason.map(|r| r as i32),
+        ..Default::default()
+    }
+}
+
+/// The Build button: the plan becomes the instruction of the turn.
+fn execute_plan(a: &pb::ExecutePlanAction) -> TurnInput {
+    let text = a
+        .plan
+        .as_ref()
+        .map(|p| p.plan.clone())
+        .filter(|p| !p.trim().is_empty())
+        .or_else(|| a.plan_file_content.clone().filter(|p| !p.trim().is_empty()));
+    let path = a
+        .plan_file_path
+        .clone()
+        .filter(|p| !p.is_empty())
+        .or_else(|| a.plan_file_uri.as_deref().map(uri_path));
+    let mode = if a.execution_mode == 0 {
+        pb::AgentMode::Agent as i32
+    } else {
+        a.execution_mode
+    };
+    let plan_id = a.plan_id.clone().filter(|p| !p.is_empty());
+    let mut user = simulated(
+        &build_instruction(text.as_deref().unwrap_or_default()),
+        Some(pb::SimulatedMsgReason::PlanExecution),
+    );
+    user.mode = mode;
+    user.message_id = a.kickoff_message_id.clone().unwrap_or_default();
+    user.execute_plan_info = plan_id.as_ref().map(|id| pb::ExecutePlanInfo {
+        plan_id: id.clone(),
+        plan_title: String::new(),
+    });
+    TurnInput {
+        user,
+        request_context: a.request_context.clone(),
+        plan_to_read: match (&text, path.clone()) {
+            (None, Some(path)) => Some(PlanToRead { path }),
+            _ => None,
+        },
+        plan_id: plan_id.map(|id| (id, path.unwrap_or_default())),
+        ..Default::default()
+    }
+}
+
+/// The instruction of a Build turn for `plan` (its Markdown, todos front matter and all).
+pub(super) fn build_instruction(plan: &str) -> String {
+    format!(
+        "Implement the plan below. Follow it step by step, keep the todo list up to date as you go, and do not stop until every step is done.\n\n<plan>\n{}\n</plan>",
+        plan.trim()
+    )
+}
+
+/// `file:///a/b.md` → `/a/b.md` (percent-escapes left alone: plan paths rarely need them).
+fn uri_path(uri: &str) -> String {
+    uri.strip_prefix("file://").unwrap_or(uri).to_string()
+}
+
+/// The answer to an asynchronous ask-question call: delivered as that call's result.
+fn async_answer(a: &pb::AsyncAskQuestionCompletionAction) -> TurnInput {
+    let rendered =
+        crate::agent::tools::render_ask_result(a.original_args.clone(), a.result.clone());
+    let text = format!(
+        "The user answered the question you asked earlier (tool call {}).\n{rendered}",
+        a.original_tool_call_id
+    );
+    TurnInput {
+        user: simulated(&text, None),
+        answer: Some((a.original_tool_call_id.clone(), rendered)),
+        ..Default::default()
+    }
+}
+
+/// Notifications from subscriptions: simulated user messages the model answers.
+fn notifications(a: &pb::SubscriptionNotificationAction) -> TurnInput {
+    let mut notes = a.notifications.clone();
+    for n in &mut notes {
+        n.is_simulated_msg = Some(true);
+        n.simulated_msg_reason
+            .get_or_insert(pb::SimulatedMsgReason::Subscription as i32);
+    }
+    let user = notes.pop().unwrap_or_else(|| {
+        simulated(
+            "(A subscription notification arrived without content.)",
+            Some(pb::SimulatedMsgReason::Subscription),
+        )
+    });
+    TurnInput {
+        user,
+        prepend: notes,
+        request_context: a.request_context.clone(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(a: Action) -> pb::AgentRunRequest {
+        pb::AgentRunRequest {
+            action: Some(pb::ConversationAction {
+                action: Some(a),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_build_with_only_a_path_reads_the_plan_and_defaults_to_agent_mode() {
+        let Ok(Begin::Turn(t)) = begin(&req(Action::ExecutePlanAction(pb::ExecutePlanAction {
+            plan_file_uri: Some("file:///ws/.cursor/plans/x.plan.md".into()),
+            plan_id: Some("p1".into()),
+            ..Default::default()
+        }))) else {
+            panic!("a turn")
+        };
+        assert_eq!(t.user.mode, pb::AgentMode::Agent as i32);
+        assert_eq!(t.plan_to_read.unwrap().path, "/ws/.cursor/plans/x.plan.md");
+        assert_eq!(t.plan_id.unwrap().0, "p1");
+        assert_eq!(t.user.execute_plan_info.unwrap().plan_id, "p1");
+    }
+
+    #[test]
+    fn cloud_only_branches_are_named_errors() {
+        let e = begin(&req(Action::BackgroundShellAction(Default::default())))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("background_shell_action"), "{e}");
+        assert_eq!(e.code(), crate::connect::Code::Unimplemented);
+    }
+}
