@@ -809,9 +809,19 @@ fn fallback_config(primary: &str, backup: &str) -> Arc<Config> {
 
 /// [`fallback_config`] with a cool-down of `cooldown_secs`.
 fn fallback_config_cooling(primary: &str, backup: &str, cooldown_secs: u64) -> Arc<Config> {
+    fallback_config_with(primary, backup, cooldown_secs, 0)
+}
+
+/// [`fallback_config`] with a cool-down and the providers' own retries.
+fn fallback_config_with(
+    primary: &str,
+    backup: &str,
+    cooldown_secs: u64,
+    retries: u32,
+) -> Arc<Config> {
     let dir = tempfile::tempdir().unwrap().keep();
     let text = format!(
-        "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
+        "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = {retries}\n\
          [fallback]\nfirst_token_timeout_secs = 1\ncooldown_secs = {cooldown_secs}\n\
          [providers.fake]\nkind = \"openai-chat\"\nbase_url = \"{primary}\"\napi_key = \"sk-test-primary\"\n\
          [providers.backup]\nkind = \"openai-chat\"\nbase_url = \"{backup}\"\napi_key = \"sk-test-backup\"\n\
@@ -954,6 +964,37 @@ async fn an_error_that_is_not_a_failover_class_goes_to_cursor() {
     assert_eq!(end.error.expect("an error").code, Code::Unauthenticated);
     assert!(backup.requests().is_empty());
     assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
+}
+
+/// A provider's own retries (which wait for `retry-after`) do not delay a fallback: with a
+/// target after it, a 429 asking for 30 s hands the run over at once, with one request.
+#[tokio::test]
+async fn a_rate_limit_with_retry_after_falls_over_without_waiting() {
+    let limited =
+        Reply::json(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "30");
+    let primary = FakeProvider::start(vec![limited.clone(), limited]).await;
+    let backup = FakeProvider::start(vec![Reply::sse(TEXT_SSE)]).await;
+    let agent = Agent::new(fallback_config_with(
+        &primary.base_url(),
+        &backup.base_url(),
+        30,
+        2,
+    ))
+    .unwrap();
+    let (messages, end, record) = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        run_once(&agent, "req-ra"),
+    )
+    .await
+    .expect("the fallback did not wait for retry-after");
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(text_of(&messages), "Hello, world");
+    assert_eq!(
+        primary.requests().len(),
+        1,
+        "no retry on a target with a fallback"
+    );
+    assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
 }
 
 #[tokio::test]

@@ -23,6 +23,9 @@ use crate::status::Route;
 /// Conversations remembered, and for how long after their last call.
 const STICKY_MAX: usize = 4096;
 const STICKY_TTL: Duration = Duration::from_secs(6 * 3600);
+/// The longest `retry-after` waited for on a target before its own retries (the client's
+/// `max_retry_after` default).
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
 /// One place a model's requests may go.
 #[derive(Debug, Clone)]
@@ -239,6 +242,26 @@ impl Chain {
         ready
     }
 
+    /// The stream's first event, within the first-token timeout when another target could
+    /// take over (`Err` when it passed).
+    async fn first_event(
+        &self,
+        target: &Target,
+        stream: &mut ProviderStream,
+        more: bool,
+    ) -> Result<ProviderEvent, tokio::time::error::Elapsed> {
+        let first = if more && self.policy.on.contains(&FailoverOn::Timeout) {
+            tokio::time::timeout(self.policy.first_token_timeout, stream.recv()).await
+        } else {
+            Ok(stream.recv().await)
+        };
+        first.map(|ev| {
+            ev.unwrap_or_else(|| {
+                ProviderEvent::Error(ProviderError::truncated(target.client.name()))
+            })
+        })
+    }
+
     /// Start `request` on the first target that produces a first event, in [`Chain::order`].
     /// The last target tried always answers, with its first event or its error.
     pub async fn open(&self, request: ProviderRequest, cancel: &CancellationToken) -> Opened {
@@ -256,17 +279,29 @@ impl Chain {
                 false => request.take().unwrap_or_default(),
             };
             target.apply(&mut req);
-            let mut stream = target.client.stream(req, cancel.child_token());
-            let first = if more && self.policy.on.contains(&FailoverOn::Timeout) {
-                tokio::time::timeout(self.policy.first_token_timeout, stream.recv()).await
-            } else {
-                Ok(stream.recv().await)
+            // With a target after this one, a failure hands over at once: the client's own
+            // retries (which honour `retry-after`, up to a minute) would only delay the switch.
+            let retry_here = more.then(|| req.clone());
+            let mut stream = match more {
+                true => target.client.stream_once(req, cancel.child_token()),
+                false => target.client.stream(req, cancel.child_token()),
             };
-            let first = first.map(|ev| {
-                ev.unwrap_or_else(|| {
-                    ProviderEvent::Error(ProviderError::truncated(target.client.name()))
-                })
-            });
+            let mut first = self.first_event(target, &mut stream, more).await;
+            if let (Ok(ProviderEvent::Error(e)), Some(req)) = (&first, retry_here) {
+                if e.retryable() && !self.policy.fails_over(e) {
+                    // A retryable failure this chain does not fail over on: the target's usual
+                    // retries, as without a chain.
+                    tracing::debug!(target = %target.label, error = %e, "retrying on the same target");
+                    if let Some(wait) = e.retry_after() {
+                        tokio::select! {
+                            _ = cancel.cancelled() => {}
+                            _ = tokio::time::sleep(wait.min(RETRY_AFTER_MAX)) => {}
+                        }
+                    }
+                    stream = target.client.stream(req, cancel.child_token());
+                    first = self.first_event(target, &mut stream, more).await;
+                }
+            }
             let why = match first {
                 Err(_) => {
                     let why = format!(

@@ -29,6 +29,8 @@ pub(crate) struct Call {
     pub url: reqwest::Url,
     pub body: Bytes,
     pub names: ToolNames,
+    /// Retries before any output: the client's policy, or none when a fallback target waits.
+    pub max_retries: u32,
 }
 
 enum Outcome {
@@ -60,7 +62,7 @@ pub(crate) async fn run(
         }
         let delay = retry_delay(&err, attempt, &r.retry);
         match delay {
-            Some(d) if !emitted && err.retryable() && attempt < r.retry.max_retries => {
+            Some(d) if !emitted && err.retryable() && attempt < call.max_retries => {
                 tracing::warn!(
                     attempt = attempt + 1,
                     delay_ms = d.as_millis() as u64,

@@ -378,6 +378,22 @@ impl ProviderClient {
     /// stops promptly when `cancel` fires or the returned stream is dropped. The stream ends
     /// after `Finished` or `Error` (a cancelled call ends with a `Canceled` error).
     pub fn stream(&self, req: ProviderRequest, cancel: CancellationToken) -> ProviderStream {
+        self.start(req, cancel, self.inner.retry.max_retries)
+    }
+
+    /// [`ProviderClient::stream`] without retries: a first failure is the stream's error at
+    /// once, for a caller with somewhere else to send the request (a fallback chain), where a
+    /// retry honouring `retry-after` would only delay the switch.
+    pub fn stream_once(&self, req: ProviderRequest, cancel: CancellationToken) -> ProviderStream {
+        self.start(req, cancel, 0)
+    }
+
+    fn start(
+        &self,
+        req: ProviderRequest,
+        cancel: CancellationToken,
+        max_retries: u32,
+    ) -> ProviderStream {
         let (tx, rx) = mpsc::channel(64);
         let token = cancel.child_token();
         let url = self.inner.call_url(&req.model);
@@ -398,6 +414,7 @@ impl ProviderClient {
                     url,
                     body: body.into(),
                     names,
+                    max_retries,
                 },
                 tx,
                 token.clone(),
