@@ -235,23 +235,54 @@ const FILE_TOOLS: [&str; 9] = [
 /// The files in play in the conversation so far: attached to a user message or read, edited,
 /// written by a tool; workspace-relative when under `root`. They select the file-globbed rules,
 /// which then stay for the rest of the conversation (the history carries these paths).
+/// Files named in a summary's note, at most: the newest are kept.
+const TOUCHED_NOTE_MAX: usize = 200;
+
+/// A note a conversation summary keeps: the files the summarised part touched, so the
+/// file-globbed rules they brought in stay for the rest of the conversation (found again by
+/// [`touched_paths`] in the summary message).
+pub fn touched_note(older: &[Message]) -> String {
+    let mut paths: Vec<String> = Vec::new();
+    scan_touched(older, &mut |p| {
+        if !p.is_empty() && !paths.iter().any(|q| q == p) {
+            paths.push(p.to_string());
+        }
+    });
+    if paths.is_empty() {
+        return String::new();
+    }
+    let mut note = String::from("\n\nFiles touched before this summary:");
+    for p in &paths[paths.len().saturating_sub(TOUCHED_NOTE_MAX)..] {
+        note.push_str(&format!("\n<touched_file path=\"{p}\"/>"));
+    }
+    note
+}
+
 pub fn touched_paths(messages: &[Message], root: Option<&str>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let mut add = |p: &str| {
+    scan_touched(messages, &mut |p| {
         let rel = relative(p, root);
         if !rel.is_empty() && !out.contains(&rel) {
             out.push(rel);
         }
-    };
+    });
+    out
+}
+
+/// Every path `messages` attach or hand to a file tool, as written.
+fn scan_touched(messages: &[Message], add: &mut impl FnMut(&str)) {
     for m in messages {
         match m {
             Message::User { parts } => {
                 for p in parts {
                     if let UserPart::Text { text } = p {
-                        // Our own rendering of attached files (see `selected::render`).
-                        for chunk in text.split("<attached_file path=\"").skip(1) {
-                            if let Some((path, _)) = chunk.split_once('"') {
-                                add(path);
+                        // Our own rendering of attached files (see `selected::render`), and
+                        // the files a summary says were touched before it (`touched_note`).
+                        for marker in ["<attached_file path=\"", "<touched_file path=\""] {
+                            for chunk in text.split(marker).skip(1) {
+                                if let Some((path, _)) = chunk.split_once('"') {
+                                    add(path);
+                                }
                             }
                         }
                     }
@@ -276,7 +307,6 @@ pub fn touched_paths(messages: &[Message], root: Option<&str>) -> Vec<String> {
             Message::ToolResult { .. } => {}
         }
     }
-    out
 }
 
 fn relative(path: &str, root: Option<&str>) -> String {

@@ -517,3 +517,25 @@ fn invocation_context_by_blob_id() {
     let t = rendered(sel, &Blobs::default());
     assert!(t.contains("not available"), "{t}");
 }
+
+/// A summary keeps the files touched before it, so a file-globbed rule they brought in stays
+/// after the history is compacted (and after a restart, as the summary is stored).
+#[test]
+fn files_touched_before_a_summary_are_still_touched_after_it() {
+    let older = vec![Message::Assistant {
+        parts: vec![AssistantPart::ToolCall {
+            id: "c1".into(),
+            name: "read_file".into(),
+            arguments: json!({"path": "/w/src/main.py"}),
+            extra: None,
+        }],
+    }];
+    let note = touched_note(&older);
+    assert!(
+        note.contains("<touched_file path=\"/w/src/main.py\"/>"),
+        "{note}"
+    );
+    let summary = crate::agent::state::summary_message(&format!("We read main.py.{note}"));
+    assert_eq!(touched_paths(&[summary], Some("/w")), ["src/main.py"]);
+    assert_eq!(touched_note(&[]), "", "nothing touched, no note");
+}

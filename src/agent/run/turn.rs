@@ -383,7 +383,8 @@ impl RunState {
         let text = turn.text();
         self.out.send(msg::summary(text.clone())).await?;
         self.out.send(msg::summary_completed(false)).await?;
-        Ok(text)
+        // The stored summary also names the files touched so far (their globbed rules stay).
+        Ok(text + &context::touched_note(older))
     }
 
     /// `/summarize`: the whole conversation so far, by the path automatic compaction takes; the
