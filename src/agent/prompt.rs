@@ -186,15 +186,93 @@ pub fn user_message_with(msg: &pb::UserMessage, images_allowed: bool, blobs: &Bl
         text.push_str(&notes);
         images = parts;
     }
+    text.push_str(&origin_note(msg));
     text.push_str(&selected::user_text(msg, blobs));
     let mut parts = vec![UserPart::Text { text }];
     parts.extend(images);
     Message::User { parts }
 }
 
+/// Where a message came from when it is not simply the user's words: a system-originated
+/// message (a Build, a notification), one sent while the agent worked, one about a plan. Part
+/// of the stored message, so replayed turns read the same.
+fn origin_note(msg: &pb::UserMessage) -> String {
+    let note = if msg.is_simulated_msg == Some(true) {
+        let reason = msg
+            .simulated_msg_reason
+            .and_then(|r| pb::SimulatedMsgReason::try_from(r).ok())
+            .filter(|r| *r != pb::SimulatedMsgReason::Unspecified)
+            .map(|r| {
+                let name = r.as_str_name();
+                name.strip_prefix("SIMULATED_MSG_REASON_")
+                    .unwrap_or(name)
+                    .to_lowercase()
+                    .replace('_', " ")
+            });
+        Some(match reason {
+            Some(r) => {
+                format!("[System message ({r}), sent on the user's behalf; not typed by the user]")
+            }
+            None => "[System message, sent on the user's behalf; not typed by the user]".into(),
+        })
+    } else if msg.turn_steer == Some(true) {
+        Some("[The user sent this while you were working on the previous request]".into())
+    } else {
+        None
+    };
+    let plan = msg
+        .execute_plan_info
+        .as_ref()
+        .filter(|p| !p.plan_id.is_empty() && msg.is_simulated_msg != Some(true))
+        .map(|p| {
+            format!(
+                "[This message is about the plan {} {}]",
+                p.plan_id, p.plan_title
+            )
+        });
+    let head: Vec<String> = note.into_iter().chain(plan).collect();
+    match head.is_empty() {
+        true => String::new(),
+        false => format!("{}\n", head.join("\n")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message as _;
+
+    /// The note is part of the message itself, so a stored Build turn replayed from history
+    /// (which renders stored messages with the same function) still reads as system-written.
+    #[test]
+    fn system_written_messages_say_so_when_replayed_too() {
+        let build = pb::UserMessage {
+            text: "Implement the plan.".into(),
+            is_simulated_msg: Some(true),
+            simulated_msg_reason: Some(pb::SimulatedMsgReason::PlanExecution as i32),
+            ..Default::default()
+        };
+        let text = |m: &pb::UserMessage| match user_message_with(m, false, &Blobs::default()) {
+            Message::User { parts } => match &parts[0] {
+                UserPart::Text { text } => text.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+        let first = text(&build);
+        assert!(
+            first.starts_with("[System message (plan execution)"),
+            "{first}"
+        );
+        assert!(first.ends_with("\nImplement the plan."), "{first}");
+        let stored = pb::UserMessage::decode(build.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(text(&stored), first);
+        let plain = pb::UserMessage {
+            text: "hi".into(),
+            ..Default::default()
+        };
+        assert_eq!(text(&plain), "hi");
+    }
 
     #[test]
     fn environment_and_rules_reach_the_prompt() {

@@ -105,9 +105,9 @@ impl RunState {
         }
         pending::close_pending(&mut messages, &input.resolutions);
         for m in &input.prepend {
-            messages.push(model_user_message(m, images, &blobs));
+            messages.push(prompt::user_message_with(m, images, &blobs));
         }
-        messages.push(model_user_message(&user, images, &blobs));
+        messages.push(prompt::user_message_with(&user, images, &blobs));
 
         let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
             .todo_ids
@@ -604,54 +604,6 @@ fn goal_prompt(base: &str, todos: &[pb::TodoItem]) -> String {
         format!("{base} The todo list has no open items: check the work is complete and say what remains, if anything.")
     } else {
         format!("{base} Open todos:\n{}", open.join("\n"))
-    }
-}
-
-/// The model's form of a user message. A message the system wrote on the user's behalf (a
-/// Build, a notification, a goal continuation) says so, so the model does not take it for the
-/// user's own words; a steering message that arrived as a new run says it was sent mid-work.
-fn model_user_message(user: &pb::UserMessage, images: bool, blobs: &context::Blobs) -> Message {
-    let note = if user.is_simulated_msg == Some(true) {
-        let reason = user
-            .simulated_msg_reason
-            .and_then(|r| pb::SimulatedMsgReason::try_from(r).ok())
-            .filter(|r| *r != pb::SimulatedMsgReason::Unspecified)
-            .map(|r| {
-                let name = r.as_str_name();
-                name.strip_prefix("SIMULATED_MSG_REASON_")
-                    .unwrap_or(name)
-                    .to_lowercase()
-                    .replace('_', " ")
-            });
-        Some(match reason {
-            Some(r) => {
-                format!("[System message ({r}), sent on the user's behalf; not typed by the user]")
-            }
-            None => "[System message, sent on the user's behalf; not typed by the user]".into(),
-        })
-    } else if user.turn_steer == Some(true) {
-        Some("[The user sent this while you were working on the previous request]".into())
-    } else {
-        None
-    };
-    let plan = user
-        .execute_plan_info
-        .as_ref()
-        .filter(|p| !p.plan_id.is_empty() && user.is_simulated_msg != Some(true))
-        .map(|p| {
-            format!(
-                "[This message is about the plan {} {}]",
-                p.plan_id, p.plan_title
-            )
-        });
-    match (note, plan) {
-        (None, None) => prompt::user_message_with(user, images, blobs),
-        (note, plan) => {
-            let mut u = user.clone();
-            let head: Vec<String> = note.into_iter().chain(plan).collect();
-            u.text = format!("{}\n{}", head.join("\n"), u.text);
-            prompt::user_message_with(&u, images, blobs)
-        }
     }
 }
 
