@@ -177,6 +177,16 @@ fn init_logs() {
 
 impl Harness {
     async fn start(sdk: Sdk, transport: Transport, replies: Vec<Reply>) -> Harness {
+        Harness::start_with(sdk, transport, replies, "").await
+    }
+
+    /// Like [`Harness::start`], with `agent_extra` lines added to the `[agent]` table.
+    async fn start_with(
+        sdk: Sdk,
+        transport: Transport,
+        replies: Vec<Reply>,
+        agent_extra: &str,
+    ) -> Harness {
         init_logs();
         let upstream = SdkUpstream::start(&[HOST]).await;
         let provider = FakeProvider::start(replies).await;
@@ -192,6 +202,7 @@ force_http1_agent = {force_h1}
 [agent]
 heartbeat_secs = 5
 provider_max_retries = 0
+{agent_extra}
 [providers.{PROVIDER_NAME}]
 kind = "openai-chat"
 base_url = "{base}"
@@ -344,6 +355,18 @@ impl ClientRun {
             .map(|e| &e["update"])
             .filter(|u| u["type"] == ty)
             .collect()
+    }
+
+    /// Milliseconds (client clock) between the first `tool-call-started` and the first
+    /// `tool-call-completed` updates.
+    fn first_tool_call_ms(&self) -> u64 {
+        let at = |ty: &str| {
+            self.of("delta")
+                .find(|e| e["update"]["type"] == ty)
+                .and_then(|e| e["t"].as_u64())
+                .unwrap_or_else(|| panic!("no {ty}\n{}", self.dump()))
+        };
+        at("tool-call-completed").saturating_sub(at("tool-call-started"))
     }
 
     fn text(&self) -> String {
@@ -729,6 +752,145 @@ async fn tool_rounds() {
                 .any(|s| s.path == "/aiserver.v1.DashboardService/GetTeamReposOrEmptyIfNotInTeam"),
             "{seen:?}"
         );
+    })
+    .await;
+}
+
+/// The text of the tool result for `id` in the provider's request `n`, once it has come.
+fn tool_result_text(provider: &FakeProvider, n: usize, id: &str) -> Option<String> {
+    provider.requests().get(n)?;
+    messages(provider, n)
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+        .map(content_text)
+}
+
+/// Waits (polling) until the provider's request `n` carries the result of `id`.
+async fn wait_tool_result(provider: &FakeProvider, n: usize, id: &str) -> String {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(t) = tool_result_text(provider, n, id) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request {n} with the result of {id}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Background shells (issue 22): a command started with `is_background` returns at once with
+/// its shell id, pid and output file; the turn goes on, and a later `read_file` of that file
+/// (the path the proxy told the model) finds what the command printed after it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
+    on_every_transport("background_shell", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_bg",
+                "run_terminal_cmd",
+                json!({"command": "sleep 2; echo BG_DONE", "is_background": true}),
+            )),
+            // Long enough for the background command to finish meanwhile.
+            Reply::sse(tool_reply(
+                "call_wait",
+                "run_terminal_cmd",
+                json!({"command": "sleep 3; echo waited"}),
+            )),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        let (run, text) = tokio::join!(
+            h.client(
+                json!({"mode": "create", "prompt": "Start it and check on it."}),
+                TIMEOUT
+            ),
+            async {
+                let text = wait_tool_result(&h.provider, 1, "call_bg").await;
+                // The model is told where the output goes: read exactly that file.
+                let file = text
+                    .split("its output goes to ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .unwrap_or_else(|| panic!("no output file in {text:?}"))
+                    .to_string();
+                h.provider.push(Reply::sse(tool_reply(
+                    "call_read",
+                    "read_file",
+                    json!({"path": file}),
+                )));
+                h.provider.push(Reply::sse(text_reply(
+                    &["It printed BG_DONE."],
+                    (300, 5, 0),
+                )));
+                text
+            }
+        );
+        run.assert_finished();
+        run.assert_transport();
+        assert!(
+            text.starts_with("Started in the background: shell ") && text.contains(", pid "),
+            "{text}\n{}",
+            run.dump()
+        );
+        let ms = run.first_tool_call_ms();
+        assert!(
+            ms < 1500,
+            "the start returned at once, not after the command: {ms} ms"
+        );
+        // The UI saw Cursor's typed shell call, marked background.
+        let completed = run.updates("tool-call-completed");
+        assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
+        let read = wait_tool_result(&h.provider, 3, "call_read").await;
+        assert!(
+            read.contains("BG_DONE"),
+            "the output file: {read}\n{}",
+            run.dump()
+        );
+        assert_eq!(run.text(), "It printed BG_DONE.");
+    })
+    .await;
+}
+
+/// Long commands (issue 22): a foreground command still running at the block time
+/// (`agent.shell_block_secs`) moves to the background instead of being killed, the tool call
+/// ends saying so, and the turn finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_command_past_its_block_time_moves_to_the_background() {
+    on_every_transport("block_time", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_long",
+                "run_terminal_cmd",
+                json!({"command": "echo STARTED; sleep 6; echo LATE"}),
+            )),
+            Reply::sse(text_reply(&["Moved on."], (300, 5, 0))),
+        ];
+        let h = Harness::start_with(sdk, transport, replies, "shell_block_secs = 1").await;
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Run the long job."}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        run.assert_transport();
+        let text = tool_result_text(&h.provider, 1, "call_long").expect("the long call's result");
+        assert!(
+            text.contains("STARTED")
+                && text.contains("still running after 1s and was moved to the background: shell "),
+            "{text}\n{}",
+            run.dump()
+        );
+        assert!(!text.contains("LATE"), "{text}");
+        assert_eq!(run.text(), "Moved on.");
+        let ms = run.first_tool_call_ms();
+        assert!(
+            (900..4000).contains(&ms),
+            "the call ended at the block time, not with the command: {ms} ms"
+        );
+        let completed = run.updates("tool-call-completed");
+        assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
     })
     .await;
 }

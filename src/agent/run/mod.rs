@@ -53,6 +53,8 @@ pub struct RunSettings {
     pub max_tool_rounds: u32,
     /// Bound on the history rebuilt from the checkpoint.
     pub max_history_bytes: usize,
+    /// How long a foreground command blocks before it moves to the background (ms).
+    pub shell_block_ms: u32,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
