@@ -227,6 +227,9 @@ impl RunState {
             }
         }
         self.defer_injections().await?;
+        for text in self.steering.take_late() {
+            steps.push(StepRecord::UserContext { text });
+        }
         self.plan_entry = input.plan_id.take();
         self.write_turn(
             &req,
