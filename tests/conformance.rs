@@ -781,8 +781,9 @@ async fn wait_tool_result(provider: &FakeProvider, n: usize, id: &str) -> String
 }
 
 /// Background shells (issue 22): a command started with `is_background` returns at once with
-/// its shell id, pid and output file; the turn goes on, and a later `read_file` of that file
-/// (the path the proxy told the model) finds what the command printed after it returned.
+/// its shell id, pid and output file; the turn goes on, `write_shell_stdin` answers the
+/// command's prompt, and a later `read_file` of that file (the path the proxy told the model)
+/// finds what the command printed after it returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
     on_every_transport("background_shell", |sdk, transport| async move {
@@ -790,39 +791,45 @@ async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
             Reply::sse(tool_reply(
                 "call_bg",
                 "run_terminal_cmd",
-                json!({"command": "sleep 2; echo BG_DONE", "is_background": true}),
+                json!({"command": "read line; echo \"GOT $line\"; sleep 2; echo BG_DONE", "is_background": true}),
             )),
-            // Long enough for the background command to finish meanwhile.
+            // Time for the test to script the calls that use the shell id and file it was told.
             Reply::sse(tool_reply(
-                "call_wait",
+                "call_pause",
                 "run_terminal_cmd",
-                json!({"command": "sleep 3; echo waited"}),
+                json!({"command": "sleep 1"}),
             )),
         ];
         let h = Harness::start(sdk, transport, replies).await;
         let (run, text) = tokio::join!(
-            h.client(
-                json!({"mode": "create", "prompt": "Start it and check on it."}),
-                TIMEOUT
-            ),
+            h.client(json!({"mode": "create", "prompt": "Start it and check on it."}), TIMEOUT),
             async {
                 let text = wait_tool_result(&h.provider, 1, "call_bg").await;
-                // The model is told where the output goes: read exactly that file.
-                let file = text
-                    .split("its output goes to ")
-                    .nth(1)
-                    .and_then(|r| r.split(' ').next())
-                    .unwrap_or_else(|| panic!("no output file in {text:?}"))
-                    .to_string();
-                h.provider.push(Reply::sse(tool_reply(
-                    "call_read",
-                    "read_file",
-                    json!({"path": file}),
-                )));
-                h.provider.push(Reply::sse(text_reply(
-                    &["It printed BG_DONE."],
-                    (300, 5, 0),
-                )));
+                // The model is told the shell and where its output goes: use exactly those.
+                let after = |marker: &str, end: char| {
+                    text.split(marker)
+                        .nth(1)
+                        .and_then(|r| r.split(end).next())
+                        .unwrap_or_else(|| panic!("no {marker:?} in {text:?}"))
+                        .to_string()
+                };
+                let shell: u64 = after("shell ", ',').parse().unwrap();
+                let file = after("its output goes to ", ' ');
+                let reply = |id, name, args| Reply::sse(tool_reply(id, name, args));
+                h.provider.push(reply(
+                    "call_stdin",
+                    "write_shell_stdin",
+                    json!({"shell_id": shell, "chars": "hello\n"}),
+                ));
+                // Long enough for the background command to finish meanwhile.
+                h.provider.push(reply(
+                    "call_wait",
+                    "run_terminal_cmd",
+                    json!({"command": "sleep 3; echo waited"}),
+                ));
+                h.provider
+                    .push(reply("call_read", "read_file", json!({"path": file})));
+                h.provider.push(Reply::sse(text_reply(&["It printed BG_DONE."], (300, 5, 0))));
                 text
             }
         );
@@ -834,16 +841,15 @@ async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
             run.dump()
         );
         let ms = run.first_tool_call_ms();
-        assert!(
-            ms < 1500,
-            "the start returned at once, not after the command: {ms} ms"
-        );
+        assert!(ms < 1500, "the start returned at once, not after the command: {ms} ms");
         // The UI saw Cursor's typed shell call, marked background.
         let completed = run.updates("tool-call-completed");
         assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
-        let read = wait_tool_result(&h.provider, 3, "call_read").await;
+        let wrote = tool_result_text(&h.provider, 3, "call_stdin").expect("stdin result");
+        assert!(wrote.starts_with("Wrote to the stdin of shell "), "{wrote}");
+        let read = tool_result_text(&h.provider, 5, "call_read").expect("read result");
         assert!(
-            read.contains("BG_DONE"),
+            read.contains("GOT hello") && read.contains("BG_DONE"),
             "the output file: {read}\n{}",
             run.dump()
         );

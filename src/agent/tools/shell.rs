@@ -53,7 +53,12 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         // The block time: past it the client moves the command to the background (Cursor's
         // own long-command behaviour) rather than killing it; `hard_timeout` still kills.
         timeout: if background { 0 } else { block_ms(ctx, a)? },
-        hard_timeout: hard_timeout_ms(a)?,
+        // A background start has no limit to carry one (`BackgroundShellSpawnArgs`).
+        hard_timeout: if background {
+            None
+        } else {
+            hard_timeout_ms(a)?
+        },
         is_background: background,
         tool_call_id: call_id.to_string(),
         simple_commands: parsed.simple_commands,
