@@ -736,10 +736,7 @@ async fn tool_rounds() {
         // Each tool result went back to the model.
         assert_eq!(h.provider.requests().len(), 4);
         let tool_result = |n: usize, id: &str| -> String {
-            messages(&h.provider, n)
-                .iter()
-                .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
-                .map(content_text)
+            tool_result_text(&h.provider, n, id)
                 .unwrap_or_else(|| panic!("request {n} carries no result for {id}"))
         };
         assert!(tool_result(1, "call_read").contains("status: draft"));
@@ -860,7 +857,7 @@ async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
 
 /// Long commands (issue 22): a foreground command still running at the block time
 /// (`agent.shell_block_secs`) moves to the background instead of being killed, the tool call
-/// ends saying so, and the turn finishes.
+/// ends saying so, and the turn finishes; a hard `timeout` the model asks for still kills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreground_command_past_its_block_time_moves_to_the_background() {
     on_every_transport("block_time", |sdk, transport| async move {
@@ -869,6 +866,11 @@ async fn a_foreground_command_past_its_block_time_moves_to_the_background() {
                 "call_long",
                 "run_terminal_cmd",
                 json!({"command": "echo STARTED; sleep 6; echo LATE"}),
+            )),
+            Reply::sse(tool_reply(
+                "call_hard",
+                "run_terminal_cmd",
+                json!({"command": "sleep 7", "timeout": 1, "block_until_ms": 5000}),
             )),
             Reply::sse(text_reply(&["Moved on."], (300, 5, 0))),
         ];
@@ -897,6 +899,12 @@ async fn a_foreground_command_past_its_block_time_moves_to_the_background() {
         );
         let completed = run.updates("tool-call-completed");
         assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
+        let hard = tool_result_text(&h.provider, 2, "call_hard").expect("the hard call's result");
+        assert!(
+            hard.contains("[The command timed out after 1s and was stopped.]"),
+            "{hard}\n{}",
+            run.dump()
+        );
     })
     .await;
 }

@@ -593,6 +593,23 @@ fn finish_results(
             background_reason: b.reason,
             ..Default::default()
         })
+    } else if thrown.is_none()
+        && args.hard_timeout.is_some()
+        && args.timeout_behavior == pb::TimeoutBehavior::Background as i32
+    {
+        // Cursor's client, backgrounding on timeout, ends a command its hard timeout killed
+        // without an exit event: the stream just closes (observed with the SDK 1.0.32).
+        R::Failure(pb::ShellFailure {
+            command: args.command.clone(),
+            working_directory: args.working_directory.clone(),
+            exit_code: -1,
+            stdout: ui(&stdout),
+            stderr: ui(&stderr),
+            interleaved_output: Some(ui(&interleaved)),
+            aborted: true,
+            abort_reason: Some(pb::ShellAbortReason::Timeout as i32),
+            ..Default::default()
+        })
     } else {
         let why = thrown.unwrap_or("the command ended without an exit status");
         let mut error = why.to_string();

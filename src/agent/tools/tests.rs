@@ -616,6 +616,20 @@ fn a_foreground_command_past_its_block_time_moves_to_the_background() {
         "{}",
         user.content
     );
+    // The client ends a command its hard timeout killed without an exit event.
+    let killed = finish_exec(
+        &block,
+        &asked,
+        &[stream(E::Stdout(pb::ShellStreamStdout {
+            data: "half\n".into(),
+        }))],
+        None,
+    );
+    assert!(killed.is_error);
+    assert_eq!(
+        killed.content,
+        "half\n[The command timed out after 600s and was stopped.]"
+    );
 }
 
 #[test]
