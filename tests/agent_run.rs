@@ -1891,3 +1891,137 @@ async fn steering_after_the_last_model_call_is_queued_for_the_next_turn() {
         "{text}"
     );
 }
+
+/// "Move to background" on a running command (issue 22): the run asks the client with
+/// `force_background_shell_args` for that call, and the call ends moved to the background.
+#[tokio::test]
+async fn move_to_background_asks_the_client_and_the_call_ends_backgrounded() {
+    let (provider, agent, ws, mut client) = setup(vec![
+        Reply::sse(tool_sse(&[(
+            "s1",
+            "run_terminal_cmd",
+            r#"{"command":"npm run dev"}"#,
+        )])),
+        Reply::sse(text_sse("The server runs in the background.")),
+    ])
+    .await;
+    client.shell_gate = Some(ws.path().join("never"));
+    let mut run = agent.start_run(run_request("start the server", true), "req-bg1".into());
+    let shell = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ShellStreamArgs(_))
+        })
+    };
+    let press = conversation_action(pb::conversation_action::Action::BackgroundShellAction(
+        pb::BackgroundShellAction {
+            tool_call_id: "s1#s1".into(),
+        },
+    ));
+    let (messages, end) = drive_sending(&mut run, &mut client, shell, vec![press]).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let forced: Vec<&pb::ForceBackgroundShellArgs> = client
+        .execs
+        .iter()
+        .filter_map(|e| match &e.message {
+            Some(pb::exec_server_message::Message::ForceBackgroundShellArgs(f)) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forced.len(), 1);
+    assert_eq!(forced[0].tool_call_id, "s1#s1");
+    let result = &tool_results(&provider, 1)[0];
+    assert!(
+        result.contains("[The user moved the command to the background: shell 1000, pid 4242;"),
+        "{result}"
+    );
+    assert!(text_of(&messages).contains("runs in the background"));
+    // The UI's shell call completed with a background result.
+    let completed = updates(&messages)
+        .into_iter()
+        .find_map(|u| match u {
+            Update::ToolCallCompleted(t) => t.tool_call.clone(),
+            _ => None,
+        })
+        .unwrap();
+    let Some(pb::tool_call::Tool::ShellToolCall(t)) = completed.tool else {
+        panic!()
+    };
+    assert_eq!(t.result.unwrap().is_background, Some(true));
+}
+
+fn shell_completion() -> pb::BackgroundTaskCompletionAction {
+    pb::BackgroundTaskCompletionAction {
+        completions: vec![pb::BackgroundTaskCompletion {
+            task_id: "1000".into(),
+            kind: pb::BackgroundTaskKind::Shell as i32,
+            status: pb::BackgroundTaskStatus::Success as i32,
+            title: "npm test".into(),
+            detail: Some("exit code 0".into()),
+            output_path: Some("/t/1000.txt".into()),
+            ..Default::default()
+        }],
+        system_reminder: None,
+    }
+}
+
+/// A background task's completion during a turn (issue 22) joins the next model call, and the
+/// stored turn keeps it for the turns after.
+#[tokio::test]
+async fn a_completion_mid_turn_reaches_the_next_model_call_and_the_stored_turn() {
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(tool_sse(&[(
+            "s1",
+            "run_terminal_cmd",
+            r#"{"command":"echo hi"}"#,
+        )])),
+        Reply::sse(text_sse("Tests passed in the background.")),
+        Reply::sse(text_sse("ok")),
+    ])
+    .await;
+    let mut run = agent.start_run(run_request("go", true), "req-bg2".into());
+    let shell = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ShellStreamArgs(_))
+        })
+    };
+    let done = conversation_action(
+        pb::conversation_action::Action::BackgroundTaskCompletionAction(shell_completion()),
+    );
+    let (messages, end) = drive_sending(&mut run, &mut client, shell, vec![done]).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let note = "Background shell 1000 finished successfully (npm test).";
+    assert!(!request_text(&provider, 0).contains(note));
+    assert!(
+        request_text(&provider, 1).contains(note),
+        "{}",
+        request_text(&provider, 1)
+    );
+    assert!(request_text(&provider, 1).contains("/t/1000.txt"));
+    assert!(
+        injection_states(&messages).is_empty(),
+        "no acknowledgement to send"
+    );
+
+    let mut next = run_request("and now?", true);
+    next.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(next, "req-bg3".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(request_text(&provider, 2).contains(note));
+}
+
+/// A completion that arrives with no turn running starts one (issue 22): the model is told.
+#[tokio::test]
+async fn a_completion_between_turns_starts_a_turn_that_tells_the_model() {
+    let (provider, agent, _ws, mut client) =
+        setup(vec![Reply::sse(text_sse("Noted: the tests passed."))]).await;
+    let req = action_request(
+        pb::conversation_action::Action::BackgroundTaskCompletionAction(shell_completion()),
+    );
+    let mut run = agent.start_run(req, "req-bg4".into());
+    let (messages, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(text_of(&messages).contains("Noted"));
+    assert!(request_text(&provider, 0).contains("Background shell 1000 finished successfully"));
+    assert!(client.checkpoint.is_some(), "the turn is stored");
+}

@@ -177,6 +177,16 @@ fn init_logs() {
 
 impl Harness {
     async fn start(sdk: Sdk, transport: Transport, replies: Vec<Reply>) -> Harness {
+        Harness::start_with(sdk, transport, replies, "").await
+    }
+
+    /// Like [`Harness::start`], with `agent_extra` lines added to the `[agent]` table.
+    async fn start_with(
+        sdk: Sdk,
+        transport: Transport,
+        replies: Vec<Reply>,
+        agent_extra: &str,
+    ) -> Harness {
         init_logs();
         let upstream = SdkUpstream::start(&[HOST]).await;
         let provider = FakeProvider::start(replies).await;
@@ -192,6 +202,7 @@ force_http1_agent = {force_h1}
 [agent]
 heartbeat_secs = 5
 provider_max_retries = 0
+{agent_extra}
 [providers.{PROVIDER_NAME}]
 kind = "openai-chat"
 base_url = "{base}"
@@ -344,6 +355,18 @@ impl ClientRun {
             .map(|e| &e["update"])
             .filter(|u| u["type"] == ty)
             .collect()
+    }
+
+    /// Milliseconds (client clock) between the first `tool-call-started` and the first
+    /// `tool-call-completed` updates.
+    fn first_tool_call_ms(&self) -> u64 {
+        let at = |ty: &str| {
+            self.of("delta")
+                .find(|e| e["update"]["type"] == ty)
+                .and_then(|e| e["t"].as_u64())
+                .unwrap_or_else(|| panic!("no {ty}\n{}", self.dump()))
+        };
+        at("tool-call-completed").saturating_sub(at("tool-call-started"))
     }
 
     fn text(&self) -> String {
@@ -713,10 +736,7 @@ async fn tool_rounds() {
         // Each tool result went back to the model.
         assert_eq!(h.provider.requests().len(), 4);
         let tool_result = |n: usize, id: &str| -> String {
-            messages(&h.provider, n)
-                .iter()
-                .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
-                .map(content_text)
+            tool_result_text(&h.provider, n, id)
                 .unwrap_or_else(|| panic!("request {n} carries no result for {id}"))
         };
         assert!(tool_result(1, "call_read").contains("status: draft"));
@@ -728,6 +748,162 @@ async fn tool_rounds() {
             seen.iter()
                 .any(|s| s.path == "/aiserver.v1.DashboardService/GetTeamReposOrEmptyIfNotInTeam"),
             "{seen:?}"
+        );
+    })
+    .await;
+}
+
+/// The text of the tool result for `id` in the provider's request `n`, once it has come.
+fn tool_result_text(provider: &FakeProvider, n: usize, id: &str) -> Option<String> {
+    provider.requests().get(n)?;
+    messages(provider, n)
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+        .map(content_text)
+}
+
+/// Waits (polling) until the provider's request `n` carries the result of `id`.
+async fn wait_tool_result(provider: &FakeProvider, n: usize, id: &str) -> String {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(t) = tool_result_text(provider, n, id) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request {n} with the result of {id}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Background shells (issue 22): a command started with `is_background` returns at once with
+/// its shell id, pid and output file; the turn goes on, `write_shell_stdin` answers the
+/// command's prompt, and a later `read_file` of that file (the path the proxy told the model)
+/// finds what the command printed after it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
+    on_every_transport("background_shell", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_bg",
+                "run_terminal_cmd",
+                json!({"command": "read line; echo \"GOT $line\"; sleep 2; echo BG_DONE", "is_background": true}),
+            )),
+            // Time for the test to script the calls that use the shell id and file it was told.
+            Reply::sse(tool_reply(
+                "call_pause",
+                "run_terminal_cmd",
+                json!({"command": "sleep 1"}),
+            )),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        let (run, text) = tokio::join!(
+            h.client(json!({"mode": "create", "prompt": "Start it and check on it."}), TIMEOUT),
+            async {
+                let text = wait_tool_result(&h.provider, 1, "call_bg").await;
+                // The model is told the shell and where its output goes: use exactly those.
+                let after = |marker: &str, end: char| {
+                    text.split(marker)
+                        .nth(1)
+                        .and_then(|r| r.split(end).next())
+                        .unwrap_or_else(|| panic!("no {marker:?} in {text:?}"))
+                        .to_string()
+                };
+                let shell: u64 = after("shell ", ',').parse().unwrap();
+                let file = after("its output goes to ", ' ');
+                let reply = |id, name, args| Reply::sse(tool_reply(id, name, args));
+                h.provider.push(reply(
+                    "call_stdin",
+                    "write_shell_stdin",
+                    json!({"shell_id": shell, "chars": "hello\n"}),
+                ));
+                // Long enough for the background command to finish meanwhile.
+                h.provider.push(reply(
+                    "call_wait",
+                    "run_terminal_cmd",
+                    json!({"command": "sleep 3; echo waited"}),
+                ));
+                h.provider
+                    .push(reply("call_read", "read_file", json!({"path": file})));
+                h.provider.push(Reply::sse(text_reply(&["It printed BG_DONE."], (300, 5, 0))));
+                text
+            }
+        );
+        run.assert_finished();
+        run.assert_transport();
+        assert!(
+            text.starts_with("Started in the background: shell ") && text.contains(", pid "),
+            "{text}\n{}",
+            run.dump()
+        );
+        let ms = run.first_tool_call_ms();
+        assert!(ms < 1500, "the start returned at once, not after the command: {ms} ms");
+        // The UI saw Cursor's typed shell call, marked background.
+        let completed = run.updates("tool-call-completed");
+        assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
+        let wrote = tool_result_text(&h.provider, 3, "call_stdin").expect("stdin result");
+        assert!(wrote.starts_with("Wrote to the stdin of shell "), "{wrote}");
+        let read = tool_result_text(&h.provider, 5, "call_read").expect("read result");
+        assert!(
+            read.contains("GOT hello") && read.contains("BG_DONE"),
+            "the output file: {read}\n{}",
+            run.dump()
+        );
+        assert_eq!(run.text(), "It printed BG_DONE.");
+    })
+    .await;
+}
+
+/// Long commands (issue 22): a foreground command still running at the block time
+/// (`agent.shell_block_secs`) moves to the background instead of being killed, the tool call
+/// ends saying so, and the turn finishes; a hard `timeout` the model asks for still kills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_command_past_its_block_time_moves_to_the_background() {
+    on_every_transport("block_time", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_long",
+                "run_terminal_cmd",
+                json!({"command": "echo STARTED; sleep 6; echo LATE"}),
+            )),
+            Reply::sse(tool_reply(
+                "call_hard",
+                "run_terminal_cmd",
+                json!({"command": "sleep 7", "timeout": 1, "block_until_ms": 5000}),
+            )),
+            Reply::sse(text_reply(&["Moved on."], (300, 5, 0))),
+        ];
+        let h = Harness::start_with(sdk, transport, replies, "shell_block_secs = 1").await;
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Run the long job."}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        run.assert_transport();
+        let text = tool_result_text(&h.provider, 1, "call_long").expect("the long call's result");
+        assert!(
+            text.contains("STARTED")
+                && text.contains("still running after 1s and was moved to the background: shell "),
+            "{text}\n{}",
+            run.dump()
+        );
+        assert!(!text.contains("LATE"), "{text}");
+        assert_eq!(run.text(), "Moved on.");
+        let ms = run.first_tool_call_ms();
+        assert!(
+            (900..4000).contains(&ms),
+            "the call ended at the block time, not with the command: {ms} ms"
+        );
+        let completed = run.updates("tool-call-completed");
+        assert_eq!(completed[0]["toolCall"]["type"], "shell", "{}", run.dump());
+        let hard = tool_result_text(&h.provider, 2, "call_hard").expect("the hard call's result");
+        assert!(
+            hard.contains("[The command timed out after 1s and was stopped.]"),
+            "{hard}\n{}",
+            run.dump()
         );
     })
     .await;

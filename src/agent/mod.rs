@@ -299,6 +299,8 @@ impl Agent {
                 client_timeout: Duration::from_secs(config.agent.kv_timeout_secs.max(1)),
                 max_tool_rounds: config.agent.max_tool_rounds.max(1),
                 max_history_bytes: config.limits.max_history_bytes,
+                shell_block_ms: u32::try_from(config.agent.shell_block_secs.saturating_mul(1000))
+                    .unwrap_or(u32::MAX),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

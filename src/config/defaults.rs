@@ -140,3 +140,7 @@ pub(super) fn cooldown_secs() -> u64 {
 pub(super) fn max_cooldown_secs() -> u64 {
     15 * 60
 }
+
+pub(super) fn shell_block_secs() -> u64 {
+    30
+}

@@ -186,6 +186,10 @@ pub struct AgentConfig {
     /// Retries for a provider request that failed before streaming anything.
     #[serde(default = "defaults::provider_retries")]
     pub provider_max_retries: u32,
+    /// Seconds a foreground shell command runs before it moves to the background (it keeps
+    /// running there; the model is told where its output goes).
+    #[serde(default = "defaults::shell_block_secs")]
+    pub shell_block_secs: u64,
 }
 
 impl Default for AgentConfig {
@@ -196,6 +200,7 @@ impl Default for AgentConfig {
             kv_timeout_secs: defaults::kv_timeout_secs(),
             provider_idle_timeout_secs: defaults::provider_idle_secs(),
             provider_max_retries: defaults::provider_retries(),
+            shell_block_secs: defaults::shell_block_secs(),
         }
     }
 }

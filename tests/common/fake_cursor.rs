@@ -33,6 +33,8 @@ pub struct FakeCursor {
     pub shell_gate: Option<PathBuf>,
     /// How many blobs the server asked for.
     pub gets: usize,
+    /// A shell held by `shell_gate` (exec id, client exec id): it has started and not ended.
+    pub held_shell: Option<(u32, String)>,
 }
 
 impl FakeCursor {
@@ -47,6 +49,7 @@ impl FakeCursor {
             checkpoint: None,
             shell_gate: None,
             gets: 0,
+            held_shell: None,
         }
     }
 
@@ -211,24 +214,66 @@ impl FakeCursor {
                     result: Some(result),
                 })]
             }
-            Some(X::ShellStreamArgs(s)) => self.shell(s),
+            Some(X::ShellStreamArgs(s)) => {
+                let results = self.shell(s);
+                if self.shell_gate.as_ref().is_some_and(|g| !g.exists()) {
+                    // Held: started, still running; no close until it is backgrounded.
+                    self.held_shell = Some((id, e.exec_id.clone()));
+                    return results
+                        .into_iter()
+                        .map(|r| result_message(id, &e.exec_id, r))
+                        .collect();
+                }
+                results
+            }
+            Some(X::ForceBackgroundShellArgs(_)) => return self.force_background(id, &e.exec_id),
             _ => vec![],
         };
         let mut out: Vec<pb::AgentClientMessage> = results
             .into_iter()
-            .map(|r| pb::AgentClientMessage {
-                message: Some(In::ExecClientMessage(pb::ExecClientMessage {
-                    id,
-                    exec_id: e.exec_id.clone(),
-                    message: Some(r),
-                    ..Default::default()
-                })),
-            })
+            .map(|r| result_message(id, &e.exec_id, r))
             .collect();
         out.push(control(
             pb::exec_client_control_message::Message::StreamClose(pb::ExecClientStreamClose { id }),
         ));
         out
+    }
+
+    /// "Move to background": the held shell ends its exec with `backgrounded` (shell 1000,
+    /// pid 4242, as the user asked), and the request is answered accepted.
+    fn force_background(&mut self, id: u32, exec_id: &str) -> Vec<pb::AgentClientMessage> {
+        use pb::shell_stream::Event;
+        let close = |id| {
+            control(pb::exec_client_control_message::Message::StreamClose(
+                pb::ExecClientStreamClose { id },
+            ))
+        };
+        let Some((shell, shell_exec)) = self.held_shell.take() else {
+            let status = pb::ForceBackgroundShellStatus::NotFound as i32;
+            let r = R::ForceBackgroundShellResult(pb::ForceBackgroundShellResult {
+                status,
+                shell_result: None,
+            });
+            return vec![result_message(id, exec_id, r), close(id)];
+        };
+        let moved = R::ShellStream(pb::ShellStream {
+            event: Some(Event::Backgrounded(pb::ShellStreamBackgrounded {
+                shell_id: 1000,
+                pid: Some(4242),
+                reason: Some(pb::ShellBackgroundReason::UserRequest as i32),
+                ..Default::default()
+            })),
+        });
+        let accepted = R::ForceBackgroundShellResult(pb::ForceBackgroundShellResult {
+            status: pb::ForceBackgroundShellStatus::Accepted as i32,
+            shell_result: None,
+        });
+        vec![
+            result_message(id, exec_id, accepted),
+            close(id),
+            result_message(shell, &shell_exec, moved),
+            close(shell),
+        ]
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -307,6 +352,17 @@ impl FakeCursor {
         self.blobs
             .iter()
             .all(|(id, data)| sha2::Sha256::digest(data).as_slice() == id.as_slice())
+    }
+}
+
+fn result_message(id: u32, exec_id: &str, r: R) -> pb::AgentClientMessage {
+    pb::AgentClientMessage {
+        message: Some(In::ExecClientMessage(pb::ExecClientMessage {
+            id,
+            exec_id: exec_id.to_string(),
+            message: Some(r),
+            ..Default::default()
+        })),
     }
 }
 

@@ -142,10 +142,17 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
         Action::InjectContextAction(_) => Err(RunError::BadClientMessage(
             "inject_context_action steers a running run; it cannot start one".into(),
         )),
-        Action::CancelSubagentAction(_)
-        | Action::BackgroundTaskCompletionAction(_)
-        | Action::BackgroundShellAction(_)
-        | Action::BackgroundSubagentAction(_) => {
+        Action::BackgroundShellAction(_) => Err(RunError::BadClientMessage(
+            "background_shell_action moves a command of a running run to the background; it cannot start a run".into(),
+        )),
+        Action::BackgroundTaskCompletionAction(a) => turn(TurnInput {
+            user: simulated(
+                &super::background::completion_note(a),
+                Some(pb::SimulatedMsgReason::BackgroundTaskCompletion),
+            ),
+            ..Default::default()
+        }),
+        Action::CancelSubagentAction(_) | Action::BackgroundSubagentAction(_) => {
             Err(RunError::Unsupported(branch_name(action).to_string()))
         }
     }
@@ -289,10 +296,40 @@ mod tests {
 
     #[test]
     fn cloud_only_branches_are_named_errors() {
+        let e = begin(&req(Action::BackgroundSubagentAction(Default::default())))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("background_subagent_action"), "{e}");
+        assert_eq!(e.code(), crate::connect::Code::Unimplemented);
         let e = begin(&req(Action::BackgroundShellAction(Default::default())))
             .err()
             .unwrap();
-        assert!(e.to_string().contains("background_shell_action"), "{e}");
-        assert_eq!(e.code(), crate::connect::Code::Unimplemented);
+        assert!(e.to_string().contains("cannot start a run"), "{e}");
+    }
+
+    #[test]
+    fn a_completion_starts_a_turn_that_tells_the_model() {
+        let Ok(Begin::Turn(t)) = begin(&req(Action::BackgroundTaskCompletionAction(
+            pb::BackgroundTaskCompletionAction {
+                completions: vec![pb::BackgroundTaskCompletion {
+                    task_id: "1000".into(),
+                    kind: pb::BackgroundTaskKind::Shell as i32,
+                    output_path: Some("/t/1000.txt".into()),
+                    ..Default::default()
+                }],
+                system_reminder: None,
+            },
+        ))) else {
+            panic!("a turn")
+        };
+        assert!(
+            t.user.text.contains("Background shell 1000 ended"),
+            "{}",
+            t.user.text
+        );
+        assert_eq!(
+            t.user.simulated_msg_reason,
+            Some(pb::SimulatedMsgReason::BackgroundTaskCompletion as i32)
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! silent, because clients abort a stream after 30 s without server output.
 
 mod action;
+mod background;
 mod error;
 mod exec;
 mod kv;
@@ -53,6 +54,8 @@ pub struct RunSettings {
     pub max_tool_rounds: u32,
     /// Bound on the history rebuilt from the checkpoint.
     pub max_history_bytes: usize,
+    /// How long a foreground command blocks before it moves to the background (ms).
+    pub shell_block_ms: u32,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
@@ -64,6 +67,10 @@ enum ClientEvent {
     Interaction(pb::InteractionResponse),
     /// Steering: context to add at the next model call of the running turn.
     Inject(Box<pb::InjectContextAction>),
+    /// The user pressed "move to background" on a running command.
+    BackgroundShell(pb::BackgroundShellAction),
+    /// Background tasks finished: the model is told.
+    Completion(Box<pb::BackgroundTaskCompletionAction>),
 }
 
 /// The sending side of a run, shared with the heartbeat and the inbox pump.
@@ -172,6 +179,7 @@ impl Run {
             interactions: HashMap::new(),
             next_interaction: 1,
             shell_streams: HashMap::new(),
+            detached: Default::default(),
             step: 0,
             usage: Usage::default(),
             last_call: Usage::default(),
@@ -295,8 +303,13 @@ async fn pump_inbox(
                         continue;
                     }
                     Some(Action::InjectContextAction(i)) => ClientEvent::Inject(Box::new(i)),
+                    Some(Action::BackgroundShellAction(b)) => ClientEvent::BackgroundShell(b),
+                    Some(Action::BackgroundTaskCompletionAction(c)) => {
+                        ClientEvent::Completion(Box::new(c))
+                    }
                     Some(other) => {
-                        // Only a cancel or steering makes sense on a running run.
+                        // Only a cancel, steering and background work make sense on a running
+                        // run.
                         warn!(
                             action = action::branch_name(&other),
                             "conversation action on a running run is not acted on"
@@ -355,6 +368,8 @@ struct RunState {
     next_interaction: u32,
     /// Exec id → Cursor call id, for execs whose output streams to the UI (shell).
     shell_streams: HashMap<u32, String>,
+    /// Execs nobody waits for (force-background requests): settled as they answer.
+    detached: std::collections::HashSet<u32>,
     step: u64,
     /// Usage summed over the turn's model calls.
     usage: Usage,
@@ -616,10 +631,15 @@ impl RunState {
                 if !self.exec.on_result(*m) {
                     debug!(id, "exec result for no exec of ours");
                 }
+                self.settle_detached(id);
             }
             Some(ClientEvent::ExecControl(c)) => {
-                self.exec.on_control(c);
+                if let Some(id) = self.exec.on_control(c) {
+                    self.settle_detached(id);
+                }
             }
+            Some(ClientEvent::BackgroundShell(b)) => self.force_background(b).await?,
+            Some(ClientEvent::Completion(c)) => self.on_completion(&c),
             Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
             Some(ClientEvent::Inject(i)) => self.on_inject(*i).await?,
             Some(ClientEvent::Interaction(r)) => {

@@ -13,6 +13,8 @@ use pb::context_injection_state::State;
 
 /// One accepted injection, as the model will read it.
 struct Injected {
+    /// The client's injection id, acknowledged on delivery; empty for our own notes
+    /// (background completions), which have no one to acknowledge.
     id: String,
     message: Message,
 }
@@ -24,6 +26,8 @@ pub(super) struct Steering {
     queued: Vec<Injected>,
     /// The turn still makes model calls (injections can be delivered).
     open: bool,
+    /// Notes that came after the turn's last model call: recorded in the turn instead.
+    late: Vec<String>,
 }
 
 impl Steering {
@@ -32,11 +36,30 @@ impl Steering {
             run_id: run_id.filter(|r| !r.is_empty()),
             queued: Vec::new(),
             open: false,
+            late: Vec::new(),
         }
     }
 
     pub(super) fn has_queued(&self) -> bool {
         !self.queued.is_empty()
+    }
+
+    /// A note of ours for the model (no acknowledgement): at the next model call of the
+    /// turn, or, after its last one, into the turn's record.
+    pub(super) fn note(&mut self, message: Message) {
+        if self.open {
+            self.queued.push(Injected {
+                id: String::new(),
+                message,
+            });
+        } else {
+            self.late.push(message_text(&message));
+        }
+    }
+
+    /// The notes that missed the turn's model calls, for its record.
+    pub(super) fn take_late(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.late)
     }
 }
 
@@ -143,9 +166,11 @@ impl RunState {
         for inj in std::mem::take(&mut self.steering.queued) {
             texts.push(message_text(&inj.message));
             messages.push(inj.message);
-            self.out
-                .send(msg::injection_delivered(inj.id, step))
-                .await?;
+            if !inj.id.is_empty() {
+                self.out
+                    .send(msg::injection_delivered(inj.id, step))
+                    .await?;
+            }
         }
         Ok(texts)
     }
@@ -154,6 +179,10 @@ impl RunState {
     pub(super) async fn defer_injections(&mut self) -> Result<(), RunError> {
         self.steering.open = false;
         for inj in std::mem::take(&mut self.steering.queued) {
+            if inj.id.is_empty() {
+                self.steering.late.push(message_text(&inj.message));
+                continue;
+            }
             let state = State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {});
             self.out.send(msg::injection_state(inj.id, state)).await?;
         }

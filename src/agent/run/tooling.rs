@@ -131,7 +131,7 @@ impl RunState {
                         all.append(&mut o.results);
                         thrown = thrown.or(o.thrown.take());
                     }
-                    tools::finish_exec(&plan, &all, thrown.as_deref())
+                    tools::finish_exec(ctx, &plan, &all, thrown.as_deref())
                 }
                 ToolPlan::Edit { .. } => self.run_edit(&plan).await?,
                 ToolPlan::Todos { .. } => {

@@ -26,6 +26,11 @@ fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
         .filter(|p| !p.is_empty())
 }
 
+/// Where the client writes background shells' output.
+fn terminals_folder(ctx: Option<&pb::RequestContext>) -> Option<String> {
+    Some(ctx?.env.as_ref()?.terminals_folder.clone()).filter(|f| !f.is_empty())
+}
+
 impl RunState {
     /// Carry out what the run request's action asks for.
     pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
@@ -92,6 +97,8 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
+            terminals_folder: terminals_folder(request_context.as_ref()),
+            shell_block_ms: Some(self.run.settings.shell_block_ms),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone();
@@ -220,6 +227,9 @@ impl RunState {
             }
         }
         self.defer_injections().await?;
+        for text in self.steering.take_late() {
+            steps.push(StepRecord::UserContext { text });
+        }
         self.plan_entry = input.plan_id.take();
         self.write_turn(
             &req,
@@ -432,6 +442,8 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
+            terminals_folder: terminals_folder(request_context.as_ref()),
+            shell_block_ms: Some(self.run.settings.shell_block_ms),
         };
         let call: Call = (
             "user_shell".into(),

@@ -11,9 +11,11 @@ use super::args::norm;
 use super::{Mode, ToolContext};
 use crate::provider::ToolSpec;
 
-/// Default and maximum shell timeouts, in seconds.
-pub(crate) const SHELL_DEFAULT_TIMEOUT_SECS: i64 = 120;
+/// The longest hard timeout and block time a command may ask for, in seconds.
 pub(crate) const SHELL_MAX_TIMEOUT_SECS: i64 = 1800;
+/// How long a foreground command blocks before it moves to the background, unless
+/// `agent.shell_block_secs` says otherwise (Cursor's client uses the same 30 s).
+pub(crate) const SHELL_DEFAULT_BLOCK_MS: u32 = 30_000;
 /// Lines `read_file` returns when no `limit` is given.
 pub(crate) const READ_DEFAULT_LINES: usize = 2000;
 
@@ -27,6 +29,7 @@ pub(crate) enum Builtin {
     Write,
     DeleteFile,
     RunTerminalCmd,
+    WriteShellStdin,
     ReadLints,
     TodoWrite,
     WebFetch,
@@ -35,7 +38,7 @@ pub(crate) enum Builtin {
     CreatePlan,
 }
 
-pub(crate) const ALL: [Builtin; 14] = [
+pub(crate) const ALL: [Builtin; 15] = [
     Builtin::ReadFile,
     Builtin::ListDir,
     Builtin::GlobFileSearch,
@@ -44,6 +47,7 @@ pub(crate) const ALL: [Builtin; 14] = [
     Builtin::Write,
     Builtin::DeleteFile,
     Builtin::RunTerminalCmd,
+    Builtin::WriteShellStdin,
     Builtin::ReadLints,
     Builtin::TodoWrite,
     Builtin::WebFetch,
@@ -63,6 +67,7 @@ impl Builtin {
             Builtin::Write => "write",
             Builtin::DeleteFile => "delete_file",
             Builtin::RunTerminalCmd => "run_terminal_cmd",
+            Builtin::WriteShellStdin => "write_shell_stdin",
             Builtin::ReadLints => "read_lints",
             Builtin::TodoWrite => "todo_write",
             Builtin::WebFetch => "web_fetch",
@@ -90,6 +95,9 @@ impl Builtin {
             "runterminalcmd" | "bash" | "shell" | "runcommand" | "terminal"
             | "runterminalcommand" | "executecommand" | "runshellcommand" | "shellcommand"
             | "exec" | "execute" => Builtin::RunTerminalCmd,
+            "writeshellstdin" | "writestdin" | "shellstdin" | "sendstdin" | "sendinput" => {
+                Builtin::WriteShellStdin
+            }
             "readlints" | "lints" | "getdiagnostics" | "diagnostics" | "readlinterrors" => {
                 Builtin::ReadLints
             }
@@ -109,7 +117,11 @@ impl Builtin {
     pub(crate) fn writes(self) -> bool {
         matches!(
             self,
-            Builtin::SearchReplace | Builtin::Write | Builtin::DeleteFile | Builtin::RunTerminalCmd
+            Builtin::SearchReplace
+                | Builtin::Write
+                | Builtin::DeleteFile
+                | Builtin::RunTerminalCmd
+                | Builtin::WriteShellStdin
         )
     }
 
@@ -211,8 +223,10 @@ mod tests {
         let shell = Builtin::RunTerminalCmd.spec().parameters;
         let timeout = &shell["properties"]["timeout"];
         assert_eq!(timeout["maximum"], SHELL_MAX_TIMEOUT_SECS);
-        let default = format!("(default {SHELL_DEFAULT_TIMEOUT_SECS})");
-        assert!(timeout["description"].as_str().unwrap().contains(&default));
+        let block = &shell["properties"]["block_until_ms"];
+        assert_eq!(block["maximum"], SHELL_MAX_TIMEOUT_SECS * 1000);
+        let default = format!("(default {SHELL_DEFAULT_BLOCK_MS} unless configured)");
+        assert!(block["description"].as_str().unwrap().contains(&default));
         let lines = format!("up to {READ_DEFAULT_LINES} lines");
         assert!(Builtin::ReadFile.spec().description.contains(&lines));
     }

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::text::cap_head;
-use super::{edit, fs, interaction, lints, mcp, search, shell, todos, web};
+use super::{edit, fs, interaction, lints, mcp, search, shell, stdin, todos, web};
 use crate::proto::agent::v1 as pb;
 use pb::tool_call::Tool;
 
@@ -18,6 +18,7 @@ pub(crate) fn render(tc: &pb::ToolCall) -> (String, bool) {
         Some(Tool::GlobToolCall(t)) => search::render_glob(t),
         Some(Tool::GrepToolCall(t)) => search::render_grep(t),
         Some(Tool::ShellToolCall(t)) => shell::render(t),
+        Some(Tool::WriteShellStdinToolCall(t)) => stdin::render(t),
         Some(Tool::ReadLintsToolCall(t)) => lints::render(t),
         Some(Tool::McpToolCall(t)) => mcp::render(t),
         Some(Tool::FetchToolCall(t)) => web::render(t),
@@ -40,6 +41,9 @@ pub(crate) fn with_error(tool: Tool, message: &str) -> Tool {
         Tool::GlobToolCall(t) => Tool::GlobToolCall(search::glob_with_error(t, message)),
         Tool::GrepToolCall(t) => Tool::GrepToolCall(search::grep_with_error(t, message)),
         Tool::ShellToolCall(t) => Tool::ShellToolCall(shell::with_error(t, message)),
+        Tool::WriteShellStdinToolCall(t) => {
+            Tool::WriteShellStdinToolCall(stdin::with_error(t, message))
+        }
         Tool::ReadLintsToolCall(t) => Tool::ReadLintsToolCall(lints::with_error(t, message)),
         Tool::McpToolCall(t) => Tool::McpToolCall(mcp::with_error(t, message)),
         Tool::FetchToolCall(t) => Tool::FetchToolCall(web::with_error(t, message)),
@@ -87,6 +91,7 @@ pub fn history_from_tool_call(tc: &pb::ToolCall) -> Option<(String, Value, Strin
         Tool::GlobToolCall(t) => ("glob_file_search".into(), search::glob_history_args(t)),
         Tool::GrepToolCall(t) => ("grep".into(), search::grep_history_args(t)),
         Tool::ShellToolCall(t) => ("run_terminal_cmd".into(), shell::history_args(t)),
+        Tool::WriteShellStdinToolCall(t) => ("write_shell_stdin".into(), stdin::history_args(t)),
         Tool::ReadLintsToolCall(t) => ("read_lints".into(), lints::history_args(t)),
         Tool::McpToolCall(t) => mcp::history(t),
         Tool::FetchToolCall(t) => ("web_fetch".into(), web::history_args(t)),

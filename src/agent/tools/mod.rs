@@ -26,6 +26,7 @@ mod lints;
 mod mcp;
 mod search;
 mod shell;
+mod stdin;
 mod text;
 mod todos;
 mod web;
@@ -63,6 +64,12 @@ pub struct ToolContext {
     /// The request context's `admin_command_denylist`, forwarded in every shell exec as
     /// Cursor's server does (the client enforces it).
     pub command_denylist: Vec<String>,
+    /// `RequestContextEnv.terminals_folder`: where the client writes background shells'
+    /// output (`<folder>/<shell_id>.txt`), named to the model.
+    pub terminals_folder: Option<String>,
+    /// How long a foreground command blocks before it moves to the background (ms); `None`:
+    /// Cursor's 30 s.
+    pub shell_block_ms: Option<u32>,
 }
 
 /// The modes that change the tool list.
@@ -326,6 +333,7 @@ pub fn plan(
                 Builtin::GlobFileSearch => search::plan_glob(ctx, call_id, &a),
                 Builtin::Grep => search::plan_grep(ctx, call_id, &a),
                 Builtin::RunTerminalCmd => shell::plan(ctx, call_id, &a),
+                Builtin::WriteShellStdin => stdin::plan(call_id, &a),
                 Builtin::ReadLints => lints::plan(ctx, call_id, &a),
                 Builtin::WebFetch => web::plan(call_id, &a),
                 Builtin::TodoWrite => todos::plan(call_id, &a),
@@ -366,6 +374,7 @@ pub fn placeholder(ctx: &ToolContext, call_id: &str, name: &str) -> Option<pb::T
             Builtin::SearchReplace | Builtin::Write => Tool::EditToolCall(Default::default()),
             Builtin::DeleteFile => Tool::DeleteToolCall(Default::default()),
             Builtin::RunTerminalCmd => Tool::ShellToolCall(Default::default()),
+            Builtin::WriteShellStdin => Tool::WriteShellStdinToolCall(Default::default()),
             Builtin::ReadLints => Tool::ReadLintsToolCall(Default::default()),
             Builtin::TodoWrite => Tool::UpdateTodosToolCall(Default::default()),
             Builtin::WebFetch => Tool::FetchToolCall(Default::default()),
@@ -398,7 +407,12 @@ pub(crate) fn outcome(tool_call: pb::ToolCall) -> ToolOutcome {
 
 /// Finish an `Exec` / `ExecEach` plan. `results` is everything the client sent for it, in
 /// order; `thrown` is its `throw` error, if it failed.
-pub fn finish_exec(plan: &ToolPlan, results: &[ExecResult], thrown: Option<&str>) -> ToolOutcome {
+pub fn finish_exec(
+    ctx: &ToolContext,
+    plan: &ToolPlan,
+    results: &[ExecResult],
+    thrown: Option<&str>,
+) -> ToolOutcome {
     let (tool_call, exec) = match plan {
         ToolPlan::Exec {
             tool_call, exec, ..
@@ -427,7 +441,15 @@ pub fn finish_exec(plan: &ToolPlan, results: &[ExecResult], thrown: Option<&str>
         Some(Tool::LsToolCall(t)) => Tool::LsToolCall(search::finish_ls(t, results, thrown)),
         Some(Tool::GlobToolCall(t)) => Tool::GlobToolCall(search::finish_glob(t, results, thrown)),
         Some(Tool::GrepToolCall(t)) => Tool::GrepToolCall(search::finish_grep(t, results, thrown)),
-        Some(Tool::ShellToolCall(t)) => Tool::ShellToolCall(shell::finish(t, results, thrown)),
+        Some(Tool::ShellToolCall(t)) => Tool::ShellToolCall(shell::finish(
+            t,
+            results,
+            thrown,
+            ctx.terminals_folder.as_deref(),
+        )),
+        Some(Tool::WriteShellStdinToolCall(t)) => {
+            Tool::WriteShellStdinToolCall(stdin::finish(t, results, thrown))
+        }
         Some(Tool::ReadLintsToolCall(t)) => {
             Tool::ReadLintsToolCall(lints::finish(t, results, thrown))
         }

@@ -2,13 +2,17 @@
 //! a parsing result, and streaming shows output live). The client answers start → stdout /
 //! stderr … → exit; the pieces are folded into one `ShellResult`.
 //!
-//! Timeouts: `ShellArgs.timeout` is in milliseconds (as `ShellTimeout.timeout_ms` and the
-//! shell's `block_until_ms` in Cursor's own tool suggest); the model gives seconds.
+//! Long commands behave as in Cursor: `ShellArgs.timeout` (ms) is the block time, and with
+//! `TimeoutBehavior::Background` a command still running then moves to the background (the
+//! client answers `backgrounded` with its shell id) instead of being killed; the model's
+//! `timeout` (seconds) becomes `hard_timeout`, which kills it. `is_background` starts the
+//! command through `background_shell_spawn_args` instead. A background shell writes its
+//! output to `<terminals_folder>/<shell_id>.txt` on the client; the model reads that file.
 
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::catalog::{SHELL_DEFAULT_TIMEOUT_SECS, SHELL_MAX_TIMEOUT_SECS};
+use super::catalog::{SHELL_DEFAULT_BLOCK_MS, SHELL_MAX_TIMEOUT_SECS};
 use super::text::cap_middle;
 use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
@@ -25,13 +29,9 @@ const SECONDS_CEILING: i64 = 3600;
 
 pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPlan, ToolError> {
     let command = command(a)?;
-    if a.bool_opt(&["is_background", "background", "run_in_background"])?
-        .unwrap_or(false)
-    {
-        return Err(a.error(
-            "background commands are not supported; run the command in the foreground (is_background: false), it is stopped at its timeout",
-        ));
-    }
+    let background = a
+        .bool_opt(&["is_background", "background", "run_in_background"])?
+        .unwrap_or(false);
     let working_directory = a
         .str_opt(&[
             "working_directory",
@@ -50,22 +50,37 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
     let parsed = parse(&command);
     let args = pb::ShellArgs {
         working_directory,
-        timeout: timeout_ms(a)?,
+        // The block time: past it the client moves the command to the background (Cursor's
+        // own long-command behaviour) rather than killing it; `hard_timeout` still kills.
+        timeout: if background { 0 } else { block_ms(ctx, a)? },
+        // A background start has no limit to carry one (`BackgroundShellSpawnArgs`).
+        hard_timeout: if background {
+            None
+        } else {
+            hard_timeout_ms(a)?
+        },
+        is_background: background,
         tool_call_id: call_id.to_string(),
         simple_commands: parsed.simple_commands,
         has_input_redirect: parsed.input_redirect,
         has_output_redirect: parsed.output_redirect,
         parsing_result: Some(parsed.result),
-        timeout_behavior: pb::TimeoutBehavior::Cancel as i32,
-        // Nothing can answer a prompt: a command reading stdin must see EOF, not hang.
+        timeout_behavior: pb::TimeoutBehavior::Background as i32,
+        // Nothing can answer a prompt in the foreground: a command reading stdin sees EOF;
+        // interactive programs run with `is_background` and `write_shell_stdin`.
         close_stdin: true,
         description: description.clone(),
         command,
         admin_command_denylist: ctx.command_denylist.clone(),
         ..Default::default()
     };
+    let exec = if background {
+        ExecArgs::BackgroundShellSpawnArgs(spawn_args(&args))
+    } else {
+        ExecArgs::ShellStreamArgs(args.clone())
+    };
     Ok(ToolPlan::Exec {
-        exec: ExecArgs::ShellStreamArgs(args.clone()),
+        exec,
         tool_call: wrap(
             call_id,
             Tool::ShellToolCall(pb::ShellToolCall {
@@ -76,6 +91,21 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         ),
         access: Access::Exclusive,
     })
+}
+
+/// A background start: the command as `background_shell_spawn_args`, with the stdin tool on
+/// (the catalogue offers `write_shell_stdin` wherever it offers this command).
+fn spawn_args(args: &pb::ShellArgs) -> pb::BackgroundShellSpawnArgs {
+    pb::BackgroundShellSpawnArgs {
+        command: args.command.clone(),
+        working_directory: args.working_directory.clone(),
+        tool_call_id: args.tool_call_id.clone(),
+        parsing_result: args.parsing_result.clone(),
+        enable_write_shell_stdin_tool: true,
+        description: args.description.clone(),
+        admin_command_denylist: args.admin_command_denylist.clone(),
+        ..Default::default()
+    }
 }
 
 /// The command line: a string, or an argv (`["bash", "-lc", "…"]` unwraps to the script).
@@ -113,18 +143,32 @@ fn quote(s: &str) -> String {
     }
 }
 
-fn timeout_ms(a: &Args) -> Result<i32, ToolError> {
-    let max_ms = SHELL_MAX_TIMEOUT_SECS * 1000;
-    let ms = if let Some(ms) = a.int_in(&["timeout_ms", "block_until_ms"], 1, i64::MAX)? {
+/// The hard timeout the model asked for, in ms: `timeout` in seconds (or ms when it is too
+/// large to be seconds), or `timeout_ms`. None: no hard limit.
+fn hard_timeout_ms(a: &Args) -> Result<Option<i32>, ToolError> {
+    let ms = if let Some(ms) = a.int_in(&["timeout_ms", "hard_timeout"], 1, i64::MAX)? {
         ms
     } else {
         match a.int_in(&["timeout", "timeout_secs", "timeout_seconds"], 1, i64::MAX)? {
             Some(t) if t > SECONDS_CEILING => t,
             Some(t) => t * 1000,
-            None => SHELL_DEFAULT_TIMEOUT_SECS * 1000,
+            None => return Ok(None),
         }
     };
-    Ok(i32::try_from(ms.min(max_ms)).unwrap_or(i32::MAX))
+    Ok(Some(clamp_ms(ms)))
+}
+
+/// How long a foreground command blocks before moving to the background, in ms.
+fn block_ms(ctx: &ToolContext, a: &Args) -> Result<i32, ToolError> {
+    let ms = match a.int_in(&["block_until_ms"], 0, i64::MAX)? {
+        Some(ms) => ms,
+        None => i64::from(ctx.shell_block_ms.unwrap_or(SHELL_DEFAULT_BLOCK_MS)),
+    };
+    Ok(clamp_ms(ms))
+}
+
+fn clamp_ms(ms: i64) -> i32 {
+    i32::try_from(ms.min(SHELL_MAX_TIMEOUT_SECS * 1000)).unwrap_or(i32::MAX)
 }
 
 struct Parsed {
@@ -418,7 +462,22 @@ pub fn result_is_final(result: &ExecResult) -> bool {
     }
 }
 
+/// Fold what the client answered into the call's `ShellResult`. `terminals_folder` (the
+/// request context's) goes into a background result, so the output file can be named.
 pub(crate) fn finish(
+    t: pb::ShellToolCall,
+    results: &[ExecResult],
+    thrown: Option<&str>,
+    terminals_folder: Option<&str>,
+) -> pb::ShellToolCall {
+    let mut t = finish_results(t, results, thrown);
+    if let Some(r) = t.result.as_mut().filter(|r| r.is_background == Some(true)) {
+        r.terminals_folder = terminals_folder.map(str::to_string);
+    }
+    t
+}
+
+fn finish_results(
     mut t: pb::ShellToolCall,
     results: &[ExecResult],
     thrown: Option<&str>,
@@ -454,6 +513,13 @@ pub(crate) fn finish(
             },
             // A client may answer with one whole result instead of a stream.
             ExecResult::ShellResult(r) if r.result.is_some() => whole = Some(r.clone()),
+            ExecResult::BackgroundShellSpawnResult(r) => {
+                let mut result = spawned(&args, r);
+                if let Some(R::Success(s)) = &result.result {
+                    result.pid = s.pid;
+                }
+                whole = Some(result);
+            }
             _ => {}
         }
     }
@@ -523,7 +589,25 @@ pub(crate) fn finish(
             interleaved_output: Some(ui(&interleaved)),
             shell_id: Some(b.shell_id),
             pid: b.pid,
+            ms_to_wait: b.ms_to_wait,
             background_reason: b.reason,
+            ..Default::default()
+        })
+    } else if thrown.is_none()
+        && args.hard_timeout.is_some()
+        && args.timeout_behavior == pb::TimeoutBehavior::Background as i32
+    {
+        // Cursor's client, backgrounding on timeout, ends a command its hard timeout killed
+        // without an exit event: the stream just closes (observed with the SDK 1.0.32).
+        R::Failure(pb::ShellFailure {
+            command: args.command.clone(),
+            working_directory: args.working_directory.clone(),
+            exit_code: -1,
+            stdout: ui(&stdout),
+            stderr: ui(&stderr),
+            interleaved_output: Some(ui(&interleaved)),
+            aborted: true,
+            abort_reason: Some(pb::ShellAbortReason::Timeout as i32),
             ..Default::default()
         })
     } else {
@@ -540,6 +624,37 @@ pub(crate) fn finish(
     result.result = Some(r);
     t.result = Some(result);
     t
+}
+
+/// The answer to `background_shell_spawn_args`, as the call's `ShellResult`.
+fn spawned(args: &pb::ShellArgs, r: &pb::BackgroundShellSpawnResult) -> pb::ShellResult {
+    use pb::background_shell_spawn_result::Result as B;
+    let result = match &r.result {
+        Some(B::Success(s)) => R::Success(pb::ShellSuccess {
+            command: args.command.clone(),
+            working_directory: if s.working_directory.is_empty() {
+                args.working_directory.clone()
+            } else {
+                s.working_directory.clone()
+            },
+            shell_id: Some(s.shell_id),
+            pid: s.pid,
+            ..Default::default()
+        }),
+        Some(B::Error(e)) => spawn_error(args, e.error.clone()),
+        Some(B::Rejected(r)) => R::Rejected(r.clone()),
+        Some(B::PermissionDenied(p)) => R::PermissionDenied(p.clone()),
+        Some(B::SandboxUnsupported(u)) => spawn_error(
+            args,
+            format!("the requested sandbox is not supported: {}", u.reason),
+        ),
+        None => spawn_error(args, "the client returned an empty result".into()),
+    };
+    pb::ShellResult {
+        is_background: matches!(result, R::Success(_)).then_some(true),
+        result: Some(result),
+        ..Default::default()
+    }
 }
 
 fn spawn_error(args: &pb::ShellArgs, error: String) -> R {
@@ -578,21 +693,54 @@ fn saved(loc: Option<&pb::OutputLocation>) -> String {
     }
 }
 
+/// What the model reads about a shell now running in the background: where its output
+/// goes and how to check on it or stop it.
+fn background_note(result: &pb::ShellResult, s: &pb::ShellSuccess, id: u32) -> String {
+    let file = match result.terminals_folder.as_deref().filter(|f| !f.is_empty()) {
+        Some(f) => format!("{}/{id}.txt", f.trim_end_matches(['/', '\\'])),
+        None => format!("{id}.txt in the terminals folder"),
+    };
+    let (pid, stop) = match s.pid {
+        Some(p) => (
+            format!(", pid {p}"),
+            format!("; stop it with run_terminal_cmd `kill {p}`"),
+        ),
+        None => (String::new(), String::new()),
+    };
+    format!(
+        "shell {id}{pid}; its output goes to {file} (read it with read_file: the header's `status` says whether it still runs, a footer gives `exit_code` once it ends){stop}"
+    )
+}
+
 pub(crate) fn render(t: &pb::ShellToolCall) -> (String, bool) {
-    let timeout_secs = t.args.as_ref().map_or(0, |a| a.timeout / 1000);
+    let args = t.args.clone().unwrap_or_default();
+    let timeout_secs = args.hard_timeout.unwrap_or(args.timeout) / 1000;
     let Some(result) = t.result.as_ref() else {
         return ("The command did not complete.".into(), true);
     };
     match result.result.as_ref() {
         Some(R::Success(s)) => {
-            let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
             if let Some(id) = s.shell_id.filter(|_| result.is_background == Some(true)) {
-                let pid = s.pid.map(|p| format!(", pid {p}")).unwrap_or_default();
-                return (
-                    format!("{out}[The command was moved to the background (shell {id}{pid}).]"),
-                    false,
-                );
+                let note = background_note(result, s, id);
+                if s.background_reason.is_none() && args.is_background {
+                    return (format!("Started in the background: {note}."), false);
+                }
+                let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
+                let why = match s
+                    .background_reason
+                    .and_then(|r| pb::ShellBackgroundReason::try_from(r).ok())
+                {
+                    Some(pb::ShellBackgroundReason::UserRequest) => {
+                        "The user moved the command to the background".to_string()
+                    }
+                    _ => format!(
+                        "The command was still running after {}s and was moved to the background",
+                        s.ms_to_wait.unwrap_or(args.timeout) / 1000
+                    ),
+                };
+                return (format!("{out}[{why}: {note}.]"), false);
             }
+            let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
             (
                 format!(
                     "{out}{}[exit code: {}]",
@@ -653,8 +801,14 @@ pub(crate) fn history_args(t: &pb::ShellToolCall) -> Value {
     if !a.working_directory.is_empty() {
         v["working_directory"] = json!(a.working_directory);
     }
-    if a.timeout > 0 && i64::from(a.timeout) != SHELL_DEFAULT_TIMEOUT_SECS * 1000 {
-        v["timeout"] = json!(a.timeout / 1000);
+    if a.is_background {
+        v["is_background"] = json!(true);
+    }
+    let hard = a.hard_timeout.filter(|t| *t > 0);
+    // Checkpoints written before the block time carry their timeout in `timeout`.
+    let legacy = (a.timeout_behavior == pb::TimeoutBehavior::Cancel as i32).then_some(a.timeout);
+    if let Some(t) = hard.or(legacy.filter(|t| *t > 0)) {
+        v["timeout"] = json!(t / 1000);
     }
     v
 }

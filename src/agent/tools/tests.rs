@@ -23,6 +23,8 @@ fn ctx() -> ToolContext {
         web_fetch: true,
         mode: pb::AgentMode::Agent as i32,
         command_denylist: vec!["rm -rf".into()],
+        terminals_folder: Some("/home/u/.cursor/projects/w/terminals".into()),
+        shell_block_ms: None,
     }
 }
 
@@ -133,6 +135,12 @@ fn every_tool_plans_to_its_exec_or_interaction() {
                     (a.command.as_str(), a.working_directory.as_str(), a.timeout),
                     ("ls", "/w/sub", 30_000)
                 );
+                assert_eq!(
+                    a.hard_timeout,
+                    Some(30_000),
+                    "the model's timeout is a hard limit"
+                );
+                assert_eq!(a.timeout_behavior, pb::TimeoutBehavior::Background as i32);
                 assert!(a.close_stdin && a.parsing_result.is_some());
                 assert_eq!(a.simple_commands, vec!["ls"]);
                 assert_eq!(a.admin_command_denylist, ["rm -rf"], "forwarded");
@@ -222,11 +230,7 @@ fn invalid_arguments_say_what_is_wrong() {
         err("grep", json!({"pattern": "x", "output_mode": "everything"}))
             .contains("must be one of content, files_with_matches, count")
     );
-    assert!(err(
-        "run_terminal_cmd",
-        json!({"command": "npm start", "is_background": true})
-    )
-    .contains("background commands are not supported"));
+    assert!(err("write_shell_stdin", json!({"chars": "y\n"})).contains("`shell_id` is required"));
     assert!(err("web_fetch", json!({"url": "file:///etc/passwd"})).contains("http:// or https://"));
     assert!(err(
         "todo_write",
@@ -398,7 +402,7 @@ fn shell_run(events: Vec<Res>) -> ToolOutcome {
         "run_terminal_cmd",
         json!({"command": "cargo test", "timeout": 60}),
     );
-    finish_exec(&p, &events, None)
+    finish_exec(&ctx(), &p, &events, None)
 }
 
 #[test]
@@ -467,8 +471,209 @@ fn shell_output_comes_back_with_its_exit_code() {
         o.content
     );
     let p = planned("run_terminal_cmd", json!({"command": "ls"}));
-    let o = finish_exec(&p, &[], Some("spawn ENOENT"));
+    let o = finish_exec(&ctx(), &p, &[], Some("spawn ENOENT"));
     assert!(o.is_error && o.content.contains("spawn ENOENT"));
+}
+
+#[test]
+fn a_background_command_is_spawned_and_names_its_shell_pid_and_output_file() {
+    let p = planned(
+        "run_terminal_cmd",
+        json!({"command": "npm start", "is_background": true, "cwd": "web"}),
+    );
+    let Exec::BackgroundShellSpawnArgs(a) = exec_of(&p) else {
+        panic!("{p:?}")
+    };
+    assert_eq!(
+        (
+            a.command.as_str(),
+            a.working_directory.as_str(),
+            a.tool_call_id.as_str()
+        ),
+        ("npm start", "/w/web", "c1")
+    );
+    assert!(a.enable_write_shell_stdin_tool && a.parsing_result.is_some());
+    assert_eq!(a.admin_command_denylist, ["rm -rf"]);
+    let spawned = Res::BackgroundShellSpawnResult(pb::BackgroundShellSpawnResult {
+        result: Some(pb::background_shell_spawn_result::Result::Success(
+            pb::BackgroundShellSpawnSuccess {
+                shell_id: 7,
+                command: "npm start".into(),
+                working_directory: "/w/web".into(),
+                pid: Some(4242),
+            },
+        )),
+    });
+    let o = finish_exec(&ctx(), &p, &[spawned], None);
+    assert!(!o.is_error, "{}", o.content);
+    for part in [
+        "Started in the background",
+        "shell 7, pid 4242",
+        "/home/u/.cursor/projects/w/terminals/7.txt",
+        "`kill 4242`",
+    ] {
+        assert!(o.content.contains(part), "{part}: {}", o.content);
+    }
+    // The UI gets Cursor's typed shell call: a background result with the shell id.
+    let Some(pb::tool_call::Tool::ShellToolCall(t)) = &o.tool_call.tool else {
+        panic!()
+    };
+    assert!(t.args.as_ref().unwrap().is_background);
+    let r = t.result.as_ref().unwrap();
+    assert_eq!((r.is_background, r.pid), (Some(true), Some(4242)));
+    let Some(pb::shell_result::Result::Success(s)) = &r.result else {
+        panic!()
+    };
+    assert_eq!(s.shell_id, Some(7));
+    // Rebuilt from the checkpoint, the model reads the same and the call keeps its flag.
+    let (name, args, text, _) = history_from_tool_call(&o.tool_call).unwrap();
+    assert_eq!(
+        (name.as_str(), text.as_str()),
+        ("run_terminal_cmd", o.content.as_str())
+    );
+    assert_eq!(args["is_background"], true);
+
+    let refused = Res::BackgroundShellSpawnResult(pb::BackgroundShellSpawnResult {
+        result: Some(pb::background_shell_spawn_result::Result::Error(
+            pb::BackgroundShellSpawnError {
+                error: "ENOENT".into(),
+                ..Default::default()
+            },
+        )),
+    });
+    let o = finish_exec(&ctx(), &p, &[refused], None);
+    assert!(o.is_error && o.content.contains("ENOENT"), "{}", o.content);
+}
+
+#[test]
+fn a_foreground_command_past_its_block_time_moves_to_the_background() {
+    use pb::shell_stream::Event as E;
+    let block = ToolContext {
+        shell_block_ms: Some(1500),
+        ..ctx()
+    };
+    let p = plan(
+        &block,
+        "c1",
+        "run_terminal_cmd",
+        &json!({"command": "make"}),
+    )
+    .unwrap();
+    let Exec::ShellStreamArgs(a) = exec_of(&p) else {
+        panic!()
+    };
+    assert_eq!(
+        (a.timeout, a.hard_timeout, a.timeout_behavior),
+        (1500, None, pb::TimeoutBehavior::Background as i32)
+    );
+    let asked = plan(
+        &block,
+        "c1",
+        "run_terminal_cmd",
+        &json!({"command": "make", "block_until_ms": 60000, "timeout": 600}),
+    )
+    .unwrap();
+    let Exec::ShellStreamArgs(a) = exec_of(&asked) else {
+        panic!()
+    };
+    assert_eq!((a.timeout, a.hard_timeout), (60_000, Some(600_000)));
+    let o = finish_exec(
+        &block,
+        &p,
+        &[
+            stream(E::Stdout(pb::ShellStreamStdout {
+                data: "compiling\n".into(),
+            })),
+            stream(E::Backgrounded(pb::ShellStreamBackgrounded {
+                shell_id: 3,
+                pid: Some(99),
+                ms_to_wait: Some(1500),
+                reason: Some(pb::ShellBackgroundReason::Timeout as i32),
+                ..Default::default()
+            })),
+        ],
+        None,
+    );
+    assert!(!o.is_error);
+    assert!(
+        o.content.starts_with("compiling\n[The command was still running after 1s and was moved to the background: shell 3, pid 99; its output goes to /home/u/.cursor/projects/w/terminals/3.txt"),
+        "{}",
+        o.content
+    );
+    let user = finish_exec(
+        &block,
+        &p,
+        &[stream(E::Backgrounded(pb::ShellStreamBackgrounded {
+            shell_id: 4,
+            reason: Some(pb::ShellBackgroundReason::UserRequest as i32),
+            ..Default::default()
+        }))],
+        None,
+    );
+    assert!(
+        user.content
+            .contains("[The user moved the command to the background: shell 4;"),
+        "{}",
+        user.content
+    );
+    // The client ends a command its hard timeout killed without an exit event.
+    let killed = finish_exec(
+        &block,
+        &asked,
+        &[stream(E::Stdout(pb::ShellStreamStdout {
+            data: "half\n".into(),
+        }))],
+        None,
+    );
+    assert!(killed.is_error);
+    assert_eq!(
+        killed.content,
+        "half\n[The command timed out after 600s and was stopped.]"
+    );
+}
+
+#[test]
+fn stdin_goes_to_a_background_shell() {
+    let p = planned("write_shell_stdin", json!({"shell_id": 7, "chars": "y\n"}));
+    let Exec::WriteShellStdinArgs(a) = exec_of(&p) else {
+        panic!()
+    };
+    assert_eq!((a.shell_id, a.chars.as_str()), (7, "y\n"));
+    assert_eq!(p.access(), Access::Exclusive);
+    let ok = Res::WriteShellStdinResult(pb::WriteShellStdinResult {
+        result: Some(pb::write_shell_stdin_result::Result::Success(
+            pb::WriteShellStdinSuccess {
+                shell_id: 7,
+                terminal_file_length_before_input_written: 120,
+            },
+        )),
+    });
+    let o = finish_exec(&ctx(), &p, &[ok], None);
+    assert!(
+        !o.is_error && o.content.contains("120 bytes"),
+        "{}",
+        o.content
+    );
+    let (name, args, text, _) = history_from_tool_call(&o.tool_call).unwrap();
+    assert_eq!(
+        (name.as_str(), args["shell_id"].as_u64()),
+        ("write_shell_stdin", Some(7))
+    );
+    assert_eq!(text, o.content);
+    let o = finish_exec(&ctx(), &p, &[], Some("no such shell"));
+    assert!(
+        o.is_error && o.content.contains("no such shell"),
+        "{}",
+        o.content
+    );
+    // Ask mode offers neither this nor the shell.
+    assert!(plan(
+        &ask_ctx(),
+        "c1",
+        "write_shell_stdin",
+        &json!({"shell_id": 1, "chars": "x"})
+    )
+    .is_err());
 }
 
 #[test]
@@ -582,6 +787,7 @@ fn round_trip(name: &str, args: Value, outcome: &ToolOutcome) {
 fn history_round_trips() {
     let args = json!({"path": "/w/a.txt", "offset": 2, "limit": 1});
     let o = finish_exec(
+        &ctx(),
         &planned("read_file", args.clone()),
         &[read_success("1\n2\n3\n")],
         None,
@@ -596,7 +802,12 @@ fn history_round_trips() {
             ..Default::default()
         })),
     });
-    let o = finish_exec(&planned("run_terminal_cmd", args.clone()), &[exit], None);
+    let o = finish_exec(
+        &ctx(),
+        &planned("run_terminal_cmd", args.clone()),
+        &[exit],
+        None,
+    );
     round_trip("run_terminal_cmd", args, &o);
 
     let args = json!({"path": "/w/a.txt", "old_string": "beta\n", "new_string": "BETA\n"});
@@ -612,7 +823,7 @@ fn history_round_trips() {
     round_trip(
         "write",
         args.clone(),
-        &finish_exec(&planned("write", args), &[write_ok()], None),
+        &finish_exec(&ctx(), &planned("write", args), &[write_ok()], None),
     );
 
     let args = json!({"pattern": "fn", "path": "/w/src", "glob": "*.rs", "output_mode": "count", "-C": 2, "case_insensitive": true});
@@ -638,7 +849,7 @@ fn history_round_trips() {
             ..Default::default()
         })),
     });
-    let o = finish_exec(&planned("grep", args.clone()), &[grep], None);
+    let o = finish_exec(&ctx(), &planned("grep", args.clone()), &[grep], None);
     assert_eq!(o.content, "src/a.rs:3\nTotal: 3 matches in 1 files");
     round_trip("grep", args, &o);
 
@@ -657,6 +868,7 @@ fn history_round_trips() {
         })),
     });
     let o = finish_exec(
+        &ctx(),
         &planned("mcp_github_create_issue", args.clone()),
         &[mcp_ok],
         None,
