@@ -182,6 +182,7 @@ impl Run {
             cancel_resolutions: resolutions,
             winding_down: false,
             plan_entry: None,
+            partial: None,
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
         // of it in every state for the run's whole life.
@@ -374,6 +375,8 @@ struct RunState {
     winding_down: bool,
     /// A Build's plan (id, path), registered in the checkpoint.
     plan_entry: Option<(String, String)>,
+    /// What a model call canceled mid-stream had produced.
+    partial: Option<Turn>,
 }
 
 /// What one model call produced.
@@ -387,6 +390,7 @@ impl RunState {
     async fn execute(mut self, req: Box<pb::AgentRunRequest>) -> Result<RunSummary, RunError> {
         let result = self.begin(req).await;
         if result.is_err() {
+            self.cancel_injections().await;
             self.abort_open_execs().await;
         }
         result?;
@@ -451,7 +455,10 @@ impl RunState {
         loop {
             let event = tokio::select! {
                 biased;
-                _ = &mut canceled => return Err(RunError::Canceled),
+                _ = &mut canceled => {
+                    self.partial = Some(std::mem::take(&mut builder).finish());
+                    return Err(RunError::Canceled);
+                }
                 ev = async { pending.take() }, if pending.is_some() => ev,
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {

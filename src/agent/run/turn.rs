@@ -4,7 +4,7 @@
 use tracing::{debug, warn};
 
 use super::action::{self, Begin, TurnInput};
-use super::{pending, RunError, RunState};
+use super::{pending, steer, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
@@ -12,6 +12,9 @@ use crate::agent::state::{
 use crate::agent::{context, prompt, tools};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, ProviderRequest};
+
+/// What ends an answer the user canceled while it streamed, in the stored turn.
+pub const INTERRUPTED_ANSWER: &str = "(Interrupted by the user before this answer was finished.)";
 
 /// The transcript handed to the model for a summary is cut to this many characters.
 const SUMMARY_MAX_CHARS: usize = 400_000;
@@ -31,8 +34,14 @@ impl RunState {
     pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
         match action::begin(&req)? {
             Begin::Turn(input) => self.turn(req, *input).await,
-            Begin::Summarize => self.summarize_now(&req).await,
-            Begin::Shell { command, exec_id } => self.shell_command(&req, command, exec_id).await,
+            Begin::Summarize => {
+                self.steer_to_next_turn();
+                self.summarize_now(&req).await
+            }
+            Begin::Shell { command, exec_id } => {
+                self.steer_to_next_turn();
+                self.shell_command(&req, command, exec_id).await
+            }
         }
     }
 
@@ -104,6 +113,7 @@ impl RunState {
             deliver_answer(&mut messages, call_id, answer);
         }
         pending::close_pending(&mut messages, &input.resolutions);
+        steer::drop_carried_copies(&mut messages, &input.user.text);
         for m in &input.prepend {
             messages.push(prompt::user_message_with(m, images, &blobs));
         }
@@ -137,7 +147,26 @@ impl RunState {
                 tools: tools::catalog(&tool_ctx),
                 options: self.options(),
             };
-            let call = self.model_step(request, &tool_ctx).await?;
+            let call = match self.model_step(request, &tool_ctx).await {
+                Ok(call) => call,
+                Err(RunError::Canceled) => {
+                    // What the user saw of the answer stays, marked as cut off.
+                    if let Some(partial) = self.partial.take() {
+                        record_steps(&mut steps, &partial, 0);
+                    }
+                    steps.push(StepRecord::Assistant {
+                        text: INTERRUPTED_ANSWER.into(),
+                    });
+                    let prev = Previous {
+                        state: &prev_state,
+                        wire: &prev_wire,
+                        todos: &known_todos,
+                    };
+                    let done = (user, steps, todos, tool_ctx.mode);
+                    return Err(self.store_canceled(&req, prev, done).await);
+                }
+                Err(e) => return Err(e),
+            };
             let step = self.step;
             let assistant = call.turn.message.clone();
             record_steps(&mut steps, &call.turn, call.thinking_ms);
@@ -180,16 +209,8 @@ impl RunState {
                         wire: &prev_wire,
                         todos: &known_todos,
                     };
-                    // Keep what the turn did (its pending calls closed) so the next turn
-                    // sees it: best effort, within a short grace, since the user asked to stop.
-                    self.winding_down = true;
-                    let stored = self
-                        .write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, None)
-                        .await;
-                    if let Err(e) = stored {
-                        debug!("the canceled turn was not stored: {e}");
-                    }
-                    return Err(RunError::Canceled);
+                    let done = (user, steps, todos, tool_ctx.mode);
+                    return Err(self.store_canceled(&req, prev, done).await);
                 }
                 Err(e) => return Err(e),
             };
@@ -219,7 +240,9 @@ impl RunState {
                 break;
             }
         }
-        self.defer_injections().await?;
+        for text in self.take_carried().await? {
+            steps.push(StepRecord::UserContext { text });
+        }
         self.plan_entry = input.plan_id.take();
         self.write_turn(
             &req,
@@ -236,6 +259,26 @@ impl RunState {
         )
         .await?;
         self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// Keep what a canceled turn did (its pending calls closed, its cut-off answer) so the next
+    /// turn and a restart see it: best effort, within a short grace, since the user asked to
+    /// stop. Returns the cancel.
+    async fn store_canceled(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        prev: Previous<'_>,
+        (user, steps, todos, mode): (pb::UserMessage, Vec<StepRecord>, Vec<pb::TodoItem>, i32),
+    ) -> RunError {
+        self.cancel_injections().await;
+        self.winding_down = true;
+        let stored = self
+            .write_turn(req, prev, user, steps, &todos, mode, None)
+            .await;
+        if let Err(e) = stored {
+            debug!("the canceled turn was not stored: {e}");
+        }
+        RunError::Canceled
     }
 
     /// The blobs the turn's context refers to (request context parts, the user's content given
