@@ -2106,3 +2106,60 @@ async fn a_steer_queued_for_the_next_turn_is_carried_once() {
     let text = ask(&agent, &mut client, &provider, resent, 2).await;
     assert_eq!(text.matches("also check b.txt").count(), 1, "{text}");
 }
+
+/// A plan made in plan mode with `create_plan` keeps its todos on the call, not in the plan's
+/// text: Build seeds the todo list from that call.
+#[tokio::test]
+async fn build_seeds_the_todos_of_the_create_plan_call_that_wrote_the_plan() {
+    let plan = "# Greeting\\nWrite hello.txt, then check it.";
+    let args = format!(
+        r#"{{"plan":"{plan}","name":"Greeting","todos":[{{"id":"t1","content":"Write hello.txt","status":"pending"}},{{"id":"t2","content":"Check it","status":"pending"}}]}}"#
+    );
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(tool_sse(&[("p1", "create_plan", &args)])),
+        Reply::sse(text_sse("The plan is ready.")),
+        Reply::sse(text_sse("Built.")),
+    ])
+    .await;
+    let mut req = run_request("plan a greeting", true);
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        req.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().mode = pb::AgentMode::Plan as i32;
+    }
+    let mut run = agent.start_run(req, "req-bp1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(client.checkpoint.as_ref().unwrap().todos.is_empty());
+
+    let mut build = action_request(pb::conversation_action::Action::ExecutePlanAction(
+        pb::ExecutePlanAction {
+            plan: Some(pb::ConversationPlan {
+                plan: plan.replace("\\n", "\n"),
+            }),
+            plan_id: Some("plan-g".into()),
+            ..Default::default()
+        },
+    ));
+    build.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(build, "req-bp2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let cp = client.checkpoint.clone().unwrap();
+    let todos: Vec<pb::TodoItem> = cp
+        .todos
+        .iter()
+        .map(|t| {
+            use prost::Message as _;
+            let data = client
+                .blobs
+                .get(t.as_ref())
+                .cloned()
+                .expect("a stored todo");
+            pb::TodoItem::decode(data).expect("a todo")
+        })
+        .collect();
+    let contents: Vec<&str> = todos.iter().map(|t| t.content.as_str()).collect();
+    assert_eq!(contents, ["Write hello.txt", "Check it"]);
+    assert!(request_text(&provider, 2).contains("Implement the plan"));
+}

@@ -142,7 +142,7 @@ pub const LEDGER: &[(&str, &str, Use)] = &[
     ("StartPlanAction", "request_context", By("context::merge_parts: the request context")),
     ("StartPlanAction", "is_spec", By("run::action::begin: asks for a spec rather than a plan")),
     ("ExecutePlanAction", "request_context", By("run::action::execute_plan: the Build turn's request context")),
-    ("ExecutePlanAction", "plan", By("run::action::execute_plan: the plan text and its todos")),
+    ("ExecutePlanAction", "plan", By("run::action::execute_plan: the plan text; its todos from the front matter or the create_plan call that wrote it")),
     ("ExecutePlanAction", "plan_file_uri", By("run::action::execute_plan: read through the client when only a path is given")),
     ("ExecutePlanAction", "plan_file_content", By("run::action::execute_plan: the plan text")),
     ("ExecutePlanAction", "execution_mode", By("run::action::execute_plan: the mode the plan is built in (agent by default)")),

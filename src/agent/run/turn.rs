@@ -70,7 +70,7 @@ impl RunState {
         let build =
             input.user.simulated_msg_reason == Some(pb::SimulatedMsgReason::PlanExecution as i32);
         if build {
-            let seeded = tools::plan_todos(plan_text(&input.user.text));
+            let seeded = build_todos(plan_text(&input.user.text), &history.messages);
             if !seeded.is_empty() {
                 todos = seeded;
             }
@@ -628,6 +628,42 @@ fn plan_text(instruction: &str) -> &str {
         .split_once("<plan>\n")
         .and_then(|(_, rest)| rest.rsplit_once("\n</plan>"))
         .map_or(instruction, |(plan, _)| plan)
+}
+
+/// The todos a Build starts with: the plan's front matter lists them (Cursor's `.plan.md`), else
+/// the `create_plan` call that wrote this plan carried them (`CreatePlanArgs.todos`; the
+/// action's `ConversationPlan` holds only the text). The latest such call whose plan is this
+/// one wins.
+fn build_todos(plan: &str, history: &[Message]) -> Vec<pb::TodoItem> {
+    let listed = tools::plan_todos(plan);
+    if !listed.is_empty() {
+        return listed;
+    }
+    let plan = plan.trim();
+    let same = |created: &str| {
+        let created = created.trim();
+        !created.is_empty() && (plan.contains(created) || created.contains(plan))
+    };
+    history
+        .iter()
+        .rev()
+        .filter_map(|m| match m {
+            Message::Assistant { parts } => Some(parts),
+            _ => None,
+        })
+        .flat_map(|parts| parts.iter().rev())
+        .find_map(|p| match p {
+            AssistantPart::ToolCall {
+                name, arguments, ..
+            } if name == "create_plan" => {
+                let created = ["plan", "content", "markdown", "body", "text"]
+                    .iter()
+                    .find_map(|k| arguments.get(*k).and_then(|v| v.as_str()))?;
+                same(created).then(|| tools::created_plan_todos(arguments))
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// The goal-continuation prompt: `base`, then the todos still open.
