@@ -113,13 +113,15 @@ pub(super) struct Run {
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
     pub first_wire: bytes::Bytes,
+    /// The client's secrets in the scrubber, until the run's end frame is out.
+    pub secrets: crate::secret::Registration,
 }
 
 impl Run {
     /// Drive the run to its end. Always sends exactly one `RunOutput::End` (unless the
     /// receiver is gone), whatever happens inside — including a panic.
     pub(super) fn spawn(
-        self,
+        mut self,
         first: pb::AgentRunRequest,
         inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
         out: mpsc::Sender<RunOutput>,
@@ -157,6 +159,7 @@ impl Run {
                 .instrument(span.clone()),
         );
 
+        let secrets = std::mem::take(&mut self.secrets);
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -245,6 +248,7 @@ impl Run {
                     }
                 };
                 let _ = outbox.tx.send(RunOutput::End(end)).await;
+                drop(secrets);
             }
             .instrument(span),
         );
