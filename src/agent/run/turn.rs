@@ -125,6 +125,11 @@ impl RunState {
             .copied()
             .zip(history.todos.iter().cloned())
             .collect();
+        let prev = Previous {
+            state: &prev_state,
+            wire: &prev_wire,
+            todos: &known_todos,
+        };
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
@@ -157,11 +162,6 @@ impl RunState {
                     steps.push(StepRecord::Assistant {
                         text: INTERRUPTED_ANSWER.into(),
                     });
-                    let prev = Previous {
-                        state: &prev_state,
-                        wire: &prev_wire,
-                        todos: &known_todos,
-                    };
                     let done = (user, steps, todos, tool_ctx.mode);
                     return Err(self.store_canceled(&req, prev, done).await);
                 }
@@ -204,11 +204,6 @@ impl RunState {
                 Err(RunError::Canceled) => {
                     self.abort_open_execs().await;
                     record_interrupted(&mut steps, &calls, &self.cancel_resolutions.get());
-                    let prev = Previous {
-                        state: &prev_state,
-                        wire: &prev_wire,
-                        todos: &known_todos,
-                    };
                     let done = (user, steps, todos, tool_ctx.mode);
                     return Err(self.store_canceled(&req, prev, done).await);
                 }
@@ -244,20 +239,8 @@ impl RunState {
             steps.push(StepRecord::UserContext { text });
         }
         self.plan_entry = input.plan_id.take();
-        self.write_turn(
-            &req,
-            Previous {
-                state: &prev_state,
-                wire: &prev_wire,
-                todos: &known_todos,
-            },
-            user,
-            steps,
-            &todos,
-            tool_ctx.mode,
-            summary,
-        )
-        .await?;
+        self.write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, summary)
+            .await?;
         self.out.send(msg::turn_ended(&self.usage)).await
     }
 
@@ -566,6 +549,7 @@ impl RunState {
 }
 
 /// The checkpoint the turn started from, as decoded and as received, with its todos.
+#[derive(Clone, Copy)]
 struct Previous<'a> {
     state: &'a pb::ConversationStateStructure,
     wire: &'a [u8],
