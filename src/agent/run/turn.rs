@@ -244,9 +244,10 @@ impl RunState {
         self.out.send(msg::turn_ended(&self.usage)).await
     }
 
-    /// Keep what a canceled turn did (its pending calls closed, its cut-off answer) so the next
-    /// turn and a restart see it: best effort, within a short grace, since the user asked to
-    /// stop. Returns the cancel.
+    /// Keep what a turn the user canceled did (its pending calls closed, its cut-off answer)
+    /// so the next turn and a restart see it: best effort, within a short grace, since the user
+    /// asked to stop. A cancel by the transport (a bad frame, the client gone) stores nothing:
+    /// nobody is there to store it. Returns the cancel.
     async fn store_canceled(
         &mut self,
         req: &pb::AgentRunRequest,
@@ -254,6 +255,9 @@ impl RunState {
         (user, steps, todos, mode): (pb::UserMessage, Vec<StepRecord>, Vec<pb::TodoItem>, i32),
     ) -> RunError {
         self.cancel_injections().await;
+        if !self.cancel_resolutions.by_user() {
+            return RunError::Canceled;
+        }
         self.winding_down = true;
         let stored = self
             .write_turn(req, prev, user, steps, &todos, mode, None)
