@@ -2163,3 +2163,48 @@ async fn build_seeds_the_todos_of_the_create_plan_call_that_wrote_the_plan() {
     assert_eq!(contents, ["Write hello.txt", "Check it"]);
     assert!(request_text(&provider, 2).contains("Implement the plan"));
 }
+
+/// `start_plan_action` with `is_spec` asks for a specification in plan mode; a later message
+/// with `execute_plan_info` is shown to the model as being about that plan.
+#[tokio::test]
+async fn a_spec_request_and_a_message_about_a_plan_reach_the_model_as_such() {
+    use pb::conversation_action::Action;
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("Spec.")),
+        Reply::sse(text_sse("Ok.")),
+    ])
+    .await;
+    let req = action_request(Action::StartPlanAction(pb::StartPlanAction {
+        user_message: Some(pb::UserMessage {
+            text: "a login page".into(),
+            ..Default::default()
+        }),
+        is_spec: true,
+        ..Default::default()
+    }));
+    let text = ask(&agent, &mut client, &provider, req, 0).await;
+    assert!(
+        text.contains("a login page") && text.contains("Write a specification"),
+        "{text}"
+    );
+    let system = provider.requests()[0].json()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(system.contains("Plan mode"), "{system}");
+
+    let mut req = run_request("is step 2 done?", true);
+    if let Some(Action::UserMessageAction(a)) = req.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().execute_plan_info = Some(pb::ExecutePlanInfo {
+            plan_id: "plan-9".into(),
+            plan_title: "Login page".into(),
+        });
+    }
+    req.conversation_state = client.checkpoint.clone();
+    let text = ask(&agent, &mut client, &provider, req, 1).await;
+    assert!(
+        text.contains("about the plan plan-9 Login page") && text.contains("is step 2 done?"),
+        "{text}"
+    );
+}
