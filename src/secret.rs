@@ -83,14 +83,19 @@ impl Scrubber {
     }
 
     pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
-        let mut out = Cow::Borrowed(text);
-        for needle in &self.needles {
-            if out.contains(needle.as_str()) {
-                out = Cow::Owned(out.replace(needle.as_str(), REDACTED));
-            }
-        }
-        out
+        replace_all(text, self.needles.iter().map(String::as_str))
     }
+}
+
+/// `text` with each of `needles` (longest first) replaced by [`REDACTED`].
+fn replace_all<'t, 'n>(text: &'t str, needles: impl Iterator<Item = &'n str>) -> Cow<'t, str> {
+    let mut out = Cow::Borrowed(text);
+    for needle in needles {
+        if out.contains(needle) {
+            out = Cow::Owned(out.replace(needle, REDACTED));
+        }
+    }
+    out
 }
 
 /// `value` as written and as it may be echoed back.
@@ -119,25 +124,109 @@ fn encodings(value: &str) -> Vec<String> {
     out
 }
 
-/// The process-wide registry: the configured secrets, added when a server starts, so every
-/// error text leaving the process can be scrubbed without being handed the config.
-static REGISTRY: RwLock<Scrubber> = RwLock::new(Scrubber {
-    needles: Vec::new(),
+/// The process-wide registry, so every error text leaving the process can be scrubbed without
+/// being handed the config: the configured secrets (added when a server starts, for good), and
+/// the secrets a client sent with a run (its bearer token, model credentials), held while the
+/// run lives.
+struct Registry {
+    fixed: Scrubber,
+    /// Bounded by the runs alive at once: each run takes its values out when it ends.
+    scoped: Vec<Scoped>,
+}
+
+/// One value registered for a while, by `count` holders.
+struct Scoped {
+    value: String,
+    count: usize,
+    needles: Vec<String>,
+}
+
+static REGISTRY: RwLock<Registry> = RwLock::new(Registry {
+    fixed: Scrubber {
+        needles: Vec::new(),
+    },
+    scoped: Vec::new(),
 });
 
-/// Add `values` to the process-wide registry (see [`scrub`]).
-pub fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
+fn registry_mut() -> std::sync::RwLockWriteGuard<'static, Registry> {
     // A poisoned lock only means a panic elsewhere; the needles are still whole.
-    let mut registry = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    registry.add(values);
+    REGISTRY.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Add `values` to the process-wide registry for good (see [`scrub`]).
+pub fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
+    registry_mut().fixed.add(values);
+}
+
+/// Values in the registry for as long as this lives (a run's client credentials).
+#[derive(Default)]
+#[must_use = "the values leave the registry when this is dropped"]
+pub struct Registration {
+    values: Vec<String>,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Registration({} values)", self.values.len())
+    }
+}
+
+/// Add `values` to the process-wide registry until the returned [`Registration`] is dropped.
+pub fn register_while<'a>(values: impl IntoIterator<Item = &'a str>) -> Registration {
+    let mut registry = registry_mut();
+    let mut held = Vec::new();
+    for value in values {
+        let value = value.trim();
+        let needles = encodings(value);
+        if needles.is_empty() || held.iter().any(|h| h == value) {
+            continue;
+        }
+        match registry.scoped.iter_mut().find(|s| s.value == value) {
+            Some(s) => s.count += 1,
+            None => registry.scoped.push(Scoped {
+                value: value.to_string(),
+                count: 1,
+                needles,
+            }),
+        }
+        held.push(value.to_string());
+    }
+    Registration { values: held }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if self.values.is_empty() {
+            return;
+        }
+        let mut registry = registry_mut();
+        for value in &self.values {
+            if let Some(i) = registry.scoped.iter().position(|s| &s.value == value) {
+                registry.scoped[i].count -= 1;
+                if registry.scoped[i].count == 0 {
+                    registry.scoped.swap_remove(i);
+                }
+            }
+        }
+    }
 }
 
 /// `text` with every registered secret replaced by [`REDACTED`].
 pub fn scrub(text: &str) -> Cow<'_, str> {
-    REGISTRY
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .scrub(text)
+    let registry = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+    if registry.scoped.is_empty() {
+        return registry.fixed.scrub(text);
+    }
+    // Longest first across both lists, so a value is masked whole before any inside it.
+    let mut needles: Vec<&str> = registry
+        .fixed
+        .needles
+        .iter()
+        .chain(registry.scoped.iter().flat_map(|s| &s.needles))
+        .map(String::as_str)
+        .collect();
+    needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    replace_all(text, needles.into_iter())
 }
 
 #[cfg(test)]
@@ -173,6 +262,19 @@ mod tests {
             scrub("key registered-secret-42 was refused"),
             "key [redacted] was refused"
         );
+    }
+
+    #[test]
+    fn a_registration_scrubs_while_it_lives() {
+        let value = "run-scoped-secret-9f2e";
+        let a = register_while([value, value]);
+        let b = register_while([value]);
+        assert_eq!(scrub(&format!("echo {value}")), "echo [redacted]");
+        drop(a);
+        assert_eq!(scrub(value), REDACTED, "still held by the other run");
+        drop(b);
+        assert_eq!(scrub(value), value, "gone with its last holder");
+        assert!(format!("{:?}", register_while([value])).ends_with("(1 values)"));
     }
 
     #[test]

@@ -2025,3 +2025,320 @@ async fn a_completion_between_turns_starts_a_turn_that_tells_the_model() {
     assert!(request_text(&provider, 0).contains("Background shell 1000 finished successfully"));
     assert!(client.checkpoint.is_some(), "the turn is stored");
 }
+
+/// A steer that is queued when the run is canceled, or fails, gets `cancelled`: the SDK stops
+/// its timer on `queued` and would otherwise wait for ever.
+#[tokio::test]
+async fn a_queued_steer_is_cancelled_when_the_run_is_canceled_or_fails() {
+    let ws = tempfile::tempdir().unwrap();
+    let partial =
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"partial answer\"}}]}\n\n";
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[(
+            "s1",
+            "run_terminal_cmd",
+            r#"{"command":"sleep 100"}"#,
+        )])),
+        Reply::sse(partial)
+            .chunked(8)
+            .delay(Duration::from_millis(60))
+            .then(After::Cut),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    client.shell_gate = Some(ws.path().join("never"));
+
+    // Canceled during the tool round, the steer still waiting for the next model call.
+    let mut run = agent.start_run(run_request("run it", false), "req-sc1".into());
+    let shell = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ShellStreamArgs(_))
+        })
+    };
+    let cancel = conversation_action(pb::conversation_action::Action::CancelAction(
+        pb::CancelAction::default(),
+    ));
+    // The steer once the shell runs, the cancel once the steer is queued.
+    let mut messages = Vec::new();
+    let end = loop {
+        let m = match run.output.recv().await.unwrap() {
+            RunOutput::End(e) => break e,
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+        };
+        for a in client.respond(&m) {
+            let _ = run.input.send(Box::new(a)).await;
+        }
+        if shell(&m) {
+            run.input
+                .send(Box::new(steer("inj-c", "", "use ls instead")))
+                .await
+                .unwrap();
+        }
+        let queued = injection_states(std::slice::from_ref(&m)) == [("inj-c".into(), "queued")];
+        messages.push(*m);
+        if queued {
+            run.input.send(Box::new(cancel.clone())).await.unwrap();
+        }
+    };
+    assert_eq!(end.error.expect("canceled").code, Code::Canceled);
+    assert_eq!(
+        injection_states(&messages),
+        [
+            ("inj-c".to_string(), "queued"),
+            ("inj-c".to_string(), "cancelled")
+        ]
+    );
+
+    // The provider fails mid-answer with the steer queued.
+    let started = |m: &pb::AgentServerMessage| matches!(&m.message, Some(Server::InteractionUpdate(u)) if matches!(u.message, Some(Update::StepStarted(_))));
+    let mut run = agent.start_run(run_request("hi", true), "req-sc2".into());
+    let (messages, end) = drive_sending(
+        &mut run,
+        &mut client,
+        started,
+        vec![steer("inj-f", "", "x")],
+    )
+    .await;
+    assert!(end.error.is_some(), "the run fails");
+    let states = injection_states(&messages);
+    assert_eq!(
+        states.last(),
+        Some(&("inj-f".to_string(), "cancelled")),
+        "{states:?}"
+    );
+    assert!(states
+        .iter()
+        .all(|(_, s)| *s == "queued" || *s == "cancelled"));
+}
+
+/// A cancel while the answer streams (no tool round) stores what the user saw, marked as
+/// interrupted: the next turn and a restarted proxy both send it to the model.
+#[tokio::test]
+async fn a_cancel_mid_answer_stores_the_partial_answer_marked_as_interrupted() {
+    let partial =
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"The capital is Par\"}}]}\n\n";
+    let provider = FakeProvider::start(vec![
+        Reply::sse(partial).then(After::Trickle(Duration::from_millis(50))),
+        Reply::sse(text_sse("Paris.")),
+        Reply::sse(text_sse("Paris, again.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut run = agent.start_run(run_request("capital of France?", true), "req-pa1".into());
+    let text = |m: &pb::AgentServerMessage| !text_of(std::slice::from_ref(m)).is_empty();
+    let cancel = conversation_action(pb::conversation_action::Action::CancelAction(
+        pb::CancelAction::default(),
+    ));
+    let (messages, end) = drive_sending(&mut run, &mut client, text, vec![cancel]).await;
+    assert_eq!(end.error.expect("canceled").code, Code::Canceled);
+    assert_eq!(text_of(&messages), "The capital is Par");
+    let cp = client
+        .checkpoint
+        .clone()
+        .expect("the canceled turn is stored");
+    assert_eq!(cp.turns.len(), 1);
+
+    let check = |n: usize| {
+        let body = provider.requests()[n].json();
+        let msgs = body["messages"].as_array().unwrap().clone();
+        let at = |role: &str, needle: &str| {
+            msgs.iter()
+                .position(|m| m["role"] == role && m["content"].to_string().contains(needle))
+                .unwrap_or_else(|| panic!("no {role} message with {needle}: {body}"))
+        };
+        let question = at("user", "capital of France?");
+        let answer = at("assistant", "The capital is Par");
+        let next = at("user", "finish it");
+        assert!(question < answer && answer < next, "{body}");
+        assert!(
+            msgs[answer]["content"]
+                .to_string()
+                .contains("Interrupted by the user"),
+            "{body}"
+        );
+    };
+    let mut next = run_request("finish it", true);
+    next.conversation_state = Some(cp.clone());
+    let mut run = agent.start_run(next.clone(), "req-pa2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    check(1);
+    // A restarted proxy (an empty cache) rebuilds it from the client's blobs.
+    let restarted = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut run = restarted.start_run(next, "req-pa3".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    check(2);
+}
+
+/// A steer the turn could not deliver (the tool-round limit ended it) is `queued_for_next_turn`
+/// and recorded: the next turn carries it, unless that turn's message is the same text (the
+/// SDK resends it as a follow-up), which is then read once.
+#[tokio::test]
+async fn a_steer_queued_for_the_next_turn_is_carried_once() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("r1", "read_file", r#"{"path":"a.txt"}"#)])),
+        Reply::sse(text_sse("Checked b.txt too.")),
+        Reply::sse(text_sse("Checking b.txt.")),
+    ])
+    .await;
+    let mut cfg = (*config(&provider.base_url(), 5)).clone();
+    cfg.agent.max_tool_rounds = 1;
+    let agent = Agent::new(Arc::new(cfg)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let read = |m: &pb::AgentServerMessage| {
+        is_exec(m, |e| {
+            matches!(e, pb::exec_server_message::Message::ReadArgs(_))
+        })
+    };
+    let mut run = agent.start_run(run_request("read a.txt", false), "req-cq1".into());
+    let (messages, end) = drive_sending(
+        &mut run,
+        &mut client,
+        read,
+        vec![steer("inj-q", "", "also check b.txt")],
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(
+        injection_states(&messages),
+        [
+            ("inj-q".to_string(), "queued"),
+            ("inj-q".to_string(), "queued_for_next_turn")
+        ]
+    );
+    assert_eq!(provider.requests().len(), 1);
+    let cp = client.checkpoint.clone().unwrap();
+
+    // Another message next (after a restart: the record is in the client's blobs).
+    let restarted = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut next = run_request("and then?", true);
+    next.conversation_state = Some(cp.clone());
+    let text = ask(&restarted, &mut client, &provider, next, 1).await;
+    let (steer_at, next_at) = (
+        text.find("also check b.txt").expect("carried"),
+        text.find("and then?").unwrap(),
+    );
+    assert!(
+        text.find("alpha").unwrap() < steer_at && steer_at < next_at,
+        "{text}"
+    );
+
+    // The SDK's follow-up with the same text: read once.
+    let mut resent = run_request("also check b.txt", true);
+    resent.conversation_state = Some(cp);
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        resent.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().turn_steer = Some(true);
+    }
+    let text = ask(&agent, &mut client, &provider, resent, 2).await;
+    assert_eq!(text.matches("also check b.txt").count(), 1, "{text}");
+}
+
+/// A plan made in plan mode with `create_plan` keeps its todos on the call, not in the plan's
+/// text: Build seeds the todo list from that call.
+#[tokio::test]
+async fn build_seeds_the_todos_of_the_create_plan_call_that_wrote_the_plan() {
+    let plan = "# Greeting\\nWrite hello.txt, then check it.";
+    let args = format!(
+        r#"{{"plan":"{plan}","name":"Greeting","todos":[{{"id":"t1","content":"Write hello.txt","status":"pending"}},{{"id":"t2","content":"Check it","status":"pending"}}]}}"#
+    );
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(tool_sse(&[("p1", "create_plan", &args)])),
+        Reply::sse(text_sse("The plan is ready.")),
+        Reply::sse(text_sse("Built.")),
+    ])
+    .await;
+    let mut req = run_request("plan a greeting", true);
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        req.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().mode = pb::AgentMode::Plan as i32;
+    }
+    let mut run = agent.start_run(req, "req-bp1".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(client.checkpoint.as_ref().unwrap().todos.is_empty());
+
+    let mut build = action_request(pb::conversation_action::Action::ExecutePlanAction(
+        pb::ExecutePlanAction {
+            plan: Some(pb::ConversationPlan {
+                plan: plan.replace("\\n", "\n"),
+            }),
+            plan_id: Some("plan-g".into()),
+            ..Default::default()
+        },
+    ));
+    build.conversation_state = client.checkpoint.clone();
+    let mut run = agent.start_run(build, "req-bp2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let cp = client.checkpoint.clone().unwrap();
+    let todos: Vec<pb::TodoItem> = cp
+        .todos
+        .iter()
+        .map(|t| {
+            use prost::Message as _;
+            let data = client
+                .blobs
+                .get(t.as_ref())
+                .cloned()
+                .expect("a stored todo");
+            pb::TodoItem::decode(data).expect("a todo")
+        })
+        .collect();
+    let contents: Vec<&str> = todos.iter().map(|t| t.content.as_str()).collect();
+    assert_eq!(contents, ["Write hello.txt", "Check it"]);
+    assert!(request_text(&provider, 2).contains("Implement the plan"));
+}
+
+/// `start_plan_action` with `is_spec` asks for a specification in plan mode; a later message
+/// with `execute_plan_info` is shown to the model as being about that plan.
+#[tokio::test]
+async fn a_spec_request_and_a_message_about_a_plan_reach_the_model_as_such() {
+    use pb::conversation_action::Action;
+    let (provider, agent, _ws, mut client) = setup(vec![
+        Reply::sse(text_sse("Spec.")),
+        Reply::sse(text_sse("Ok.")),
+    ])
+    .await;
+    let req = action_request(Action::StartPlanAction(pb::StartPlanAction {
+        user_message: Some(pb::UserMessage {
+            text: "a login page".into(),
+            ..Default::default()
+        }),
+        is_spec: true,
+        ..Default::default()
+    }));
+    let text = ask(&agent, &mut client, &provider, req, 0).await;
+    assert!(
+        text.contains("a login page") && text.contains("Write a specification"),
+        "{text}"
+    );
+    let system = provider.requests()[0].json()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(system.contains("Plan mode"), "{system}");
+
+    let mut req = run_request("is step 2 done?", true);
+    if let Some(Action::UserMessageAction(a)) = req.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().execute_plan_info = Some(pb::ExecutePlanInfo {
+            plan_id: "plan-9".into(),
+            plan_title: "Login page".into(),
+        });
+    }
+    req.conversation_state = client.checkpoint.clone();
+    let text = ask(&agent, &mut client, &provider, req, 1).await;
+    assert!(
+        text.contains("about the plan plan-9 Login page") && text.contains("is step 2 done?"),
+        "{text}"
+    );
+}

@@ -1010,19 +1010,164 @@ async fn steering_during_a_tool_round_over_run_sse_and_bidi_append() {
     steering_during_a_tool_round(Transport::Sse).await
 }
 
-/// A cancel with a pending shell call stores the turn; the next turn's request has a result
-/// for every tool call.
-async fn cancel_with_a_pending_call_then_a_next_turn(transport: Transport) {
+/// A provider kind's scripted replies and how its requests pair tool calls with results.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Chat,
+    Anthropic,
+    Responses,
+}
+
+impl Kind {
+    fn provider_kind(self) -> cursor_byok::provider::ProviderKind {
+        use cursor_byok::provider::ProviderKind as P;
+        match self {
+            Kind::Chat => P::OpenAiChat,
+            Kind::Anthropic => P::Anthropic,
+            Kind::Responses => P::OpenAiResponses,
+        }
+    }
+
+    /// A stream asking for one call (`id`, `name`, JSON `args`), in this kind's own format.
+    fn tool_reply(self, id: &str, name: &str, args: &str) -> Reply {
+        use serde_json::json;
+        let events = match self {
+            Kind::Chat => return tool_sse(&[(id, name, args)]),
+            Kind::Anthropic => vec![
+                json!({"type":"message_start","message":{"id":"m1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":50,"output_tokens":1}}}),
+                json!({"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":id,"name":name,"input":{}}}),
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":args}}),
+                json!({"type":"content_block_stop","index":0}),
+                json!({"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":10}}),
+                json!({"type":"message_stop"}),
+            ],
+            Kind::Responses => vec![
+                json!({"type":"response.created","response":{"id":"r1","status":"in_progress","output":[]}}),
+                json!({"type":"response.output_item.added","output_index":0,"item":{"id":"fc1","type":"function_call","arguments":"","call_id":id,"name":name}}),
+                json!({"type":"response.function_call_arguments.delta","item_id":"fc1","output_index":0,"delta":args}),
+                json!({"type":"response.output_item.done","output_index":0,"item":{"id":"fc1","type":"function_call","status":"completed","arguments":args,"call_id":id,"name":name}}),
+                json!({"type":"response.completed","response":{"id":"r1","status":"completed","usage":{"input_tokens":50,"output_tokens":10,"total_tokens":60}}}),
+            ],
+        };
+        typed_sse(&events)
+    }
+
+    /// A stream answering `text`.
+    fn text_reply(self, text: &str) -> Reply {
+        use serde_json::json;
+        let events = match self {
+            Kind::Chat => return text_sse(text),
+            Kind::Anthropic => vec![
+                json!({"type":"message_start","message":{"id":"m2","type":"message","role":"assistant","content":[],"usage":{"input_tokens":80,"output_tokens":1}}}),
+                json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}}),
+                json!({"type":"content_block_stop","index":0}),
+                json!({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}),
+                json!({"type":"message_stop"}),
+            ],
+            Kind::Responses => vec![
+                json!({"type":"response.created","response":{"id":"r2","status":"in_progress","output":[]}}),
+                json!({"type":"response.output_item.added","output_index":0,"item":{"id":"msg1","type":"message","role":"assistant","content":[]}}),
+                json!({"type":"response.output_text.delta","item_id":"msg1","output_index":0,"content_index":0,"delta":text}),
+                json!({"type":"response.completed","response":{"id":"r2","status":"completed","usage":{"input_tokens":80,"output_tokens":5,"total_tokens":85}}}),
+            ],
+        };
+        typed_sse(&events)
+    }
+
+    /// The tool calls of the provider's `n`-th request, each with the result that answers it
+    /// (`None` when there is none where the provider requires it), in this kind's own format.
+    fn calls_and_results(self, h: &Harness, n: usize) -> Vec<(String, Option<String>)> {
+        let body = h.provider.requests()[n].json();
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match self {
+            Kind::Chat => {
+                let results = h.tool_results(n);
+                body["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+                    .map(|c| {
+                        let id = c["id"].as_str().unwrap_or_default().to_string();
+                        let result = results.iter().find(|(r, _)| *r == id).map(|r| r.1.clone());
+                        (id, result)
+                    })
+                    .collect()
+            }
+            // Every `tool_use` is answered by a `tool_result` in the very next (user) message.
+            Kind::Anthropic => {
+                let messages = body["messages"].as_array().unwrap().clone();
+                let mut out = Vec::new();
+                for (i, m) in messages.iter().enumerate() {
+                    let blocks = m["content"].as_array().cloned().unwrap_or_default();
+                    for b in blocks.iter().filter(|b| b["type"] == "tool_use") {
+                        let id = b["id"].as_str().unwrap_or_default().to_string();
+                        let next = messages.get(i + 1).filter(|n| n["role"] == "user");
+                        let result = next
+                            .and_then(|n| n["content"].as_array().cloned())
+                            .unwrap_or_default()
+                            .into_iter()
+                            .find(|r| r["type"] == "tool_result" && r["tool_use_id"] == id.as_str())
+                            .map(|r| text(&r["content"]));
+                        out.push((id, result));
+                    }
+                }
+                out
+            }
+            Kind::Responses => {
+                let items = body["input"].as_array().unwrap().clone();
+                items
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, it)| it["type"] == "function_call")
+                    .map(|(i, c)| {
+                        let id = c["call_id"].as_str().unwrap_or_default().to_string();
+                        let result = items[i + 1..]
+                            .iter()
+                            .find(|o| {
+                                o["type"] == "function_call_output" && o["call_id"] == id.as_str()
+                            })
+                            .map(|o| text(&o["output"]));
+                        (id, result)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// An SSE body of `type`-tagged JSON events (`event:` lines included, as Anthropic and the
+/// Responses API send them).
+fn typed_sse(events: &[serde_json::Value]) -> Reply {
+    Reply::sse(
+        events
+            .iter()
+            .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+            .collect::<String>(),
+    )
+}
+
+/// A cancel with a pending shell call stores the turn; the next turn's request, in the
+/// provider's own format, has a result for every tool call.
+async fn cancel_with_a_pending_call_then_a_next_turn(transport: Transport, kind: Kind) {
     let ws = tempfile::tempdir().unwrap();
-    let h = harness(vec![
-        tool_sse(&[("s1", "run_terminal_cmd", r#"{"command":"sleep 100"}"#)]),
-        text_sse("Fine."),
-    ])
+    let h = harness_with(
+        vec![
+            kind.tool_reply("s1", "run_terminal_cmd", r#"{"command":"sleep 100"}"#),
+            kind.text_reply("Fine."),
+        ],
+        |c| c.providers.get_mut("fake").unwrap().kind = kind.provider_kind(),
+    )
     .await;
     let mut client = FakeCursor::new(ws.path());
     client.shell_gate = Some(ws.path().join("never"));
-    let first = run_request(OURS, "conv-cxp", "run it", false);
-    let id = format!("req-cxp-1-{transport:?}");
+    let conv = format!("conv-cxp-{kind:?}");
+    let first = run_request(OURS, &conv, "run it", false);
+    let id = format!("req-cxp-1-{transport:?}-{kind:?}");
     let mut conn = Conn::open(&h, transport, &id, &first).await;
     conn.hold_shell_close = true;
     let mut messages = Vec::new();
@@ -1036,34 +1181,49 @@ async fn cancel_with_a_pending_call_then_a_next_turn(transport: Transport) {
         .await
         .unwrap();
     assert_eq!(end.error.unwrap().code, Code::Canceled);
+    assert!(client.checkpoint.is_some(), "the canceled turn is stored");
     let next = with_state(
-        run_request(OURS, "conv-cxp", "never mind", false),
+        run_request(OURS, &conv, "never mind", false),
         client.checkpoint.clone(),
     );
-    assert!(client.checkpoint.is_some(), "the canceled turn is stored");
-    let id = format!("req-cxp-2-{transport:?}");
-    let (_, end) = turn(&h, transport, &id, &next, &mut client).await;
-    assert!(end.error.is_none(), "{transport:?}: {:?}", end.error);
-    let body = h.provider.requests()[1].json();
-    let msgs = body["messages"].as_array().unwrap();
-    let calls: Vec<String> = msgs
-        .iter()
-        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
-        .map(|c| c["id"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(calls, ["s1"]);
-    assert!(h
-        .tool_results(1)
-        .iter()
-        .any(|(id, text)| id == "s1" && text.contains("interrupted")));
+    let id = format!("req-cxp-2-{transport:?}-{kind:?}");
+    let (messages, end) = turn(&h, transport, &id, &next, &mut client).await;
+    assert!(
+        end.error.is_none(),
+        "{transport:?} {kind:?}: {:?}",
+        end.error
+    );
+    assert_eq!(text_of(&messages), "Fine.");
+    let pairs = kind.calls_and_results(&h, 1);
+    assert_eq!(pairs.len(), 1, "{kind:?}: {pairs:?}");
+    assert_eq!(pairs[0].0, "s1");
+    let result = pairs[0].1.as_deref().unwrap_or_else(|| {
+        panic!(
+            "{kind:?}: the call has no result: {}",
+            h.provider.requests()[1].json()
+        )
+    });
+    assert!(result.contains("interrupted"), "{kind:?}: {result}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_with_a_pending_call_then_a_next_turn_over_h2_run() {
-    cancel_with_a_pending_call_then_a_next_turn(Transport::H2).await
+    cancel_with_a_pending_call_then_a_next_turn(Transport::H2, Kind::Chat).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_with_a_pending_call_then_a_next_turn_over_run_sse_and_bidi_append() {
-    cancel_with_a_pending_call_then_a_next_turn(Transport::Sse).await
+    cancel_with_a_pending_call_then_a_next_turn(Transport::Sse, Kind::Chat).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_with_a_pending_call_then_a_next_turn_on_anthropic_messages() {
+    cancel_with_a_pending_call_then_a_next_turn(Transport::H2, Kind::Anthropic).await;
+    cancel_with_a_pending_call_then_a_next_turn(Transport::Sse, Kind::Anthropic).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_with_a_pending_call_then_a_next_turn_on_openai_responses() {
+    cancel_with_a_pending_call_then_a_next_turn(Transport::H2, Kind::Responses).await;
+    cancel_with_a_pending_call_then_a_next_turn(Transport::Sse, Kind::Responses).await
 }

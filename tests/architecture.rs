@@ -38,7 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "agent",
         &[
             "cancel", "capture", "config", "connect", "cursor", "http", "proto", "provider",
-            "status", "upstream",
+            "secret", "status", "upstream",
         ],
     ),
     (

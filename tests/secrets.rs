@@ -345,3 +345,89 @@ async fn outbound_proxy_credentials_work_and_never_show() {
     assert_status_and_files_clean(&h, &secrets).await;
     assert_logs_clean(&capture.text(), &secrets);
 }
+
+const CLIENT_BEARER: &str = "cursor-run-SECRET-5b7d20";
+const CLIENT_MODEL_KEY: &str = "sk-client-SECRET-8c1e44";
+
+/// The client's own secrets — its `authorization` bearer token and the key in
+/// `requested_model.credentials` — are scrubbed from a provider error that echoes them, on both
+/// transports, and leave the scrubber when the run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_echoing_the_clients_secrets_is_scrubbed_while_the_run_lives() {
+    use common::agent_client::Bidi;
+    use cursor_byok::proto::agent::v1 as pb;
+    let capture = capture();
+    let echo = |bearer: &str| {
+        let b64 = forms(CLIENT_MODEL_KEY)[1].clone();
+        let body = serde_json::json!({"error": {"message": format!(
+            "bad request from {bearer}; key {CLIENT_MODEL_KEY} ({b64})"
+        ), "type": "invalid_request_error"}});
+        Reply::json(400, body.to_string())
+    };
+    let h = harness_keyed(
+        vec![echo(CLIENT_BEARER), echo("cursor-session-token")],
+        API_KEY,
+        |_| {},
+    )
+    .await;
+    let with_key = |conv: &str| {
+        let mut m = run_request(OURS, conv, "hi", true);
+        if let Some(pb::agent_client_message::Message::RunRequest(r)) = &mut m.message {
+            r.requested_model.as_mut().unwrap().credentials = Some(
+                pb::requested_model::Credentials::ApiKeyCredentials(pb::ApiKeyCredentials {
+                    api_key: CLIENT_MODEL_KEY.into(),
+                    base_url: None,
+                }),
+            );
+        }
+        m
+    };
+    let mut secrets = forms(CLIENT_BEARER);
+    secrets.extend(forms(CLIENT_MODEL_KEY));
+    let store = Store::default();
+    let door = h.connect_door();
+
+    // HTTP/2 Run, with the client's own bearer token.
+    let conn = h2_conn(&door).await;
+    let bearer = format!("Bearer {CLIENT_BEARER}");
+    let first = frame(&with_key("conv-client-secrets-1"));
+    let headers = [("authorization", bearer.as_str())];
+    let mut run = run_with_headers(&conn, &door, "req-client-secrets-1", &headers, first).await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    // RunSSE + BidiAppend (the test client's bearer is `cursor-session-token`).
+    let bidi = Bidi::new(&door, "req-client-secrets-2");
+    bidi.send(&with_key("conv-client-secrets-2")).await;
+    let mut sse = bidi.open_sse().await;
+    let t2 = play(&mut sse, Sink::Bidi(&bidi), &store).await;
+    let bidi_secrets: Vec<String> = secrets[3..]
+        .iter()
+        .cloned()
+        .chain(forms("cursor-session-token"))
+        .collect();
+    for (t, secrets) in [(&t, &secrets), (&t2, &bidi_secrets)] {
+        let err = t.end().error.clone().expect("a provider error");
+        assert!(err.message.contains("400"), "{}", err.message);
+        assert!(err.message.contains("[redacted]"), "{}", err.message);
+        let shown = format!("{err:?}");
+        for s in secrets {
+            assert!(
+                !shown.contains(s.as_str()),
+                "{s:?} in the end frame: {shown}"
+            );
+        }
+    }
+    // The provider really echoed them.
+    assert_eq!(h.provider.requests().len(), 2);
+    assert_status_and_files_clean(&h, &secrets).await;
+    assert_logs_clean(&capture.text(), &secrets);
+    // The run is over: its values are no longer held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while cursor_byok::secret::scrub(CLIENT_BEARER) != CLIENT_BEARER {
+        assert!(std::time::Instant::now() < deadline, "still registered");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        cursor_byok::secret::scrub(CLIENT_MODEL_KEY),
+        CLIENT_MODEL_KEY
+    );
+}

@@ -64,6 +64,9 @@ pub struct RunRequest {
     pub decoded: pb::AgentRunRequest,
     /// The `AgentRunRequest` exactly as received.
     pub wire: bytes::Bytes,
+    /// What the client's request carried that must never show (its bearer token): scrubbed
+    /// from every text that leaves the process while the run lives.
+    pub client_secrets: Vec<crate::secret::Secret>,
 }
 
 impl RunRequest {
@@ -73,7 +76,11 @@ impl RunRequest {
         /// `AgentClientMessage.run_request`.
         const RUN_REQUEST: u32 = 1;
         match crate::proto::wire::message_field(message_wire, RUN_REQUEST) {
-            Ok(Some(wire)) => RunRequest { decoded, wire },
+            Ok(Some(wire)) => RunRequest {
+                decoded,
+                wire,
+                client_secrets: Vec::new(),
+            },
             _ => decoded.into(),
         }
     }
@@ -83,7 +90,11 @@ impl From<pb::AgentRunRequest> for RunRequest {
     fn from(decoded: pb::AgentRunRequest) -> Self {
         use prost::Message as _;
         let wire = decoded.encode_to_vec().into();
-        RunRequest { decoded, wire }
+        RunRequest {
+            decoded,
+            wire,
+            client_secrets: Vec::new(),
+        }
     }
 }
 
@@ -232,7 +243,15 @@ impl Agent {
         let RunRequest {
             decoded: first,
             wire: first_wire,
+            client_secrets,
         } = first.into();
+        // Before anything can fail: a provider may echo them in the run's first error.
+        let secrets = crate::secret::register_while(
+            client_secrets
+                .iter()
+                .map(|s| s.expose())
+                .chain(model::credential_values(&first)),
+        );
         let (in_tx, in_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (out_tx, out_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let cancel = CancellationToken::new();
@@ -246,6 +265,7 @@ impl Agent {
         match self.prepare(&first, request_id.clone()) {
             Ok(mut run) => {
                 run.first_wire = first_wire;
+                run.secrets = secrets;
                 let ticket = self.inner.status.run_started(RunStart {
                     request_id,
                     model: run.model.config.cursor_id(),
@@ -304,6 +324,7 @@ impl Agent {
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),
+            secrets: Default::default(),
         })
     }
 }

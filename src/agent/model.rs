@@ -23,6 +23,42 @@ pub fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
     model_id_of(req.requested_model.as_ref(), req.model_details.as_ref())
 }
 
+/// The credential values the client sent with the model (`requested_model.credentials`,
+/// `model_details.credentials`: Cursor's own BYOK keys). Never used to call a provider (ours
+/// come from the config), only kept out of every text that leaves the process.
+pub fn credential_values(req: &pb::AgentRunRequest) -> Vec<&str> {
+    use pb::model_details::Credentials as D;
+    use pb::requested_model::Credentials as R;
+    let mut out = Vec::new();
+    match req
+        .requested_model
+        .as_ref()
+        .and_then(|m| m.credentials.as_ref())
+    {
+        Some(R::ApiKeyCredentials(k)) => out.push(k.api_key.as_str()),
+        Some(R::AzureCredentials(a)) => out.push(a.api_key.as_str()),
+        Some(R::BedrockCredentials(b)) => out.extend(bedrock(b)),
+        None => {}
+    }
+    match req
+        .model_details
+        .as_ref()
+        .and_then(|m| m.credentials.as_ref())
+    {
+        Some(D::ApiKeyCredentials(k)) => out.push(k.api_key.as_str()),
+        Some(D::AzureCredentials(a)) => out.push(a.api_key.as_str()),
+        Some(D::BedrockCredentials(b)) => out.extend(bedrock(b)),
+        None => {}
+    }
+    out
+}
+
+fn bedrock(b: &pb::BedrockCredentials) -> Vec<&str> {
+    let mut v = vec![b.access_key.as_str(), b.secret_key.as_str()];
+    v.extend(b.session_token.as_deref());
+    v
+}
+
 fn model_id_of<'a>(
     requested: Option<&'a pb::RequestedModel>,
     details: Option<&'a pb::ModelDetails>,

@@ -143,6 +143,20 @@ impl FakeCursor {
                     }),
                 })
             }
+            // Cursor writes the plan file and names it.
+            Some(Query::CreatePlanRequestQuery(_)) => {
+                Answer::CreatePlanRequestResponse(pb::CreatePlanRequestResponse {
+                    result: Some(pb::CreatePlanResult {
+                        result: Some(pb::create_plan_result::Result::Success(
+                            pb::CreatePlanSuccess {},
+                        )),
+                        plan_uri: format!(
+                            "file://{}/.cursor/plans/plan.plan.md",
+                            self.workspace.display()
+                        ),
+                    }),
+                })
+            }
             _ => return vec![],
         };
         vec![pb::AgentClientMessage {

@@ -242,11 +242,16 @@ const TOUCHED_NOTE_MAX: usize = 200;
 /// file-globbed rules they brought in stay for the rest of the conversation (found again by
 /// [`touched_paths`] in the summary message).
 pub fn touched_note(older: &[Message]) -> String {
+    // In order of last touch: a file touched again counts as recent, so the cap keeps it.
     let mut paths: Vec<String> = Vec::new();
     scan_touched(older, &mut |p| {
-        if !p.is_empty() && !paths.iter().any(|q| q == p) {
-            paths.push(p.to_string());
+        if p.is_empty() {
+            return;
         }
+        if let Some(i) = paths.iter().position(|q| q == p) {
+            paths.remove(i);
+        }
+        paths.push(p.to_string());
     });
     if paths.is_empty() {
         return String::new();

@@ -539,3 +539,27 @@ fn files_touched_before_a_summary_are_still_touched_after_it() {
     assert_eq!(touched_paths(&[summary], Some("/w")), ["src/main.py"]);
     assert_eq!(touched_note(&[]), "", "nothing touched, no note");
 }
+
+/// The note keeps the 200 files touched last: the oldest go first, and a file touched again
+/// counts as recent.
+#[test]
+fn the_touched_note_keeps_the_newest_200_paths() {
+    let read = |i: usize| Message::Assistant {
+        parts: vec![AssistantPart::ToolCall {
+            id: format!("c{i}"),
+            name: "read_file".into(),
+            arguments: json!({ "path": format!("/w/f{i}.rs") }),
+            extra: None,
+        }],
+    };
+    let mut older: Vec<Message> = (0..250).map(read).collect();
+    // f3 again, last: it stays although first read among the oldest.
+    older.push(read(3));
+    let note = touched_note(&older);
+    let paths = touched_paths(&[Message::user_text(note)], Some("/w"));
+    assert_eq!(paths.len(), TOUCHED_NOTE_MAX);
+    assert_eq!(paths.last().map(String::as_str), Some("f3.rs"));
+    assert_eq!(paths[0], "f51.rs", "f0..f50 (f3 aside) are the oldest");
+    assert!(!paths.contains(&"f50.rs".to_string()) && !paths.contains(&"f0.rs".to_string()));
+    assert!(paths.contains(&"f249.rs".to_string()));
+}

@@ -120,13 +120,15 @@ pub(super) struct Run {
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
     pub first_wire: bytes::Bytes,
+    /// The client's secrets in the scrubber, until the run's end frame is out.
+    pub secrets: crate::secret::Registration,
 }
 
 impl Run {
     /// Drive the run to its end. Always sends exactly one `RunOutput::End` (unless the
     /// receiver is gone), whatever happens inside — including a panic.
     pub(super) fn spawn(
-        self,
+        mut self,
         first: pb::AgentRunRequest,
         inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
         out: mpsc::Sender<RunOutput>,
@@ -164,6 +166,7 @@ impl Run {
                 .instrument(span.clone()),
         );
 
+        let secrets = std::mem::take(&mut self.secrets);
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -190,6 +193,7 @@ impl Run {
             cancel_resolutions: resolutions,
             winding_down: false,
             plan_entry: None,
+            partial: None,
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
         // of it in every state for the run's whole life.
@@ -252,6 +256,7 @@ impl Run {
                     }
                 };
                 let _ = outbox.tx.send(RunOutput::End(end)).await;
+                drop(secrets);
             }
             .instrument(span),
         );
@@ -389,6 +394,8 @@ struct RunState {
     winding_down: bool,
     /// A Build's plan (id, path), registered in the checkpoint.
     plan_entry: Option<(String, String)>,
+    /// What a model call canceled mid-stream had produced.
+    partial: Option<Turn>,
 }
 
 /// What one model call produced.
@@ -402,6 +409,7 @@ impl RunState {
     async fn execute(mut self, req: Box<pb::AgentRunRequest>) -> Result<RunSummary, RunError> {
         let result = self.begin(req).await;
         if result.is_err() {
+            self.cancel_injections().await;
             self.abort_open_execs().await;
         }
         result?;
@@ -466,7 +474,10 @@ impl RunState {
         loop {
             let event = tokio::select! {
                 biased;
-                _ = &mut canceled => return Err(RunError::Canceled),
+                _ = &mut canceled => {
+                    self.partial = Some(std::mem::take(&mut builder).finish());
+                    return Err(RunError::Canceled);
+                }
                 ev = async { pending.take() }, if pending.is_some() => ev,
                 ev = stream.recv() => ev,
                 ev = self.events.recv(), if self.events_open => {

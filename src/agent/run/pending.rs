@@ -11,19 +11,28 @@ use crate::provider::{AssistantPart, Message};
 /// What a call interrupted without a resolution reports to the model.
 pub const INTERRUPTED: &str = "The user interrupted this tool call before it finished; it has no result. Do not assume it ran to completion.";
 
-/// The resolutions a `cancel_action` carried, shared between the inbox pump and the run.
+/// The resolutions a `cancel_action` carried, shared between the inbox pump and the run;
+/// `None` until the user cancels.
 #[derive(Clone, Default)]
-pub(super) struct CancelResolutions(Arc<Mutex<Vec<pb::InterruptedPendingToolCallResolution>>>);
+pub(super) struct CancelResolutions(
+    Arc<Mutex<Option<Vec<pb::InterruptedPendingToolCallResolution>>>>,
+);
 
 impl CancelResolutions {
+    /// The user canceled, with these resolutions if any.
     pub(super) fn set(&self, r: Option<pb::InterruptedPendingToolCallResolutions>) {
-        if let Some(r) = r {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = r.resolutions;
-        }
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(r.map(|r| r.resolutions).unwrap_or_default());
     }
 
     pub(super) fn get(&self) -> Vec<pb::InterruptedPendingToolCallResolution> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        r.clone().unwrap_or_default()
+    }
+
+    /// The cancel came from the user (not from the transport giving up on the client).
+    pub(super) fn by_user(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 }
 

@@ -1,8 +1,16 @@
 //! Steering: `inject_context_action` on a running run. An injection is acknowledged `queued`
 //! at once, joins the conversation at the next model call of the turn (after the tool round in
-//! flight; a streaming answer is never cut) and is then acknowledged `delivered`. One that
-//! arrives after the turn's last model call is `queued_for_next_turn`: the client sends it as
-//! the next turn (Cursor's SDK does exactly that on this answer).
+//! flight; a streaming answer is never cut) and is then acknowledged `delivered`.
+//!
+//! One that the turn can no longer deliver (it arrived after the turn's last model call, or the
+//! tool-round limit ended the turn first) is `queued_for_next_turn` and recorded at the end of
+//! the turn, so the next turn (and a restart) sees it. Cursor's SDK answers that state by
+//! sending the same text as a follow-up turn; the next turn then leaves the recorded copy out
+//! ([`drop_carried_copies`]) so the model reads it once.
+//!
+//! Every injection that got `queued` gets a final state: `delivered`, `queued_for_next_turn`,
+//! or `cancelled` when the run is canceled or fails first (the SDK stops its 15 s timer on
+//! `queued` and would otherwise wait for ever).
 
 use super::{RunError, RunState};
 use crate::agent::messages as msg;
@@ -23,11 +31,16 @@ struct Injected {
 pub(super) struct Steering {
     /// The run's id, when the request named one: `expected_run_id` must match it.
     run_id: Option<String>,
+    /// Acknowledged `queued`, waiting for the next model call.
     queued: Vec<Injected>,
+    /// Acknowledged `queued_for_next_turn`, to be recorded at the end of the turn.
+    carried: Vec<Injected>,
     /// The turn still makes model calls (injections can be delivered).
     open: bool,
     /// Notes that came after the turn's last model call: recorded in the turn instead.
     late: Vec<String>,
+    /// Nothing more can be delivered or recorded: later injections get this state.
+    closed: Option<State>,
 }
 
 impl Steering {
@@ -35,8 +48,10 @@ impl Steering {
         Steering {
             run_id: run_id.filter(|r| !r.is_empty()),
             queued: Vec::new(),
+            carried: Vec::new(),
             open: false,
             late: Vec::new(),
+            closed: None,
         }
     }
 
@@ -63,16 +78,16 @@ impl Steering {
     }
 }
 
+/// What heads an injected user message, as the model reads it.
+const STEER_NOTE: &str = "[The user sent this while you were working; take it into account]";
+
 /// What an injection adds to the conversation.
 fn injected_message(a: &pb::InjectContextAction, images: bool) -> Option<Message> {
     use pb::inject_context_action::Payload;
     match a.payload.as_ref()? {
         Payload::UserContext(u) => {
             let mut user = u.user_message.clone()?;
-            user.text = format!(
-                "[The user sent this while you were working; take it into account]\n{}",
-                user.text
-            );
+            user.text = format!("{STEER_NOTE}\n{}", user.text);
             // Content given by blob id is not fetched mid-turn: the injected message's own text and
             // inline context reach the model; blob-referenced items are named as such.
             Some(prompt::user_message_with(
@@ -126,7 +141,12 @@ impl RunState {
                 None => State::Rejected(pb::ContextInjectionRejected {
                     reason: "the injection carries no context".into(),
                 }),
-                Some(_) if !s.open => {
+                Some(_) if s.closed.is_some() => s.closed.clone().unwrap_or_else(cancelled),
+                Some(message) if !s.open => {
+                    self.steering.carried.push(Injected {
+                        id: id.clone(),
+                        message,
+                    });
                     State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {})
                 }
                 Some(message) => {
@@ -139,6 +159,14 @@ impl RunState {
             },
         };
         self.out.send(msg::injection_state(id, state)).await
+    }
+
+    /// A run without a model turn (summarize, a user command): injections go to the next turn,
+    /// which the client sends them as.
+    pub(super) fn steer_to_next_turn(&mut self) {
+        self.steering.closed = Some(State::QueuedForNextTurn(
+            pb::ContextInjectionQueuedForNextTurn {},
+        ));
     }
 
     /// The turn makes model calls from now on: injections wait for the next one.
@@ -175,7 +203,7 @@ impl RunState {
         Ok(texts)
     }
 
-    /// The turn is over: what is still queued goes to the next turn.
+    /// The turn makes no more model calls: what is still queued goes to the next turn.
     pub(super) async fn defer_injections(&mut self) -> Result<(), RunError> {
         self.steering.open = false;
         for inj in std::mem::take(&mut self.steering.queued) {
@@ -184,8 +212,64 @@ impl RunState {
                 continue;
             }
             let state = State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {});
-            self.out.send(msg::injection_state(inj.id, state)).await?;
+            self.out
+                .send(msg::injection_state(inj.id.clone(), state))
+                .await?;
+            self.steering.carried.push(inj);
         }
         Ok(())
+    }
+
+    /// The turn is being recorded: the injections carried to the next turn, as texts to store
+    /// at its end. Later ones are answered `queued_for_next_turn` without a record (the client
+    /// sends them as the next turn).
+    pub(super) async fn take_carried(&mut self) -> Result<Vec<String>, RunError> {
+        self.defer_injections().await?;
+        self.drain_events().await?;
+        self.steering.closed = Some(State::QueuedForNextTurn(
+            pb::ContextInjectionQueuedForNextTurn {},
+        ));
+        let carried = std::mem::take(&mut self.steering.carried);
+        Ok(carried.iter().map(|i| message_text(&i.message)).collect())
+    }
+
+    /// The run was canceled or failed: every injection still waiting is `cancelled`, and so is
+    /// any that comes later. Best effort: the client may be gone.
+    pub(super) async fn cancel_injections(&mut self) {
+        self.steering.open = false;
+        self.steering.closed = Some(cancelled());
+        let _ = self.drain_events().await;
+        for inj in std::mem::take(&mut self.steering.queued) {
+            // Our own notes (no id) were never acknowledged to the client.
+            if inj.id.is_empty() {
+                continue;
+            }
+            let _ = self
+                .out
+                .send(msg::injection_state(inj.id, cancelled()))
+                .await;
+        }
+        self.steering.carried.clear();
+    }
+}
+
+fn cancelled() -> State {
+    State::Cancelled(pb::ContextInjectionCancelled {})
+}
+
+/// Leave out injections the previous turn carried over (the messages at the end of `history`)
+/// whose text is `user_text`: the client sent that text again as this turn's message.
+pub(super) fn drop_carried_copies(history: &mut Vec<Message>, user_text: &str) {
+    let copy = format!("{STEER_NOTE}\n{}", user_text.trim());
+    let mut i = history.len();
+    while i > 0 {
+        let Message::User { .. } = &history[i - 1] else {
+            break;
+        };
+        if message_text(&history[i - 1]).trim_end().ends_with(&copy) && !user_text.trim().is_empty()
+        {
+            history.remove(i - 1);
+        }
+        i -= 1;
     }
 }

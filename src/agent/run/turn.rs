@@ -4,7 +4,7 @@
 use tracing::{debug, warn};
 
 use super::action::{self, Begin, TurnInput};
-use super::{pending, RunError, RunState};
+use super::{pending, steer, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
@@ -12,6 +12,9 @@ use crate::agent::state::{
 use crate::agent::{context, prompt, tools};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, ProviderRequest};
+
+/// What ends an answer the user canceled while it streamed, in the stored turn.
+pub const INTERRUPTED_ANSWER: &str = "(Interrupted by the user before this answer was finished.)";
 
 /// The transcript handed to the model for a summary is cut to this many characters.
 const SUMMARY_MAX_CHARS: usize = 400_000;
@@ -36,8 +39,14 @@ impl RunState {
     pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
         match action::begin(&req)? {
             Begin::Turn(input) => self.turn(req, *input).await,
-            Begin::Summarize => self.summarize_now(&req).await,
-            Begin::Shell { command, exec_id } => self.shell_command(&req, command, exec_id).await,
+            Begin::Summarize => {
+                self.steer_to_next_turn();
+                self.summarize_now(&req).await
+            }
+            Begin::Shell { command, exec_id } => {
+                self.steer_to_next_turn();
+                self.shell_command(&req, command, exec_id).await
+            }
         }
     }
 
@@ -66,7 +75,7 @@ impl RunState {
         let build =
             input.user.simulated_msg_reason == Some(pb::SimulatedMsgReason::PlanExecution as i32);
         if build {
-            let seeded = tools::plan_todos(plan_text(&input.user.text));
+            let seeded = build_todos(plan_text(&input.user.text), &history.messages);
             if !seeded.is_empty() {
                 todos = seeded;
             }
@@ -111,6 +120,7 @@ impl RunState {
             deliver_answer(&mut messages, call_id, answer);
         }
         pending::close_pending(&mut messages, &input.resolutions);
+        steer::drop_carried_copies(&mut messages, &input.user.text);
         for m in &input.prepend {
             messages.push(prompt::user_message_with(m, images, &blobs));
         }
@@ -122,6 +132,11 @@ impl RunState {
             .copied()
             .zip(history.todos.iter().cloned())
             .collect();
+        let prev = Previous {
+            state: &prev_state,
+            wire: &prev_wire,
+            todos: &known_todos,
+        };
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
@@ -144,7 +159,21 @@ impl RunState {
                 tools: tools::catalog(&tool_ctx),
                 options: self.options(),
             };
-            let call = self.model_step(request, &tool_ctx).await?;
+            let call = match self.model_step(request, &tool_ctx).await {
+                Ok(call) => call,
+                Err(RunError::Canceled) => {
+                    // What the user saw of the answer stays, marked as cut off.
+                    if let Some(partial) = self.partial.take() {
+                        record_steps(&mut steps, &partial, 0);
+                    }
+                    steps.push(StepRecord::Assistant {
+                        text: INTERRUPTED_ANSWER.into(),
+                    });
+                    let done = (user, steps, todos, tool_ctx.mode);
+                    return Err(self.store_canceled(&req, prev, done).await);
+                }
+                Err(e) => return Err(e),
+            };
             let step = self.step;
             let assistant = call.turn.message.clone();
             record_steps(&mut steps, &call.turn, call.thinking_ms);
@@ -182,21 +211,8 @@ impl RunState {
                 Err(RunError::Canceled) => {
                     self.abort_open_execs().await;
                     record_interrupted(&mut steps, &calls, &self.cancel_resolutions.get());
-                    let prev = Previous {
-                        state: &prev_state,
-                        wire: &prev_wire,
-                        todos: &known_todos,
-                    };
-                    // Keep what the turn did (its pending calls closed) so the next turn
-                    // sees it: best effort, within a short grace, since the user asked to stop.
-                    self.winding_down = true;
-                    let stored = self
-                        .write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, None)
-                        .await;
-                    if let Err(e) = stored {
-                        debug!("the canceled turn was not stored: {e}");
-                    }
-                    return Err(RunError::Canceled);
+                    let done = (user, steps, todos, tool_ctx.mode);
+                    return Err(self.store_canceled(&req, prev, done).await);
                 }
                 Err(e) => return Err(e),
             };
@@ -226,26 +242,40 @@ impl RunState {
                 break;
             }
         }
-        self.defer_injections().await?;
-        for text in self.steering.take_late() {
+        // Steers carried to the next turn, and our notes that came after the last model call.
+        let mut carried = self.take_carried().await?;
+        carried.extend(self.steering.take_late());
+        for text in carried {
             steps.push(StepRecord::UserContext { text });
         }
         self.plan_entry = input.plan_id.take();
-        self.write_turn(
-            &req,
-            Previous {
-                state: &prev_state,
-                wire: &prev_wire,
-                todos: &known_todos,
-            },
-            user,
-            steps,
-            &todos,
-            tool_ctx.mode,
-            summary,
-        )
-        .await?;
+        self.write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, summary)
+            .await?;
         self.out.send(msg::turn_ended(&self.usage)).await
+    }
+
+    /// Keep what a turn the user canceled did (its pending calls closed, its cut-off answer)
+    /// so the next turn and a restart see it: best effort, within a short grace, since the user
+    /// asked to stop. A cancel by the transport (a bad frame, the client gone) stores nothing:
+    /// nobody is there to store it. Returns the cancel.
+    async fn store_canceled(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        prev: Previous<'_>,
+        (user, steps, todos, mode): (pb::UserMessage, Vec<StepRecord>, Vec<pb::TodoItem>, i32),
+    ) -> RunError {
+        self.cancel_injections().await;
+        if !self.cancel_resolutions.by_user() {
+            return RunError::Canceled;
+        }
+        self.winding_down = true;
+        let stored = self
+            .write_turn(req, prev, user, steps, &todos, mode, None)
+            .await;
+        if let Err(e) = stored {
+            debug!("the canceled turn was not stored: {e}");
+        }
+        RunError::Canceled
     }
 
     /// The blobs the turn's context refers to (request context parts, the user's content given
@@ -535,6 +565,7 @@ impl RunState {
 }
 
 /// The checkpoint the turn started from, as decoded and as received, with its todos.
+#[derive(Clone, Copy)]
 struct Previous<'a> {
     state: &'a pb::ConversationStateStructure,
     wire: &'a [u8],
@@ -597,6 +628,42 @@ fn plan_text(instruction: &str) -> &str {
         .split_once("<plan>\n")
         .and_then(|(_, rest)| rest.rsplit_once("\n</plan>"))
         .map_or(instruction, |(plan, _)| plan)
+}
+
+/// The todos a Build starts with: the plan's front matter lists them (Cursor's `.plan.md`), else
+/// the `create_plan` call that wrote this plan carried them (`CreatePlanArgs.todos`; the
+/// action's `ConversationPlan` holds only the text). The latest such call whose plan is this
+/// one wins.
+fn build_todos(plan: &str, history: &[Message]) -> Vec<pb::TodoItem> {
+    let listed = tools::plan_todos(plan);
+    if !listed.is_empty() {
+        return listed;
+    }
+    let plan = plan.trim();
+    let same = |created: &str| {
+        let created = created.trim();
+        !created.is_empty() && (plan.contains(created) || created.contains(plan))
+    };
+    history
+        .iter()
+        .rev()
+        .filter_map(|m| match m {
+            Message::Assistant { parts } => Some(parts),
+            _ => None,
+        })
+        .flat_map(|parts| parts.iter().rev())
+        .find_map(|p| match p {
+            AssistantPart::ToolCall {
+                name, arguments, ..
+            } if name == "create_plan" => {
+                let created = ["plan", "content", "markdown", "body", "text"]
+                    .iter()
+                    .find_map(|k| arguments.get(*k).and_then(|v| v.as_str()))?;
+                same(created).then(|| tools::created_plan_todos(arguments))
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// The goal-continuation prompt: `base`, then the todos still open.

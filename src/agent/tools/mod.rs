@@ -569,3 +569,13 @@ pub fn render_ask_result(
 pub fn plan_todos(plan: &str) -> Vec<pb::TodoItem> {
     todos::from_front_matter(plan)
 }
+
+/// The todos of a `create_plan` call's arguments (as the model wrote them); empty when it
+/// listed none or they do not parse.
+pub fn created_plan_todos(arguments: &serde_json::Value) -> Vec<pb::TodoItem> {
+    ["todos", "steps", "tasks"]
+        .iter()
+        .find_map(|k| arguments.get(*k))
+        .and_then(|v| todos::parse_items(v, false).ok())
+        .unwrap_or_default()
+}

@@ -196,7 +196,8 @@ pub(super) async fn append(
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    match accept(t, &entry, seqno, (message, wire.clone()))
+    let secrets = super::client_secrets(&parts.headers);
+    match accept(t, &entry, seqno, (message, wire.clone()), secrets)
         .instrument(span)
         .await
     {
@@ -224,6 +225,7 @@ async fn accept(
     entry: &Arc<Entry>,
     seqno: i64,
     (message, wire): (pb::AgentClientMessage, Bytes),
+    secrets: Vec<crate::secret::Secret>,
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide.
     if seqno != 0 && entry.decision().await.is_none() {
@@ -243,7 +245,7 @@ async fn accept(
         let decision = t.decide(&entry.request_id, &message);
         st.decision = Some(decision.clone());
         if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, (message, wire), &decision)?;
+            start(t, entry, &mut st, (message, wire), &decision, secrets)?;
             st.next_seqno = 1;
             entry.decided.notify_waiters();
             return Ok(Accepted::Ours);
@@ -302,14 +304,18 @@ fn start(
     st: &mut Inbound,
     (first, first_wire): (pb::AgentClientMessage, Bytes),
     decision: &Decision,
+    secrets: Vec<crate::secret::Secret>,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => crate::agent::RunRequest::from_client_message(
-            with_pinned_model(r, decision),
-            &first_wire,
-        ),
+        Some(In::RunRequest(r)) => crate::agent::RunRequest {
+            client_secrets: secrets,
+            ..crate::agent::RunRequest::from_client_message(
+                with_pinned_model(r, decision),
+                &first_wire,
+            )
+        },
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
             st.run_over = true;

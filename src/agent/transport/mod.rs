@@ -197,6 +197,18 @@ fn with_pinned_model(mut run: pb::AgentRunRequest, decision: &Decision) -> pb::A
 }
 
 /// `x-request-id`, the key that pairs RunSSE with its appends.
+/// What a client request carries that must never show: its `authorization` bearer token (the
+/// user's Cursor session), for the run's scrubber.
+fn client_secrets(headers: &HeaderMap) -> Vec<crate::secret::Secret> {
+    headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.split_once(' ').map_or(v, |(_, token)| token).trim())
+        .map(crate::secret::Secret::new)
+        .collect()
+}
+
 fn request_id(headers: &HeaderMap) -> Option<String> {
     headers
         .get("x-request-id")
