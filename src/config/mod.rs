@@ -186,6 +186,9 @@ pub struct AgentConfig {
     /// Retries for a provider request that failed before streaming anything.
     #[serde(default = "defaults::provider_retries")]
     pub provider_max_retries: u32,
+    /// Subagent calls of one model turn that run at the same time; the rest wait their turn.
+    #[serde(default = "defaults::max_parallel_subagents")]
+    pub max_parallel_subagents: u32,
 }
 
 impl Default for AgentConfig {
@@ -196,6 +199,7 @@ impl Default for AgentConfig {
             kv_timeout_secs: defaults::kv_timeout_secs(),
             provider_idle_timeout_secs: defaults::provider_idle_secs(),
             provider_max_retries: defaults::provider_retries(),
+            max_parallel_subagents: defaults::max_parallel_subagents(),
         }
     }
 }

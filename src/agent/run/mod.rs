@@ -53,6 +53,8 @@ pub struct RunSettings {
     pub max_tool_rounds: u32,
     /// Bound on the history rebuilt from the checkpoint.
     pub max_history_bytes: usize,
+    /// Subagent calls of one model turn that run at the same time.
+    pub max_parallel_subagents: u32,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
@@ -113,6 +115,10 @@ pub(super) struct Run {
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](super::RunRequest)).
     pub first_wire: bytes::Bytes,
+    /// Subagent calls waiting for their child runs (shared by every run).
+    pub subagents: super::subagents::Registry,
+    /// When this run is a subagent: its kind and limits.
+    pub child: Option<super::subagents::Child>,
 }
 
 impl Run {

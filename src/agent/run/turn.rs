@@ -92,6 +92,14 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
+            subagents: self.subagent_options(&req, request_context.as_ref()),
+            readonly: self.run.child.as_ref().is_some_and(|c| c.readonly),
+            allowed_tools: self
+                .run
+                .child
+                .as_ref()
+                .map(|c| c.tools.clone())
+                .filter(|t| !t.is_empty()),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone();
@@ -129,6 +137,7 @@ impl RunState {
                 spec: req.system_prompt_spec.as_ref(),
                 mode: tool_ctx.mode,
                 touched: &touched,
+                child: self.run.child.as_ref(),
             });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
@@ -432,6 +441,7 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
+            ..Default::default()
         };
         let call: Call = (
             "user_shell".into(),
@@ -719,6 +729,30 @@ fn record_interrupted(
 }
 
 impl RunState {
+    /// What the subagent tool needs: offered below the nesting bound.
+    fn subagent_options(
+        &self,
+        req: &pb::AgentRunRequest,
+        ctx: Option<&pb::RequestContext>,
+    ) -> tools::SubagentOptions {
+        let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
+        tools::SubagentOptions {
+            enabled: depth < crate::agent::subagents::MAX_DEPTH,
+            custom: ctx.map(|c| c.custom_subagents.clone()).unwrap_or_default(),
+            parent_model_id: crate::agent::model::requested_model_id(req)
+                .unwrap_or_default()
+                .to_string(),
+            overrides: req.subagent_model_overrides.clone(),
+            selected_models: req
+                .selected_subagent_models
+                .iter()
+                .map(|m| m.model_id.clone())
+                .filter(|m| !m.is_empty())
+                .collect(),
+            parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
+        }
+    }
+
     /// Read a plan file through the client (a Build that names only the file).
     async fn read_plan(&mut self, path: &str) -> Result<String, RunError> {
         use pb::exec_client_message::Message as R;

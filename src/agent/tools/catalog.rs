@@ -33,9 +33,10 @@ pub(crate) enum Builtin {
     AskQuestion,
     SwitchMode,
     CreatePlan,
+    Task,
 }
 
-pub(crate) const ALL: [Builtin; 14] = [
+pub(crate) const ALL: [Builtin; 15] = [
     Builtin::ReadFile,
     Builtin::ListDir,
     Builtin::GlobFileSearch,
@@ -50,6 +51,7 @@ pub(crate) const ALL: [Builtin; 14] = [
     Builtin::AskQuestion,
     Builtin::SwitchMode,
     Builtin::CreatePlan,
+    Builtin::Task,
 ];
 
 impl Builtin {
@@ -69,6 +71,7 @@ impl Builtin {
             Builtin::AskQuestion => "ask_question",
             Builtin::SwitchMode => "switch_mode",
             Builtin::CreatePlan => "create_plan",
+            Builtin::Task => "task",
         }
     }
 
@@ -100,6 +103,9 @@ impl Builtin {
             }
             "switchmode" => Builtin::SwitchMode,
             "createplan" => Builtin::CreatePlan,
+            "task" | "subagent" | "runsubagent" | "delegate" | "spawnagent" | "agent" => {
+                Builtin::Task
+            }
             _ => return None,
         };
         Some(b)
@@ -115,6 +121,9 @@ impl Builtin {
 
     /// Why this tool cannot be used in this context, or `None` when it can.
     pub(crate) fn unavailable(self, ctx: &ToolContext) -> Option<String> {
+        if let Some(why) = self.restricted(ctx) {
+            return Some(why);
+        }
         let mode = ctx.mode_kind();
         if self.writes() && mode != Mode::Agent {
             return Some(format!(
@@ -127,11 +136,27 @@ impl Builtin {
                 Some("this Cursor client does not support fetching URLs".into())
             }
             Builtin::TodoWrite if mode == Mode::Ask => Some("Ask mode has no todo list".into()),
+            Builtin::Task if !ctx.subagents.enabled => {
+                Some("subagents cannot start further subagents at this depth".into())
+            }
             Builtin::CreatePlan if mode != Mode::Plan => {
                 Some("plans are created in Plan mode; use switch_mode to ask for it".into())
             }
             _ => None,
         }
+    }
+
+    /// Why a subagent run may not use this tool: a read-only kind, or a custom subagent's
+    /// tool list that leaves it out.
+    fn restricted(self, ctx: &ToolContext) -> Option<String> {
+        if ctx.readonly && self.writes() {
+            return Some("this subagent is read-only".into());
+        }
+        let allowed = ctx.allowed_tools.as_ref()?;
+        let listed = allowed
+            .iter()
+            .any(|t| Builtin::from_alias(t) == Some(self) || norm(t) == norm(self.name()));
+        (!listed).then(|| "it is not among this subagent's tools".into())
     }
 
     /// The tool as offered to models: its entry in `catalog.json`.

@@ -1,0 +1,385 @@
+//! Subagents without HTTP on Cursor's side: the test plays Cursor's client, which answers
+//! `subagent_args` by starting the child as a run of its own on the same agent (as the SDK
+//! does), and answers the parent's exec with the child's final message.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fake_cursor::FakeCursor;
+use common::fake_provider::{FakeProvider, Reply};
+use cursor_byok::agent::{Agent, RunHandle, RunOutput};
+use cursor_byok::config::Config;
+use cursor_byok::connect::EndStream;
+use cursor_byok::proto::agent::v1 as pb;
+use pb::agent_server_message::Message as Server;
+use pb::exec_server_message::Message as Exec;
+use pb::interaction_update::Message as Update;
+
+/// The parent's model on one provider, the subagent model on another, so each side's
+/// requests can be told apart.
+fn config(parent: &str, child: &str, max_parallel: u32) -> Arc<Config> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let text = format!(
+        "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\nmax_parallel_subagents = {max_parallel}\n\
+         [providers.parent]\nkind = \"openai-chat\"\nbase_url = \"{parent}\"\napi_key = \"sk-test-parent\"\n\
+         [providers.child]\nkind = \"openai-chat\"\nbase_url = \"{child}\"\napi_key = \"sk-test-child\"\n\
+         [[models]]\nid = \"parent-model\"\nprovider = \"parent\"\nmodel = \"gpt-parent\"\n\
+         [[models]]\nid = \"child-model\"\nprovider = \"child\"\nmodel = \"gpt-child\"\n",
+        dir.display()
+    );
+    Arc::new(Config::from_toml(&text, "test").unwrap())
+}
+
+/// A parent turn whose explore subagents use the child model.
+fn parent_request(text: &str) -> pb::AgentRunRequest {
+    pb::AgentRunRequest {
+        conversation_id: Some("conv-parent".into()),
+        requested_model: Some(pb::RequestedModel {
+            model_id: "byok-parent-model".into(),
+            ..Default::default()
+        }),
+        subagent_model_overrides: vec![pb::SubagentModelOverride {
+            subagent_type: "explore".into(),
+            selection: Some(pb::subagent_model_override::Selection::Model(
+                pb::RequestedModel {
+                    model_id: "byok-child-model".into(),
+                    ..Default::default()
+                },
+            )),
+        }],
+        action: Some(user_action(text)),
+        ..Default::default()
+    }
+}
+
+fn user_action(text: &str) -> pb::ConversationAction {
+    pb::ConversationAction {
+        action: Some(pb::conversation_action::Action::UserMessageAction(
+            pb::UserMessageAction {
+                user_message: Some(pb::UserMessage {
+                    text: text.into(),
+                    message_id: "m1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+/// The run Cursor's client starts for `subagent_args`: a new conversation, the prompt as
+/// the user message, the model in `model_details` only.
+fn child_request(a: &pb::SubagentArgs, n: usize) -> pb::AgentRunRequest {
+    pb::AgentRunRequest {
+        conversation_id: Some(format!("conv-child-{n}")),
+        model_details: Some(pb::ModelDetails {
+            model_id: a.model_id.clone(),
+            ..Default::default()
+        }),
+        action: Some(user_action(&a.prompt)),
+        ..Default::default()
+    }
+}
+
+fn tool_sse(calls: &[(&str, &str, &str)]) -> String {
+    let mut s = String::new();
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
+        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
+        s += &format!("data: {start}\n\ndata: {body}\n\n");
+    }
+    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
+    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
+    s
+}
+
+fn text_sse(text: &str) -> String {
+    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
+    format!(
+        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
+         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
+    )
+}
+
+fn text_of(messages: &[pb::AgentServerMessage]) -> String {
+    messages
+        .iter()
+        .filter_map(|m| match &m.message {
+            Some(Server::InteractionUpdate(pb::InteractionUpdate {
+                message: Some(Update::TextDelta(t)),
+                ..
+            })) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the parent's stream showed, in order.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    SubagentArgs(pb::SubagentArgs),
+    Completed(pb::ToolCall),
+}
+
+/// Drive the parent like Cursor's client; each `subagent_args` starts a child run, driven
+/// concurrently, whose final text comes back as `subagent_result`.
+async fn drive_parent(
+    agent: &Agent,
+    handle: &mut RunHandle,
+) -> (Vec<pb::AgentServerMessage>, Vec<Seen>, EndStream) {
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut messages = Vec::new();
+    let mut seen = Vec::new();
+    let mut children = 0;
+    loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
+            .await
+            .expect("the parent must not hang")
+            .expect("the parent must end with an End");
+        let m = match out {
+            RunOutput::End(end) => return (messages, seen, end),
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+        };
+        match &m.message {
+            Some(Server::ExecServerMessage(pb::ExecServerMessage {
+                id,
+                exec_id,
+                message: Some(Exec::SubagentArgs(a)),
+                ..
+            })) => {
+                children += 1;
+                seen.push(Seen::SubagentArgs(a.clone()));
+                let (agent, input) = (agent.clone(), handle.input.clone());
+                let (a, id, exec_id, n) = (a.clone(), *id, exec_id.clone(), children);
+                tokio::spawn(async move {
+                    for reply in run_child(&agent, &a, id, exec_id, n).await {
+                        let _ = input.send(Box::new(reply)).await;
+                    }
+                });
+            }
+            Some(Server::InteractionUpdate(pb::InteractionUpdate {
+                message: Some(Update::ToolCallCompleted(t)),
+                ..
+            })) => seen.push(Seen::Completed(t.tool_call.clone().unwrap_or_default())),
+            _ => {
+                for answer in client.respond(&m) {
+                    let _ = handle.input.send(Box::new(answer)).await;
+                }
+            }
+        }
+        messages.push(*m);
+    }
+}
+
+/// The child run for `a`, to its end; then the messages answering the parent's exec.
+async fn run_child(
+    agent: &Agent,
+    a: &pb::SubagentArgs,
+    id: u32,
+    exec_id: String,
+    n: usize,
+) -> Vec<pb::AgentClientMessage> {
+    use pb::agent_client_message::Message as In;
+    let mut child = agent.start_run(child_request(a, n), format!("req-child-{n}"));
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut messages = Vec::new();
+    let end = loop {
+        match child
+            .output
+            .recv()
+            .await
+            .expect("the child ends with an End")
+        {
+            RunOutput::End(end) => break end,
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
+                for answer in client.respond(&m) {
+                    let _ = child.input.send(Box::new(answer)).await;
+                }
+                messages.push(*m);
+            }
+        }
+    };
+    let result = match end.error {
+        None => pb::subagent_result::Result::Success(pb::SubagentSuccess {
+            agent_id: format!("agent-{n}"),
+            final_message: Some(text_of(&messages)),
+            tool_call_count: 0,
+            ..Default::default()
+        }),
+        Some(e) => pb::subagent_result::Result::Error(pb::SubagentError {
+            agent_id: Some(format!("agent-{n}")),
+            error: e.message,
+        }),
+    };
+    let close =
+        pb::exec_client_control_message::Message::StreamClose(pb::ExecClientStreamClose { id });
+    vec![
+        pb::AgentClientMessage {
+            message: Some(In::ExecClientMessage(pb::ExecClientMessage {
+                id,
+                exec_id,
+                message: Some(pb::exec_client_message::Message::SubagentResult(
+                    pb::SubagentResult {
+                        result: Some(result),
+                    },
+                )),
+                ..Default::default()
+            })),
+        },
+        pb::AgentClientMessage {
+            message: Some(In::ExecClientControlMessage(pb::ExecClientControlMessage {
+                message: Some(close),
+            })),
+        },
+    ]
+}
+
+fn tool_names(req: &serde_json::Value) -> Vec<String> {
+    req["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tool_results(req: &serde_json::Value) -> Vec<String> {
+    req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_subagent_runs_as_a_recognised_restricted_child_and_its_answer_is_the_tool_result() {
+    let call = r#"{"description":"find the answer","prompt":"Find where the answer is kept.","subagent_type":"explore"}"#;
+    let parent = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_t", "task", call)])),
+        Reply::sse(text_sse("The subagent says: the answer is 42.")),
+    ])
+    .await;
+    let child = FakeProvider::start(vec![Reply::sse(text_sse(
+        "The answer is 42, in src/answer.rs.",
+    ))])
+    .await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Where is the answer?"), "req-parent".into());
+    let (messages, seen, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+
+    let Seen::SubagentArgs(a) = &seen[0] else {
+        panic!("subagent_args first: {seen:?}")
+    };
+    assert_eq!(a.subagent_type, "explore");
+    assert_eq!(a.model_id, "byok-child-model", "the override for explore");
+    assert!(a.readonly);
+    assert_eq!(a.prompt, "Find where the answer is kept.");
+    assert_eq!(a.parent_conversation_id.as_deref(), Some("conv-parent"));
+    assert!(a.tool_call_id.starts_with("call_t"));
+
+    // The child ran on the child model, read-only, told it is a subagent.
+    let creq = child.requests()[0].json();
+    let names = tool_names(&creq);
+    assert!(names.contains(&"read_file".to_string()), "{names:?}");
+    for gone in ["write", "search_replace", "delete_file", "run_terminal_cmd"] {
+        assert!(
+            !names.contains(&gone.to_string()),
+            "{gone} offered to a read-only child: {names:?}"
+        );
+    }
+    assert!(creq["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("<subagent>"));
+    // The parent, at depth 0, had the tool; a child at depth 1 still has it (bound is 2).
+    assert!(tool_names(&parent.requests()[0].json()).contains(&"task".to_string()));
+
+    // The child's final message is the parent's tool result; the UI got the typed task call.
+    let results = tool_results(&parent.requests()[1].json());
+    assert!(
+        results[0].contains("The answer is 42, in src/answer.rs."),
+        "{results:?}"
+    );
+    let Seen::Completed(tc) = &seen[1] else {
+        panic!("then the completed call: {seen:?}")
+    };
+    let Some(pb::tool_call::Tool::TaskToolCall(t)) = &tc.tool else {
+        panic!("a task tool call: {tc:?}")
+    };
+    assert!(matches!(
+        t.result.as_ref().and_then(|r| r.result.as_ref()),
+        Some(pb::task_result::Result::Success(s)) if s.agent_id.as_deref() == Some("agent-1")
+    ));
+    assert_eq!(text_of(&messages), "The subagent says: the answer is 42.");
+}
+
+fn two_calls() -> String {
+    let one = r#"{"prompt":"Look at module one.","subagent_type":"explore"}"#;
+    let two = r#"{"prompt":"Look at module two.","subagent_type":"explore"}"#;
+    tool_sse(&[("call_a", "task", one), ("call_b", "task", two)])
+}
+
+async fn two_subagents(max_parallel: u32) -> (Vec<Seen>, Vec<String>) {
+    let parent = FakeProvider::start(vec![
+        Reply::sse(two_calls()),
+        Reply::sse(text_sse("Both looked.")),
+    ])
+    .await;
+    let child = FakeProvider::start(vec![
+        Reply::sse(text_sse("Module report.")),
+        Reply::sse(text_sse("Module report.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), max_parallel)).unwrap();
+    let mut run = agent.start_run(parent_request("Look at both modules"), "req-p2".into());
+    let (_, seen, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(child.requests().len(), 2);
+    (seen, tool_results(&parent.requests()[1].json()))
+}
+
+#[tokio::test]
+async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
+    let (seen, results) = two_subagents(4).await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .map(|s| match s {
+            Seen::SubagentArgs(_) => "args",
+            Seen::Completed(_) => "done",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["args", "args", "done", "done"],
+        "both started before either ended"
+    );
+    assert_eq!(results.len(), 2);
+    assert!(
+        results.iter().all(|r| r.contains("Module report.")),
+        "{results:?}"
+    );
+
+    let (seen, _) = two_subagents(1).await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .map(|s| match s {
+            Seen::SubagentArgs(_) => "args",
+            Seen::Completed(_) => "done",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["args", "done", "args", "done"],
+        "one at a time with a limit of 1"
+    );
+}
