@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,7 +126,8 @@ enum Seen {
 }
 
 /// Drive the parent like Cursor's client; each `subagent_args` starts a child run, driven
-/// concurrently, whose final text comes back as `subagent_result`.
+/// concurrently, whose final text comes back as `subagent_result` (at once with its id when
+/// it runs in the background; `subagent_await_args` then waits for it).
 async fn drive_parent(
     agent: &Agent,
     handle: &mut RunHandle,
@@ -135,6 +137,7 @@ async fn drive_parent(
     let mut messages = Vec::new();
     let mut seen = Vec::new();
     let mut children = 0;
+    let mut background: HashMap<String, tokio::task::JoinHandle<ChildEnd>> = HashMap::new();
     loop {
         let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
             .await
@@ -155,11 +158,58 @@ async fn drive_parent(
                 seen.push(Seen::SubagentArgs(a.clone()));
                 let (agent, input) = (agent.clone(), handle.input.clone());
                 let (a, id, exec_id, n) = (a.clone(), *id, exec_id.clone(), children);
+                let agent_id = format!("agent-{n}");
+                if a.run_in_background == Some(true) {
+                    let now = pb::subagent_result::Result::Success(pb::SubagentSuccess {
+                        agent_id: agent_id.clone(),
+                        background_reason: pb::SubagentBackgroundReason::AgentRequest as i32,
+                        ..Default::default()
+                    });
+                    for reply in answer(id, &exec_id, subagent_result(now)) {
+                        let _ = input.send(Box::new(reply)).await;
+                    }
+                    let child = tokio::spawn(async move { run_child(&agent, &a, n).await });
+                    background.insert(agent_id, child);
+                    messages.push(*m);
+                    continue;
+                }
                 tokio::spawn(async move {
-                    for reply in run_child(&agent, &a, id, exec_id, n).await {
+                    let end = run_child(&agent, &a, n).await;
+                    let result = subagent_result(end.result(&agent_id));
+                    for reply in answer(id, &exec_id, result) {
                         let _ = input.send(Box::new(reply)).await;
                     }
                 });
+            }
+            Some(Server::ExecServerMessage(pb::ExecServerMessage {
+                id,
+                exec_id,
+                message: Some(Exec::SubagentAwaitArgs(w)),
+                ..
+            })) => {
+                use pb::subagent_await_result::Result as A;
+                let result = match background.remove(&w.agent_id) {
+                    Some(child) => {
+                        let end = child.await.unwrap();
+                        A::Complete(pb::SubagentAwaitComplete {
+                            agent_id: w.agent_id.clone(),
+                            final_message: Some(end.text),
+                            tool_call_count: 0,
+                            transcript_path: None,
+                        })
+                    }
+                    None => A::NotFound(pb::SubagentAwaitNotFound {
+                        agent_id: w.agent_id.clone(),
+                    }),
+                };
+                let result = pb::exec_client_message::Message::SubagentAwaitResult(
+                    pb::SubagentAwaitResult {
+                        result: Some(result),
+                    },
+                );
+                for reply in answer(*id, exec_id, result) {
+                    let _ = handle.input.send(Box::new(reply)).await;
+                }
             }
             Some(Server::InteractionUpdate(pb::InteractionUpdate {
                 message: Some(Update::ToolCallCompleted(t)),
@@ -175,15 +225,30 @@ async fn drive_parent(
     }
 }
 
-/// The child run for `a`, to its end; then the messages answering the parent's exec.
-async fn run_child(
-    agent: &Agent,
-    a: &pb::SubagentArgs,
-    id: u32,
-    exec_id: String,
-    n: usize,
-) -> Vec<pb::AgentClientMessage> {
-    use pb::agent_client_message::Message as In;
+/// How a child run ended: its text, and its error if it failed.
+struct ChildEnd {
+    text: String,
+    error: Option<String>,
+}
+
+impl ChildEnd {
+    fn result(&self, agent_id: &str) -> pb::subagent_result::Result {
+        match &self.error {
+            None => pb::subagent_result::Result::Success(pb::SubagentSuccess {
+                agent_id: agent_id.into(),
+                final_message: Some(self.text.clone()),
+                ..Default::default()
+            }),
+            Some(e) => pb::subagent_result::Result::Error(pb::SubagentError {
+                agent_id: Some(agent_id.into()),
+                error: e.clone(),
+            }),
+        }
+    }
+}
+
+/// The child run for `a`, to its end.
+async fn run_child(agent: &Agent, a: &pb::SubagentArgs, n: usize) -> ChildEnd {
     let mut child = agent.start_run(child_request(a, n), format!("req-child-{n}"));
     let ws = tempfile::tempdir().unwrap();
     let mut client = FakeCursor::new(ws.path());
@@ -204,30 +269,31 @@ async fn run_child(
             }
         }
     };
-    let result = match end.error {
-        None => pb::subagent_result::Result::Success(pb::SubagentSuccess {
-            agent_id: format!("agent-{n}"),
-            final_message: Some(text_of(&messages)),
-            tool_call_count: 0,
-            ..Default::default()
-        }),
-        Some(e) => pb::subagent_result::Result::Error(pb::SubagentError {
-            agent_id: Some(format!("agent-{n}")),
-            error: e.message,
-        }),
-    };
+    ChildEnd {
+        text: text_of(&messages),
+        error: end.error.map(|e| e.message),
+    }
+}
+
+fn subagent_result(r: pb::subagent_result::Result) -> pb::exec_client_message::Message {
+    pb::exec_client_message::Message::SubagentResult(pb::SubagentResult { result: Some(r) })
+}
+
+/// An exec's result, then its close.
+fn answer(
+    id: u32,
+    exec_id: &str,
+    result: pb::exec_client_message::Message,
+) -> Vec<pb::AgentClientMessage> {
+    use pb::agent_client_message::Message as In;
     let close =
         pb::exec_client_control_message::Message::StreamClose(pb::ExecClientStreamClose { id });
     vec![
         pb::AgentClientMessage {
             message: Some(In::ExecClientMessage(pb::ExecClientMessage {
                 id,
-                exec_id,
-                message: Some(pb::exec_client_message::Message::SubagentResult(
-                    pb::SubagentResult {
-                        result: Some(result),
-                    },
-                )),
+                exec_id: exec_id.into(),
+                message: Some(result),
                 ..Default::default()
             })),
         },
@@ -382,4 +448,36 @@ async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
         ["args", "done", "args", "done"],
         "one at a time with a limit of 1"
     );
+}
+
+#[tokio::test]
+async fn a_background_subagent_returns_its_id_at_once_and_await_brings_its_answer() {
+    let call =
+        r#"{"prompt":"Survey the tests.","subagent_type":"explore","run_in_background":true}"#;
+    let parent = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_bg", "task", call)])),
+        Reply::sse(tool_sse(&[(
+            "call_w",
+            "await_subagent",
+            r#"{"agent_id":"agent-1"}"#,
+        )])),
+        Reply::sse(text_sse("Survey done.")),
+    ])
+    .await;
+    let child = FakeProvider::start(vec![Reply::sse(text_sse("Tests: 12 files."))]).await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Survey the tests"), "req-bg".into());
+    let (_, seen, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let Seen::SubagentArgs(a) = &seen[0] else {
+        panic!("{seen:?}")
+    };
+    assert_eq!(a.run_in_background, Some(true));
+    let first = tool_results(&parent.requests()[1].json());
+    assert!(
+        first[0].contains("agent-1") && first[0].contains("running in the background"),
+        "{first:?}"
+    );
+    let awaited = tool_results(&parent.requests()[2].json());
+    assert!(awaited[1].contains("Tests: 12 files."), "{awaited:?}");
 }

@@ -34,9 +34,10 @@ pub(crate) enum Builtin {
     SwitchMode,
     CreatePlan,
     Task,
+    AwaitSubagent,
 }
 
-pub(crate) const ALL: [Builtin; 15] = [
+pub(crate) const ALL: [Builtin; 16] = [
     Builtin::ReadFile,
     Builtin::ListDir,
     Builtin::GlobFileSearch,
@@ -52,6 +53,7 @@ pub(crate) const ALL: [Builtin; 15] = [
     Builtin::SwitchMode,
     Builtin::CreatePlan,
     Builtin::Task,
+    Builtin::AwaitSubagent,
 ];
 
 impl Builtin {
@@ -72,6 +74,7 @@ impl Builtin {
             Builtin::SwitchMode => "switch_mode",
             Builtin::CreatePlan => "create_plan",
             Builtin::Task => "task",
+            Builtin::AwaitSubagent => "await_subagent",
         }
     }
 
@@ -106,6 +109,9 @@ impl Builtin {
             "task" | "subagent" | "runsubagent" | "delegate" | "spawnagent" | "agent" => {
                 Builtin::Task
             }
+            "awaitsubagent" | "waitsubagent" | "subagentawait" | "waitforsubagent" => {
+                Builtin::AwaitSubagent
+            }
             _ => return None,
         };
         Some(b)
@@ -136,7 +142,7 @@ impl Builtin {
                 Some("this Cursor client does not support fetching URLs".into())
             }
             Builtin::TodoWrite if mode == Mode::Ask => Some("Ask mode has no todo list".into()),
-            Builtin::Task if !ctx.subagents.enabled => {
+            Builtin::Task | Builtin::AwaitSubagent if !ctx.subagents.enabled => {
                 Some("subagents cannot start further subagents at this depth".into())
             }
             Builtin::CreatePlan if mode != Mode::Plan => {

@@ -100,7 +100,7 @@ pub fn history_from_tool_call(tc: &pb::ToolCall) -> Option<(String, Value, Strin
         Tool::AskQuestionToolCall(t) => ("ask_question".into(), interaction::ask_history_args(t)),
         Tool::SwitchModeToolCall(t) => ("switch_mode".into(), interaction::switch_history_args(t)),
         Tool::CreatePlanToolCall(t) => ("create_plan".into(), interaction::create_history_args(t)),
-        Tool::TaskToolCall(t) => ("task".into(), task::history_args(t)),
+        Tool::TaskToolCall(t) => task::history(t),
         _ => return None,
     };
     let (text, is_error) = render(tc);

@@ -341,6 +341,7 @@ pub fn plan(
                 Builtin::SwitchMode => interaction::plan_switch(ctx, call_id, &a),
                 Builtin::CreatePlan => interaction::plan_create(call_id, &a),
                 Builtin::Task => task::plan(ctx, call_id, &a),
+                Builtin::AwaitSubagent => task::plan_await(call_id, &a),
             }
         }
         Target::Mcp(our_name, def) => {
@@ -388,7 +389,7 @@ pub fn placeholder(ctx: &ToolContext, call_id: &str, name: &str) -> Option<pb::T
             Builtin::AskQuestion => Tool::AskQuestionToolCall(Default::default()),
             Builtin::SwitchMode => Tool::SwitchModeToolCall(Default::default()),
             Builtin::CreatePlan => Tool::CreatePlanToolCall(Default::default()),
-            Builtin::Task => Tool::TaskToolCall(Default::default()),
+            Builtin::Task | Builtin::AwaitSubagent => Tool::TaskToolCall(Default::default()),
         },
     };
     Some(wrap(call_id, tool))

@@ -113,6 +113,42 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
     })
 }
 
+/// Waits the await tool allows, in seconds.
+pub(crate) const AWAIT_DEFAULT_SECS: i64 = 30;
+pub(crate) const AWAIT_MAX_SECS: i64 = 600;
+
+/// `await_subagent`: wait for a background subagent (exec `subagent_await_args`). Shown as the
+/// subagent's task call, whose result is what the wait found.
+pub(crate) fn plan_await(call_id: &str, a: &Args) -> Result<ToolPlan, ToolError> {
+    let id = a.str_nonblank(
+        &["agent_id", "subagent_id", "id"],
+        "string: the id the task tool returned",
+    )?;
+    let secs = a
+        .int_in(&["timeout", "timeout_secs"], 1, AWAIT_MAX_SECS)?
+        .unwrap_or(AWAIT_DEFAULT_SECS);
+    let args = pb::SubagentAwaitArgs {
+        agent_id: id.trim().to_string(),
+        timeout_ms: u32::try_from(secs * 1000).unwrap_or(u32::MAX),
+    };
+    let task = pb::TaskArgs {
+        agent_id: Some(args.agent_id.clone()),
+        description: format!("Waiting for subagent {}", args.agent_id),
+        ..Default::default()
+    };
+    Ok(ToolPlan::Exec {
+        exec: ExecArgs::SubagentAwaitArgs(args),
+        tool_call: wrap(
+            call_id,
+            Tool::TaskToolCall(pb::TaskToolCall {
+                args: Some(task),
+                ..Default::default()
+            }),
+        ),
+        access: Access::Read,
+    })
+}
+
 fn builtin(kind: &str) -> Option<BuiltinKind> {
     let k = super::args::norm(kind);
     let k = match k.as_str() {
@@ -179,6 +215,15 @@ pub(crate) fn finish(
 ) -> pb::TaskToolCall {
     use pb::subagent_result::Result as S;
     use pb::task_result::Result as T;
+    if let Some(r) = results.iter().find_map(|m| match m {
+        ExecResult::SubagentAwaitResult(r) => Some(r),
+        _ => None,
+    }) {
+        t.result = Some(pb::TaskResult {
+            result: Some(awaited(r)),
+        });
+        return t;
+    }
     let found = results.iter().find_map(|m| match m {
         ExecResult::SubagentResult(r) => r.result.clone(),
         _ => None,
@@ -188,14 +233,7 @@ pub(crate) fn finish(
             conversation_steps: s
                 .final_message
                 .filter(|m| !m.is_empty())
-                .map(|text| pb::ConversationStep {
-                    message: Some(pb::conversation_step::Message::AssistantMessage(
-                        pb::AssistantMessage {
-                            text,
-                            ..Default::default()
-                        },
-                    )),
-                })
+                .map(assistant_step)
                 .into_iter()
                 .collect(),
             agent_id: Some(s.agent_id).filter(|a| !a.is_empty()),
@@ -224,6 +262,53 @@ pub(crate) fn finish(
     t
 }
 
+/// What a wait found, as the subagent's task result.
+fn awaited(r: &pb::SubagentAwaitResult) -> pb::task_result::Result {
+    use pb::subagent_await_result::Result as A;
+    use pb::task_result::Result as T;
+    match &r.result {
+        Some(A::Complete(c)) => T::Success(pb::TaskSuccess {
+            conversation_steps: c
+                .final_message
+                .clone()
+                .filter(|m| !m.is_empty())
+                .map(assistant_step)
+                .into_iter()
+                .collect(),
+            agent_id: Some(c.agent_id.clone()),
+            result_suffix: Some(format!("{} tool calls", c.tool_call_count)),
+            transcript_path: c.transcript_path.clone(),
+            ..Default::default()
+        }),
+        Some(A::StillRunning(s)) => T::Success(pb::TaskSuccess {
+            agent_id: Some(s.agent_id.clone()),
+            is_background: true,
+            transcript_path: s.transcript_path.clone(),
+            ..Default::default()
+        }),
+        Some(A::NotFound(n)) => T::Error(pb::TaskError {
+            error: format!("no subagent with id {}", n.agent_id),
+        }),
+        Some(A::Error(e)) => T::Error(pb::TaskError {
+            error: e.error.clone(),
+        }),
+        None => T::Error(pb::TaskError {
+            error: "the client returned no await result".into(),
+        }),
+    }
+}
+
+fn assistant_step(text: String) -> pb::ConversationStep {
+    pb::ConversationStep {
+        message: Some(pb::conversation_step::Message::AssistantMessage(
+            pb::AssistantMessage {
+                text,
+                ..Default::default()
+            },
+        )),
+    }
+}
+
 /// The child's final message (all its assistant text).
 fn final_text(s: &pb::TaskSuccess) -> String {
     s.conversation_steps
@@ -243,8 +328,13 @@ pub(crate) fn render(t: &pb::TaskToolCall) -> (String, bool) {
             let id = s.agent_id.as_deref().unwrap_or("(no id)");
             let text = final_text(s);
             if s.is_background && text.is_empty() {
+                let transcript = s
+                    .transcript_path
+                    .as_deref()
+                    .map(|p| format!(" Its transcript is at {p}."))
+                    .unwrap_or_default();
                 return (
-                    format!("Subagent {id} is running in the background. Use await_subagent with this id to wait for its result."),
+                    format!("Subagent {id} is running in the background.{transcript} Use await_subagent with this id to wait for its result."),
                     false,
                 );
             }
@@ -272,8 +362,18 @@ fn kind_name(k: Option<&pb::SubagentType>) -> String {
     }
 }
 
-pub(crate) fn history_args(t: &pb::TaskToolCall) -> Value {
+/// Our tool name and arguments for a task call in the history: a wait has only the id.
+pub(crate) fn history(t: &pb::TaskToolCall) -> (String, Value) {
     let a = t.args.clone().unwrap_or_default();
+    if a.prompt.is_empty() {
+        if let Some(id) = a.agent_id {
+            return ("await_subagent".into(), json!({ "agent_id": id }));
+        }
+    }
+    ("task".into(), history_args(a))
+}
+
+fn history_args(a: pb::TaskArgs) -> Value {
     json!({
         "description": a.description,
         "prompt": a.prompt,

@@ -887,3 +887,57 @@ fn subagent_limits_shape_the_catalogue() {
         vec!["read_file", "grep"]
     );
 }
+
+#[test]
+fn await_subagent_sends_subagent_await_args_and_reports_what_it_found() {
+    let c = task_ctx();
+    let p = plan(
+        &c,
+        "w1",
+        "await_subagent",
+        &json!({"agent_id": "ag-1", "timeout": 5}),
+    )
+    .unwrap();
+    match exec_of(&p) {
+        Exec::SubagentAwaitArgs(a) => {
+            assert_eq!((a.agent_id.as_str(), a.timeout_ms), ("ag-1", 5000))
+        }
+        other => panic!("{other:?}"),
+    }
+    use pb::subagent_await_result::Result as A;
+    let answer = |r: A| {
+        finish_exec(
+            &p,
+            &[Res::SubagentAwaitResult(pb::SubagentAwaitResult {
+                result: Some(r),
+            })],
+            None,
+        )
+    };
+    let running = answer(A::StillRunning(pb::SubagentAwaitStillRunning {
+        agent_id: "ag-1".into(),
+        transcript_path: None,
+    }));
+    assert!(
+        !running.is_error && running.content.contains("running in the background"),
+        "{}",
+        running.content
+    );
+    let done = answer(A::Complete(pb::SubagentAwaitComplete {
+        agent_id: "ag-1".into(),
+        final_message: Some("All green.".into()),
+        tool_call_count: 2,
+        transcript_path: None,
+    }));
+    assert!(done.content.ends_with("All green."), "{}", done.content);
+    let (name, args, text, _) = history_from_tool_call(&done.tool_call).unwrap();
+    assert_eq!(
+        (name.as_str(), args["agent_id"].as_str()),
+        ("await_subagent", Some("ag-1"))
+    );
+    assert_eq!(text, done.content);
+    let missing = answer(A::NotFound(pb::SubagentAwaitNotFound {
+        agent_id: "ag-9".into(),
+    }));
+    assert!(missing.is_error && missing.content.contains("ag-9"));
+}
