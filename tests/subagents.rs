@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_cursor::FakeCursor;
-use common::fake_provider::{FakeProvider, Reply};
+use common::fake_provider::{After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
 use cursor_byok::config::Config;
 use cursor_byok::connect::EndStream;
@@ -123,6 +123,7 @@ fn text_of(messages: &[pb::AgentServerMessage]) -> String {
 enum Seen {
     SubagentArgs(pb::SubagentArgs),
     Completed(pb::ToolCall),
+    ForceBackground(String),
 }
 
 /// Drive the parent like Cursor's client; each `subagent_args` starts a child run, driven
@@ -138,6 +139,8 @@ async fn drive_parent(
     let mut seen = Vec::new();
     let mut children = 0;
     let mut background: HashMap<String, tokio::task::JoinHandle<ChildEnd>> = HashMap::new();
+    // Foreground calls by tool call id: (exec id, exec_id, agent id), to move one.
+    let mut foreground: HashMap<String, (u32, String, String)> = HashMap::new();
     loop {
         let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
             .await
@@ -173,6 +176,10 @@ async fn drive_parent(
                     messages.push(*m);
                     continue;
                 }
+                foreground.insert(
+                    a.tool_call_id.clone(),
+                    (id, exec_id.clone(), agent_id.clone()),
+                );
                 tokio::spawn(async move {
                     let end = run_child(&agent, &a, n).await;
                     let result = subagent_result(end.result(&agent_id));
@@ -205,6 +212,36 @@ async fn drive_parent(
                 let result = pb::exec_client_message::Message::SubagentAwaitResult(
                     pb::SubagentAwaitResult {
                         result: Some(result),
+                    },
+                );
+                for reply in answer(*id, exec_id, result) {
+                    let _ = handle.input.send(Box::new(reply)).await;
+                }
+            }
+            Some(Server::ExecServerMessage(pb::ExecServerMessage {
+                id,
+                exec_id,
+                message: Some(Exec::ForceBackgroundSubagentArgs(f)),
+                ..
+            })) => {
+                seen.push(Seen::ForceBackground(f.tool_call_id.clone()));
+                let status = match foreground.remove(&f.tool_call_id) {
+                    Some((call_id, call_exec, agent_id)) => {
+                        let moved = pb::subagent_result::Result::Success(pb::SubagentSuccess {
+                            agent_id,
+                            background_reason: pb::SubagentBackgroundReason::UserRequest as i32,
+                            ..Default::default()
+                        });
+                        for reply in answer(call_id, &call_exec, subagent_result(moved)) {
+                            let _ = handle.input.send(Box::new(reply)).await;
+                        }
+                        pb::ForceBackgroundSubagentStatus::Accepted
+                    }
+                    None => pb::ForceBackgroundSubagentStatus::NotFound,
+                };
+                let result = pb::exec_client_message::Message::ForceBackgroundSubagentResult(
+                    pb::ForceBackgroundSubagentResult {
+                        status: status as i32,
                     },
                 );
                 for reply in answer(*id, exec_id, result) {
@@ -422,6 +459,7 @@ async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
         .map(|s| match s {
             Seen::SubagentArgs(_) => "args",
             Seen::Completed(_) => "done",
+            Seen::ForceBackground(_) => "force",
         })
         .collect();
     assert_eq!(
@@ -441,6 +479,7 @@ async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
         .map(|s| match s {
             Seen::SubagentArgs(_) => "args",
             Seen::Completed(_) => "done",
+            Seen::ForceBackground(_) => "force",
         })
         .collect();
     assert_eq!(
@@ -480,4 +519,70 @@ async fn a_background_subagent_returns_its_id_at_once_and_await_brings_its_answe
     );
     let awaited = tool_results(&parent.requests()[2].json());
     assert!(awaited[1].contains("Tests: 12 files."), "{awaited:?}");
+}
+
+/// A child whose model never answers, and a parent that calls it and then answers; `action`
+/// goes to the parent once the child's model call is under way.
+async fn with_a_stuck_child(
+    action: pb::conversation_action::Action,
+) -> (Vec<Seen>, Vec<String>, Arc<FakeProvider>) {
+    let call = r#"{"prompt":"Think forever.","subagent_type":"explore"}"#;
+    let parent = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_fg", "task", call)])),
+        Reply::sse(text_sse("Moving on.")),
+    ])
+    .await;
+    let child = Arc::new(FakeProvider::start(vec![Reply::sse("").then(After::Stall)]).await);
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Start it"), "req-stuck".into());
+    let input = run.input.clone();
+    let probe = child.clone();
+    tokio::spawn(async move {
+        while probe.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let msg = pb::AgentClientMessage {
+            message: Some(pb::agent_client_message::Message::ConversationAction(
+                pb::ConversationAction {
+                    action: Some(action),
+                    ..Default::default()
+                },
+            )),
+        };
+        let _ = input.send(Box::new(msg)).await;
+    });
+    let (_, seen, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let results = tool_results(&parent.requests()[1].json());
+    (seen, results, child)
+}
+
+#[tokio::test]
+async fn cancel_subagent_action_stops_the_child_and_the_parent_hears_of_it() {
+    let cancel = pb::conversation_action::Action::CancelSubagentAction(pb::CancelSubagentAction {
+        subagent_id: "conv-child-1".into(),
+    });
+    let (_, results, child) = with_a_stuck_child(cancel).await;
+    assert!(results[0].contains("The subagent failed"), "{results:?}");
+    assert!(
+        child.wait_hangups(1, Duration::from_secs(5)).await,
+        "the child's model call stopped"
+    );
+}
+
+#[tokio::test]
+async fn background_subagent_action_moves_the_running_call_to_the_background() {
+    let bg =
+        pb::conversation_action::Action::BackgroundSubagentAction(pb::BackgroundSubagentAction {
+            tool_call_id: "call_fg#s1".into(),
+        });
+    let (seen, results, _) = with_a_stuck_child(bg).await;
+    assert!(
+        seen.contains(&Seen::ForceBackground("call_fg#s1".into())),
+        "{seen:?}"
+    );
+    assert!(
+        results[0].contains("running in the background"),
+        "{results:?}"
+    );
 }

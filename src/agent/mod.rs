@@ -321,12 +321,19 @@ impl Agent {
             Some(Action::UserMessageAction(a)) => a.user_message.as_ref().map(|u| u.text.as_str()),
             _ => None,
         };
-        let claimed = prompt.and_then(|p| self.inner.subagents.claim(p, model_id));
+        let conversation = first.conversation_id.clone().unwrap_or_default();
+        let claimed = prompt
+            .and_then(|p| self.inner.subagents.claim(p, model_id))
+            .map(|c| subagents::Child {
+                conversation_id: conversation.clone(),
+                ..c
+            });
         if let Some(c) = &claimed {
             tracing::info!(
                 parent_call = %c.parent_tool_call_id,
                 kind = %c.kind,
                 depth = c.depth,
+                conversation = %conversation,
                 "run is a subagent of an earlier call"
             );
         }
@@ -335,7 +342,10 @@ impl Agent {
                 .subagent_type_name
                 .as_deref()
                 .filter(|k| !k.is_empty())
-                .map(subagents::Child::of_kind)
+                .map(|k| subagents::Child {
+                    conversation_id: conversation,
+                    ..subagents::Child::of_kind(k)
+                })
         })
     }
 }

@@ -8,11 +8,12 @@
 //! starts the child at once; an entry nobody claims, e.g. a child on an official model that is
 //! relayed, just ages out).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::proto::agent::v1 as pb;
 
@@ -38,6 +39,8 @@ pub struct Child {
     pub tools: Vec<String>,
     /// A custom subagent's own prompt.
     pub instructions: String,
+    /// The child run's conversation: Cursor's client uses it as the subagent's id.
+    pub conversation_id: String,
 }
 
 impl Child {
@@ -63,6 +66,7 @@ impl Child {
             instructions: found
                 .map(|c| c.prompt.trim().to_string())
                 .unwrap_or_default(),
+            conversation_id: String::new(),
         }
     }
 
@@ -91,10 +95,14 @@ struct Pending {
     at: Instant,
 }
 
-/// The calls waiting for their child runs, shared by every run of the agent.
+/// The calls waiting for their child runs, and the child runs running, shared by every run
+/// of the agent.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     pending: Arc<Mutex<VecDeque<Pending>>>,
+    /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
+    /// when it ends, so this holds no more than the runs alive.
+    running: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
 impl Registry {
@@ -131,6 +139,33 @@ impl Registry {
     pub fn forget(&self, parent_tool_call_id: &str) {
         self.lock()
             .retain(|e| e.child.parent_tool_call_id != parent_tool_call_id);
+    }
+
+    /// A child run started: `cancel` stops it. Untracked when it ends.
+    pub fn track(&self, subagent_id: &str, cancel: CancellationToken) {
+        if subagent_id.is_empty() {
+            return;
+        }
+        self.running_lock().insert(subagent_id.to_string(), cancel);
+    }
+
+    pub fn untrack(&self, subagent_id: &str) {
+        self.running_lock().remove(subagent_id);
+    }
+
+    /// Cancel the child run `subagent_id`; false when no such run of ours is running.
+    pub fn cancel(&self, subagent_id: &str) -> bool {
+        match self.running_lock().get(subagent_id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn running_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Entries outstanding (for tests and the status page).
@@ -211,6 +246,17 @@ mod tests {
         assert!(r.claim(&format!("task {}", MAX_PENDING + 4), "m").is_some());
         r.forget("t10");
         assert_eq!(r.claim("task 10", "m"), None);
+    }
+
+    #[test]
+    fn a_tracked_child_can_be_canceled_until_it_ends() {
+        let r = Registry::default();
+        let token = CancellationToken::new();
+        r.track("conv-child", token.clone());
+        assert!(!r.cancel("other"));
+        assert!(r.cancel("conv-child") && token.is_cancelled());
+        r.untrack("conv-child");
+        assert!(!r.cancel("conv-child"));
     }
 
     #[test]

@@ -15,6 +15,11 @@ pub(super) enum Begin {
     /// A command the user ran from the chat: run it through the client (under the client's
     /// `exec_id` when it gave one), record it; no model turn.
     Shell { command: String, exec_id: String },
+    /// Stop a subagent (by its id); no model turn.
+    CancelSubagent { id: String },
+    /// Move a subagent call to the background: nothing runs in the foreground of a run that
+    /// starts with it, so there is nothing to move; no model turn.
+    BackgroundSubagent { call: String },
 }
 
 /// Where a Build's plan text comes from when the action does not carry it.
@@ -142,10 +147,13 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
         Action::InjectContextAction(_) => Err(RunError::BadClientMessage(
             "inject_context_action steers a running run; it cannot start one".into(),
         )),
-        Action::CancelSubagentAction(_)
-        | Action::BackgroundTaskCompletionAction(_)
-        | Action::BackgroundShellAction(_)
-        | Action::BackgroundSubagentAction(_) => {
+        Action::CancelSubagentAction(a) => Ok(Begin::CancelSubagent {
+            id: a.subagent_id.clone(),
+        }),
+        Action::BackgroundSubagentAction(a) => Ok(Begin::BackgroundSubagent {
+            call: a.tool_call_id.clone(),
+        }),
+        Action::BackgroundTaskCompletionAction(_) | Action::BackgroundShellAction(_) => {
             Err(RunError::Unsupported(branch_name(action).to_string()))
         }
     }

@@ -66,6 +66,10 @@ enum ClientEvent {
     Interaction(pb::InteractionResponse),
     /// Steering: context to add at the next model call of the running turn.
     Inject(Box<pb::InjectContextAction>),
+    /// The user stopped a subagent (by its id).
+    CancelSubagent(String),
+    /// The user moved a running subagent call (by its tool call id) to the background.
+    BackgroundSubagent(String),
 }
 
 /// The sending side of a run, shared with the heartbeat and the inbox pump.
@@ -163,6 +167,14 @@ impl Run {
                 .instrument(span.clone()),
         );
 
+        // A child run can be canceled by its subagent id while it runs.
+        let registry = self.subagents.clone();
+        let subagent_id = self
+            .child
+            .as_ref()
+            .map(|c| c.conversation_id.clone())
+            .unwrap_or_default();
+        registry.track(&subagent_id, cancel.clone());
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -194,7 +206,9 @@ impl Run {
         let work = tokio::spawn(state.execute(Box::new(first)).instrument(span.clone()));
         tokio::spawn(
             async move {
-                let result = match work.await {
+                let result = work.await;
+                registry.untrack(&subagent_id);
+                let result = match result {
                     Ok(r) => r,
                     Err(e) if e.is_panic() => {
                         warn!("agent run task panicked");
@@ -301,8 +315,15 @@ async fn pump_inbox(
                         continue;
                     }
                     Some(Action::InjectContextAction(i)) => ClientEvent::Inject(Box::new(i)),
+                    Some(Action::CancelSubagentAction(c)) => {
+                        ClientEvent::CancelSubagent(c.subagent_id)
+                    }
+                    Some(Action::BackgroundSubagentAction(b)) => {
+                        ClientEvent::BackgroundSubagent(b.tool_call_id)
+                    }
                     Some(other) => {
-                        // Only a cancel or steering makes sense on a running run.
+                        // Only a cancel, steering or a subagent action makes sense on a
+                        // running run.
                         warn!(
                             action = action::branch_name(&other),
                             "conversation action on a running run is not acted on"
@@ -628,6 +649,8 @@ impl RunState {
             }
             Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
             Some(ClientEvent::Inject(i)) => self.on_inject(*i).await?,
+            Some(ClientEvent::CancelSubagent(id)) => self.cancel_subagent(&id),
+            Some(ClientEvent::BackgroundSubagent(call)) => self.background_subagent(call).await?,
             Some(ClientEvent::Interaction(r)) => {
                 if let Some(slot) = self.interactions.get_mut(&r.id) {
                     *slot = Some(r);
@@ -690,6 +713,30 @@ impl RunState {
     ) -> Result<ExecOutcome, RunError> {
         let mut outcomes = self.run_execs(vec![(args, stream_to)], what).await?;
         Ok(outcomes.pop().unwrap_or_default())
+    }
+
+    /// Stop the subagent `id`: its child run, when it is one of ours.
+    fn cancel_subagent(&self, id: &str) {
+        if self.run.subagents.cancel(id) {
+            info!(subagent = id, "subagent canceled by the user");
+        } else {
+            warn!(
+                subagent = id,
+                "cancel for a subagent that is not running here (finished, or on another model)"
+            );
+        }
+    }
+
+    /// Ask the client to move the running subagent call `call` to the background; its
+    /// `subagent_result` then comes at once, marked backgrounded. The answer to this exec is
+    /// not waited for.
+    async fn background_subagent(&mut self, call: String) -> Result<(), RunError> {
+        let (id, exec_id) = self.exec.open();
+        self.exec.take(id);
+        let args = pb::exec_server_message::Message::ForceBackgroundSubagentArgs(
+            pb::ForceBackgroundSubagentArgs { tool_call_id: call },
+        );
+        self.out.send(msg::exec(id, exec_id, args)).await
     }
 
     /// The SDK and CLI send no request context: ask the client for it.

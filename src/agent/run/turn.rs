@@ -33,6 +33,17 @@ impl RunState {
             Begin::Turn(input) => self.turn(req, *input).await,
             Begin::Summarize => self.summarize_now(&req).await,
             Begin::Shell { command, exec_id } => self.shell_command(&req, command, exec_id).await,
+            Begin::CancelSubagent { id } => {
+                self.cancel_subagent(&id);
+                self.out.send(msg::turn_ended(&self.usage)).await
+            }
+            Begin::BackgroundSubagent { call } => {
+                debug!(
+                    call,
+                    "no subagent call runs in the foreground of this run: nothing to move"
+                );
+                self.out.send(msg::turn_ended(&self.usage)).await
+            }
         }
     }
 
