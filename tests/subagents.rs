@@ -586,3 +586,53 @@ async fn background_subagent_action_moves_the_running_call_to_the_background() {
         "{results:?}"
     );
 }
+
+fn last_checkpoint(messages: &[pb::AgentServerMessage]) -> pb::ConversationStateStructure {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match &m.message {
+            Some(Server::ConversationCheckpointUpdate(s)) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a checkpoint")
+}
+
+#[tokio::test]
+async fn the_checkpoint_keeps_background_subagents_and_the_next_turn_is_told_of_them() {
+    let call = r#"{"description":"survey","prompt":"Survey the tests.","subagent_type":"explore","run_in_background":true}"#;
+    let parent = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_bg", "task", call)])),
+        Reply::sse(text_sse("Started it.")),
+        Reply::sse(text_sse("Still waiting on it.")),
+    ])
+    .await;
+    let child = FakeProvider::start(vec![Reply::sse(text_sse("Tests: 12 files."))]).await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Survey the tests"), "req-t1".into());
+    let (messages, _, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let state = last_checkpoint(&messages);
+    let recorded = &state.subagent_runs_by_parent_tool_call_id["call_bg#s1"];
+    assert_eq!(recorded.subagent_id.as_deref(), Some("agent-1"));
+    assert_eq!(recorded.status, pb::SubagentRunStatus::Backgrounded as i32);
+    assert_eq!(recorded.title.as_deref(), Some("survey"));
+    assert_eq!(
+        state.subagent_states["agent-1"].model_id.as_deref(),
+        Some("byok-child-model")
+    );
+
+    let mut next = parent_request("Is it done?");
+    next.conversation_state = Some(state);
+    let mut run = agent.start_run(next, "req-t2".into());
+    let (_, _, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let system = parent.requests()[2].json()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.contains("<background_subagents>") && system.contains("- agent-1: survey"),
+        "{system}"
+    );
+}

@@ -33,6 +33,8 @@ pub struct PromptInputs<'a> {
     pub touched: &'a [String],
     /// When the run is a subagent: what kind, and its own instructions.
     pub child: Option<&'a crate::agent::subagents::Child>,
+    /// Subagents an earlier turn left running in the background: (id, title).
+    pub background: &'a [(String, String)],
 }
 
 pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
@@ -85,6 +87,13 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
             rules::write_bodies(&mut s, globbed.into_iter());
             s.push_str("</rules>\n");
         }
+    }
+    if !inputs.background.is_empty() {
+        s.push_str("\n<background_subagents>\nSubagents started earlier that were still running in the background (use await_subagent to get their results):\n");
+        for (id, title) in inputs.background {
+            let _ = writeln!(s, "- {id}: {title}");
+        }
+        s.push_str("</background_subagents>\n");
     }
     s
 }

@@ -135,6 +135,8 @@ impl RunState {
             .zip(history.todos.iter().cloned())
             .collect();
         let summary = self.compact_if_needed(&mut messages, &history).await?;
+        // Subagents an earlier turn left in the background: the model may wait for them.
+        let background = state::background_subagents(&prev_state);
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
         loop {
@@ -149,6 +151,7 @@ impl RunState {
                 mode: tool_ctx.mode,
                 touched: &touched,
                 child: self.run.child.as_ref(),
+                background: &background,
             });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
@@ -509,6 +512,17 @@ impl RunState {
         summary: Option<(String, state::BlobId)>,
     ) -> Result<(), RunError> {
         let user_wire = user_message_wire(&self.run.first_wire, &user);
+        let now_ms = u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp() * 1000)
+            .unwrap_or_default();
+        let mut subagent_record = prev.state.clone();
+        state::record_subagents(
+            &mut subagent_record,
+            steps.iter().filter_map(|s| match s {
+                StepRecord::ToolCall { tool_call, .. } => Some(tool_call),
+                _ => None,
+            }),
+            now_ms,
+        );
         let record = TurnRecord {
             user,
             user_wire,
@@ -529,6 +543,9 @@ impl RunState {
             (mode != 0).then_some(mode),
         );
         checkpoint.keep_unchanged_todos(todos, prev.todos);
+        checkpoint.state.subagent_runs_by_parent_tool_call_id =
+            subagent_record.subagent_runs_by_parent_tool_call_id;
+        checkpoint.state.subagent_states = subagent_record.subagent_states;
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
