@@ -103,7 +103,11 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
-            subagents: self.subagent_options(&req, request_context.as_ref()),
+            subagents: self.subagent_options(
+                &req,
+                request_context.as_ref(),
+                input.user.selected_context.clone(),
+            ),
             readonly: self.run.child.as_ref().is_some_and(|c| c.readonly),
             allowed_tools: self
                 .run
@@ -762,6 +766,7 @@ impl RunState {
         &self,
         req: &pb::AgentRunRequest,
         ctx: Option<&pb::RequestContext>,
+        selected_context: Option<pb::SelectedContext>,
     ) -> tools::SubagentOptions {
         let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
         tools::SubagentOptions {
@@ -778,6 +783,7 @@ impl RunState {
                 .filter(|m| !m.is_empty())
                 .collect(),
             parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
+            selected_context,
         }
     }
 

@@ -28,6 +28,8 @@ pub struct SubagentOptions {
     /// `run_request.selected_subagent_models`, by model id.
     pub selected_models: Vec<String>,
     pub parent_conversation_id: String,
+    /// What the user attached to the turn, passed on so the child sees it too.
+    pub selected_context: Option<pb::SelectedContext>,
 }
 
 /// A built-in kind: its name, its proto kind, and whether it only looks.
@@ -88,6 +90,7 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         parent_conversation_id: Some(o.parent_conversation_id.clone()).filter(|c| !c.is_empty()),
         mode: mode as i32,
         environment: pb::SubagentExecutionEnvironment::Local as i32,
+        selected_context: o.selected_context.clone(),
         ..Default::default()
     };
     let task = pb::TaskArgs {

@@ -740,6 +740,7 @@ fn task_ctx() -> ToolContext {
             }],
             selected_models: Vec::new(),
             parent_conversation_id: "conv-p".into(),
+            selected_context: Some(pb::SelectedContext::default()),
         },
         ..ctx()
     }
@@ -771,6 +772,10 @@ fn task_sends_subagent_args_with_the_kinds_model_and_readonly_flag() {
     assert!(a.readonly, "explore only looks");
     assert_eq!(a.parent_conversation_id.as_deref(), Some("conv-p"));
     assert_eq!(a.run_in_background, Some(false));
+    assert!(
+        a.selected_context.is_some(),
+        "the turn's attachments go along"
+    );
     assert!(matches!(
         explore.tool_call().tool,
         Some(pb::tool_call::Tool::TaskToolCall(_))
