@@ -556,6 +556,15 @@ fn messages(provider: &FakeProvider, n: usize) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The result the provider's `n`th request carries for tool call `id` (empty when none).
+fn tool_result(provider: &FakeProvider, n: usize, id: &str) -> String {
+    messages(provider, n)
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+        .map(content_text)
+        .unwrap_or_default()
+}
+
 fn content_text(m: &Value) -> String {
     match &m["content"] {
         Value::String(s) => s.clone(),
@@ -1048,11 +1057,7 @@ async fn mcp_server_from_the_sdk() {
         );
         let reqs = h.provider.requests();
         assert_eq!(reqs.len(), 2, "{}", run.dump());
-        let result = messages(&h.provider, 1)
-            .iter()
-            .find(|m| m["role"] == "tool" && m["tool_call_id"] == "call_mcp")
-            .map(content_text)
-            .unwrap_or_default();
+        let result = tool_result(&h.provider, 1, "call_mcp");
         assert!(
             result.contains("The secret word for birds is pelican."),
             "the MCP answer reaches the model: {result:?}\n{}",
@@ -1312,11 +1317,7 @@ async fn subagent_task() {
             .unwrap_or_default();
         assert!(child_user.contains("Find the marker word"), "{child_user}");
         // The child's answer is the parent's tool result.
-        let result = messages(&h.provider, 2)
-            .iter()
-            .find(|m| m["role"] == "tool" && m["tool_call_id"] == "call_task")
-            .map(content_text)
-            .unwrap_or_default();
+        let result = tool_result(&h.provider, 2, "call_task");
         assert!(
             result.contains("The marker is ZEBRA-7."),
             "{result}\n{}",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_cursor::FakeCursor;
-use common::fake_provider::{After, FakeProvider, Reply};
+use common::fake_provider::{text_sse, tool_results, tool_sse, After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
 use cursor_byok::config::Config;
 use cursor_byok::connect::EndStream;
@@ -83,26 +83,6 @@ fn child_request(a: &pb::SubagentArgs, n: usize) -> pb::AgentRunRequest {
         action: Some(user_action(&a.prompt)),
         ..Default::default()
     }
-}
-
-fn tool_sse(calls: &[(&str, &str, &str)]) -> String {
-    let mut s = String::new();
-    for (i, (id, name, args)) in calls.iter().enumerate() {
-        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
-        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
-        s += &format!("data: {start}\n\ndata: {body}\n\n");
-    }
-    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
-    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
-    s
-}
-
-fn text_sse(text: &str) -> String {
-    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
-    format!(
-        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
-         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
-    )
 }
 
 fn text_of(messages: &[pb::AgentServerMessage]) -> String {
@@ -353,16 +333,6 @@ fn tool_names(req: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn tool_results(req: &serde_json::Value) -> Vec<String> {
-    req["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
 #[tokio::test]
 async fn a_subagent_runs_as_a_recognised_restricted_child_and_its_answer_is_the_tool_result() {
     let call = r#"{"description":"find the answer","prompt":"Find where the answer is kept.","subagent_type":"explore"}"#;
@@ -408,7 +378,7 @@ async fn a_subagent_runs_as_a_recognised_restricted_child_and_its_answer_is_the_
     assert!(tool_names(&parent.requests()[0].json()).contains(&"task".to_string()));
 
     // The child's final message is the parent's tool result; the UI got the typed task call.
-    let results = tool_results(&parent.requests()[1].json());
+    let results = tool_results(&parent, 1);
     assert!(
         results[0].contains("The answer is 42, in src/answer.rs."),
         "{results:?}"
@@ -448,22 +418,25 @@ async fn two_subagents(max_parallel: u32) -> (Vec<Seen>, Vec<String>) {
     let (_, seen, end) = drive_parent(&agent, &mut run).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert_eq!(child.requests().len(), 2);
-    (seen, tool_results(&parent.requests()[1].json()))
+    (seen, tool_results(&parent, 1))
 }
 
-#[tokio::test]
-async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
-    let (seen, results) = two_subagents(4).await;
-    let kinds: Vec<&str> = seen
-        .iter()
+fn kinds(seen: &[Seen]) -> Vec<&'static str> {
+    seen.iter()
         .map(|s| match s {
             Seen::SubagentArgs(_) => "args",
             Seen::Completed(_) => "done",
             Seen::ForceBackground(_) => "force",
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test]
+async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
+    let (seen, results) = two_subagents(4).await;
+    let order = kinds(&seen);
     assert_eq!(
-        kinds,
+        order,
         ["args", "args", "done", "done"],
         "both started before either ended"
     );
@@ -474,16 +447,9 @@ async fn two_subagents_of_one_turn_run_side_by_side_up_to_the_limit() {
     );
 
     let (seen, _) = two_subagents(1).await;
-    let kinds: Vec<&str> = seen
-        .iter()
-        .map(|s| match s {
-            Seen::SubagentArgs(_) => "args",
-            Seen::Completed(_) => "done",
-            Seen::ForceBackground(_) => "force",
-        })
-        .collect();
+    let order = kinds(&seen);
     assert_eq!(
-        kinds,
+        order,
         ["args", "done", "args", "done"],
         "one at a time with a limit of 1"
     );
@@ -512,12 +478,12 @@ async fn a_background_subagent_returns_its_id_at_once_and_await_brings_its_answe
         panic!("{seen:?}")
     };
     assert_eq!(a.run_in_background, Some(true));
-    let first = tool_results(&parent.requests()[1].json());
+    let first = tool_results(&parent, 1);
     assert!(
         first[0].contains("agent-1") && first[0].contains("running in the background"),
         "{first:?}"
     );
-    let awaited = tool_results(&parent.requests()[2].json());
+    let awaited = tool_results(&parent, 2);
     assert!(awaited[1].contains("Tests: 12 files."), "{awaited:?}");
 }
 
@@ -553,7 +519,7 @@ async fn with_a_stuck_child(
     });
     let (_, seen, end) = drive_parent(&agent, &mut run).await;
     assert!(end.error.is_none(), "{:?}", end.error);
-    let results = tool_results(&parent.requests()[1].json());
+    let results = tool_results(&parent, 1);
     (seen, results, child)
 }
 

@@ -102,8 +102,14 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         mode: mode as i32,
         ..Default::default()
     };
-    Ok(ToolPlan::Exec {
-        exec: ExecArgs::SubagentArgs(args),
+    Ok(task_exec(call_id, ExecArgs::SubagentArgs(args), task))
+}
+
+/// An exec shown as the task call `task`. Subagents of one turn run side by side (up to
+/// `agent.max_parallel_subagents`), so it counts as a read.
+fn task_exec(call_id: &str, exec: ExecArgs, task: pb::TaskArgs) -> ToolPlan {
+    ToolPlan::Exec {
+        exec,
         tool_call: wrap(
             call_id,
             Tool::TaskToolCall(pb::TaskToolCall {
@@ -111,9 +117,8 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
                 ..Default::default()
             }),
         ),
-        // Subagents of one turn run side by side (up to `agent.max_parallel_subagents`).
         access: Access::Read,
-    })
+    }
 }
 
 /// Waits the await tool allows, in seconds.
@@ -139,17 +144,7 @@ pub(crate) fn plan_await(call_id: &str, a: &Args) -> Result<ToolPlan, ToolError>
         description: format!("Waiting for subagent {}", args.agent_id),
         ..Default::default()
     };
-    Ok(ToolPlan::Exec {
-        exec: ExecArgs::SubagentAwaitArgs(args),
-        tool_call: wrap(
-            call_id,
-            Tool::TaskToolCall(pb::TaskToolCall {
-                args: Some(task),
-                ..Default::default()
-            }),
-        ),
-        access: Access::Read,
-    })
+    Ok(task_exec(call_id, ExecArgs::SubagentAwaitArgs(args), task))
 }
 
 fn builtin(kind: &str) -> Option<BuiltinKind> {
