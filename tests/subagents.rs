@@ -73,7 +73,7 @@ fn user_action(text: &str) -> pb::ConversationAction {
 
 /// The run Cursor's client starts for `subagent_args`: a new conversation, the prompt as
 /// the user message, the model in `model_details` only.
-fn child_request(a: &pb::SubagentArgs, n: usize) -> pb::AgentRunRequest {
+fn child_request(a: &pb::SubagentArgs, n: &str) -> pb::AgentRunRequest {
     pb::AgentRunRequest {
         conversation_id: Some(format!("conv-child-{n}")),
         model_details: Some(pb::ModelDetails {
@@ -113,6 +113,15 @@ async fn drive_parent(
     agent: &Agent,
     handle: &mut RunHandle,
 ) -> (Vec<pb::AgentServerMessage>, Vec<Seen>, EndStream) {
+    drive(agent, handle, "").await
+}
+
+/// [`drive_parent`] for a run labelled `label`: its children are `{label}1`, `{label}2`…
+async fn drive(
+    agent: &Agent,
+    handle: &mut RunHandle,
+    label: &str,
+) -> (Vec<pb::AgentServerMessage>, Vec<Seen>, EndStream) {
     let ws = tempfile::tempdir().unwrap();
     let mut client = FakeCursor::new(ws.path());
     let mut messages = Vec::new();
@@ -140,7 +149,8 @@ async fn drive_parent(
                 children += 1;
                 seen.push(Seen::SubagentArgs(a.clone()));
                 let (agent, input) = (agent.clone(), handle.input.clone());
-                let (a, id, exec_id, n) = (a.clone(), *id, exec_id.clone(), children);
+                let (a, id, exec_id) = (a.clone(), *id, exec_id.clone());
+                let n = format!("{label}{children}");
                 let agent_id = format!("agent-{n}");
                 if a.run_in_background == Some(true) {
                     let now = pb::subagent_result::Result::Success(pb::SubagentSuccess {
@@ -151,7 +161,7 @@ async fn drive_parent(
                     for reply in answer(id, &exec_id, subagent_result(now)) {
                         let _ = input.send(Box::new(reply)).await;
                     }
-                    let child = tokio::spawn(async move { run_child(&agent, &a, n).await });
+                    let child = tokio::spawn(run_child(&agent, &a, n));
                     background.insert(agent_id, child);
                     messages.push(*m);
                     continue;
@@ -265,32 +275,22 @@ impl ChildEnd {
 }
 
 /// The child run for `a`, to its end.
-async fn run_child(agent: &Agent, a: &pb::SubagentArgs, n: usize) -> ChildEnd {
-    let mut child = agent.start_run(child_request(a, n), format!("req-child-{n}"));
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = FakeCursor::new(ws.path());
-    let mut messages = Vec::new();
-    let end = loop {
-        match child
-            .output
-            .recv()
-            .await
-            .expect("the child ends with an End")
-        {
-            RunOutput::End(end) => break end,
-            RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
-                for answer in client.respond(&m) {
-                    let _ = child.input.send(Box::new(answer)).await;
-                }
-                messages.push(*m);
-            }
+/// The child run for `a`, to its end; it is driven like its parent, so it may start
+/// subagents of its own.
+fn run_child(agent: &Agent, a: &pb::SubagentArgs, label: String) -> ChildFuture {
+    let (agent, request) = (agent.clone(), child_request(a, &label));
+    Box::pin(async move {
+        let mut child = agent.start_run(request, format!("req-child-{label}"));
+        let (messages, _, end) = drive(&agent, &mut child, &label).await;
+        ChildEnd {
+            text: text_of(&messages),
+            error: end.error.map(|e| e.message),
         }
-    };
-    ChildEnd {
-        text: text_of(&messages),
-        error: end.error.map(|e| e.message),
-    }
+    })
 }
+
+/// Boxed: a child's driver runs children of its own, so the future's type would contain itself.
+type ChildFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ChildEnd> + Send>>;
 
 fn subagent_result(r: pb::subagent_result::Result) -> pb::exec_client_message::Message {
     pb::exec_client_message::Message::SubagentResult(pb::SubagentResult { result: Some(r) })
@@ -601,4 +601,38 @@ async fn the_checkpoint_keeps_background_subagents_and_the_next_turn_is_told_of_
         system.contains("<background_subagents>") && system.contains("- agent-1: survey"),
         "{system}"
     );
+}
+
+#[tokio::test]
+async fn nesting_is_bounded_the_grandchild_gets_no_subagent_tool() {
+    let level1 = r#"{"prompt":"Level one.","subagent_type":"explore"}"#;
+    let level2 = r#"{"prompt":"Level two.","subagent_type":"explore"}"#;
+    let parent = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_1", "task", level1)])),
+        Reply::sse(text_sse("Top done.")),
+    ])
+    .await;
+    // In order: the child's call, the grandchild's answer, the child's answer.
+    let child = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[("call_2", "task", level2)])),
+        Reply::sse(text_sse("Deep answer.")),
+        Reply::sse(text_sse("Middle answer.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Go deep"), "req-deep".into());
+    let (_, _, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let offered = |n: usize| tool_names(&child.requests()[n].json());
+    assert!(
+        offered(0).contains(&"task".to_string()),
+        "depth 1 may delegate"
+    );
+    assert!(
+        !offered(1).contains(&"task".to_string()),
+        "depth 2 may not: {:?}",
+        offered(1)
+    );
+    assert!(tool_results(&child, 2)[0].contains("Deep answer."));
+    assert!(tool_results(&parent, 1)[0].contains("Middle answer."));
 }
