@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_cursor::FakeCursor;
-use common::fake_provider::{After, FakeProvider, Reply};
+use common::fake_provider::{text_sse, tool_results, tool_sse, After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
 use cursor_byok::config::Config;
 use cursor_byok::connect::{Code, EndStream};
@@ -353,26 +353,6 @@ async fn an_unconfigured_model_ends_with_a_clear_error() {
 // ---- Issue 6: tools, blobs and checkpoints, multi-turn ----
 
 /// A Chat Completions stream asking for `calls` (id, name, JSON arguments).
-fn tool_sse(calls: &[(&str, &str, &str)]) -> String {
-    let mut s = String::new();
-    for (i, (id, name, args)) in calls.iter().enumerate() {
-        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
-        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
-        s += &format!("data: {start}\n\ndata: {body}\n\n");
-    }
-    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
-    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
-    s
-}
-
-fn text_sse(text: &str) -> String {
-    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
-    format!(
-        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
-         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
-    )
-}
-
 fn tool_events(messages: &[pb::AgentServerMessage]) -> Vec<(&'static str, String)> {
     updates(messages)
         .into_iter()
@@ -381,17 +361,6 @@ fn tool_events(messages: &[pb::AgentServerMessage]) -> Vec<(&'static str, String
             Update::ToolCallCompleted(t) => Some(("completed", t.call_id.clone())),
             _ => None,
         })
-        .collect()
-}
-
-/// The tool results the provider received in its `n`-th request (Chat `tool` messages).
-fn tool_results(provider: &FakeProvider, n: usize) -> Vec<String> {
-    provider.requests()[n].json()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
         .collect()
 }
 

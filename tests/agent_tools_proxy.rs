@@ -15,7 +15,7 @@ use common::agent_client::{
     cancel, frame, run_request, text_of, updates, Bidi, Door, H2Run, Received, ServerStream,
 };
 use common::fake_cursor::FakeCursor;
-use common::fake_provider::Reply;
+use common::fake_provider::{self, Reply};
 use cursor_byok::config::Config;
 use cursor_byok::connect::{Code, EndStream};
 use cursor_byok::proto::agent::v1 as pb;
@@ -79,23 +79,11 @@ impl ToolsHarness for Harness {
 
 /// A Chat Completions stream asking for `calls` (id, name, JSON arguments).
 fn tool_sse(calls: &[(&str, &str, &str)]) -> Reply {
-    let mut s = String::new();
-    for (i, (id, name, args)) in calls.iter().enumerate() {
-        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
-        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
-        s += &format!("data: {start}\n\ndata: {body}\n\n");
-    }
-    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
-    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
-    Reply::sse(s)
+    Reply::sse(fake_provider::tool_sse(calls))
 }
 
 fn text_sse(text: &str) -> Reply {
-    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
-    Reply::sse(format!(
-        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
-         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
-    ))
+    Reply::sse(fake_provider::text_sse(text))
 }
 
 // ---- the client side: Cursor over one of the two transports ----

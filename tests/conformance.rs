@@ -579,6 +579,15 @@ fn messages(provider: &FakeProvider, n: usize) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The result the provider's `n`th request carries for tool call `id` (empty when none).
+fn tool_result(provider: &FakeProvider, n: usize, id: &str) -> String {
+    messages(provider, n)
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+        .map(content_text)
+        .unwrap_or_default()
+}
+
 fn content_text(m: &Value) -> String {
     match &m["content"] {
         Value::String(s) => s.clone(),
@@ -1224,11 +1233,7 @@ async fn mcp_server_from_the_sdk() {
         );
         let reqs = h.provider.requests();
         assert_eq!(reqs.len(), 2, "{}", run.dump());
-        let result = messages(&h.provider, 1)
-            .iter()
-            .find(|m| m["role"] == "tool" && m["tool_call_id"] == "call_mcp")
-            .map(content_text)
-            .unwrap_or_default();
+        let result = tool_result(&h.provider, 1, "call_mcp");
         assert!(
             result.contains("The secret word for birds is pelican."),
             "the MCP answer reaches the model: {result:?}\n{}",
@@ -1432,6 +1437,79 @@ async fn plan_mode_then_agent_mode() {
             m["role"] == "assistant" && content_text(m).contains("PLAN: 1. write hello.txt")
         });
         assert!(carried, "{:?}", messages(&h.provider, 1));
+    })
+    .await;
+}
+
+/// 12. A subagent: the model calls `task`; the SDK starts the child as a run of its own
+/// through the proxy, which recognises it and runs it read-only (an explore subagent) on the
+/// same fake provider; the child's answer is the parent's tool result, quoted in its answer.
+/// The SDK's `agents` option reaches the prompt as a custom subagent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subagent_task() {
+    on_every_transport("subagent_task", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_task",
+                "task",
+                json!({"description": "find the marker", "subagent_type": "explore",
+                       "prompt": "Find the marker word in marker.txt and report it."}),
+            )),
+            Reply::sse(text_reply(&["The marker is ", "ZEBRA-7."], (300, 5, 0))),
+            Reply::sse(text_reply(
+                &["The subagent found: ", "ZEBRA-7."],
+                (500, 5, 0),
+            )),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        std::fs::write(h.file("marker.txt"), "ZEBRA-7\n").unwrap();
+        let agents = json!({"reviewer": {"description": "Reviews diffs for bugs",
+                                         "prompt": "Review carefully.", "model": "inherit"}});
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Use a subagent to find the marker.",
+                       "agents": agents}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        assert_eq!(run.text(), "The subagent found: ZEBRA-7.", "{}", run.dump());
+        let reqs = h.provider.requests();
+        assert_eq!(reqs.len(), 3, "parent, child, parent\n{}", run.dump());
+        // The parent was offered the tool; the child ran read-only, told it is a subagent.
+        assert!(offered_tools(&h.provider, 0).contains(&"task".to_string()));
+        let child = offered_tools(&h.provider, 1);
+        assert!(child.contains(&"read_file".to_string()), "{child:?}");
+        for gone in ["write", "search_replace", "delete_file", "run_terminal_cmd"] {
+            assert!(!child.contains(&gone.to_string()), "{gone}: {child:?}");
+        }
+        let child_system = content_text(&messages(&h.provider, 1)[0]);
+        assert!(child_system.contains("<subagent>"), "{child_system}");
+        let child_user = messages(&h.provider, 1)
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(content_text)
+            .unwrap_or_default();
+        assert!(child_user.contains("Find the marker word"), "{child_user}");
+        // The child's answer is the parent's tool result.
+        let result = tool_result(&h.provider, 2, "call_task");
+        assert!(
+            result.contains("The marker is ZEBRA-7."),
+            "{result}\n{}",
+            run.dump()
+        );
+        let parent_system = content_text(&messages(&h.provider, 0)[0]);
+        assert!(
+            parent_system.contains("reviewer: Reviews diffs for bugs"),
+            "the SDK's agents arrive as custom subagents\n{parent_system}"
+        );
+        let started = run.updates("tool-call-started");
+        assert!(
+            started.iter().any(|u| u["toolCall"]["type"] == "task"),
+            "{}",
+            run.dump()
+        );
     })
     .await;
 }

@@ -103,6 +103,10 @@ fn all_tools() -> Vec<ToolSpec> {
         web_fetch: true,
         mode: pb::AgentMode::Agent as i32,
         command_denylist: Vec::new(),
+        subagents: cursor_byok::agent::tools::SubagentOptions {
+            enabled: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut tools = catalog(&ctx);

@@ -12,6 +12,7 @@ pub mod model;
 mod prompt;
 mod run;
 pub mod state;
+pub mod subagents;
 pub mod tools;
 pub mod transport;
 
@@ -182,6 +183,8 @@ struct Inner {
     status: Status,
     /// Fallback targets' cool-downs and conversations' targets, across runs.
     health: fallback::Health,
+    /// Subagent calls waiting for their child runs, across runs.
+    subagents: subagents::Registry,
 }
 
 impl Agent {
@@ -210,6 +213,7 @@ impl Agent {
                 providers,
                 status,
                 health: fallback::Health::default(),
+                subagents: subagents::Registry::default(),
             }),
         })
     }
@@ -310,6 +314,7 @@ impl Agent {
             RunError::Internal(format!("model `{id}` is not configured in cursor-byok"))
         })?;
         let chain = self.chain(&model, first.conversation_id.clone())?;
+        let child = self.child_of(first, id);
         Ok(run::Run {
             request_id,
             model,
@@ -321,10 +326,49 @@ impl Agent {
                 max_history_bytes: config.limits.max_history_bytes,
                 shell_block_ms: u32::try_from(config.agent.shell_block_secs.saturating_mul(1000))
                     .unwrap_or(u32::MAX),
+                max_parallel_subagents: config.agent.max_parallel_subagents.max(1),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),
             secrets: Default::default(),
+            subagents: self.inner.subagents.clone(),
+            child,
+        })
+    }
+
+    /// Is this run the child of a subagent call of ours? Its user message and model match an
+    /// outstanding `subagent_args`; a run that only names its kind gets that kind's limits.
+    fn child_of(&self, first: &pb::AgentRunRequest, model_id: &str) -> Option<subagents::Child> {
+        use pb::conversation_action::Action;
+        let prompt = match first.action.as_ref().and_then(|a| a.action.as_ref()) {
+            Some(Action::UserMessageAction(a)) => a.user_message.as_ref().map(|u| u.text.as_str()),
+            _ => None,
+        };
+        let conversation = first.conversation_id.clone().unwrap_or_default();
+        let claimed = prompt
+            .and_then(|p| self.inner.subagents.claim(p, model_id))
+            .map(|c| subagents::Child {
+                conversation_id: conversation.clone(),
+                ..c
+            });
+        if let Some(c) = &claimed {
+            tracing::info!(
+                parent_call = %c.parent_tool_call_id,
+                kind = %c.kind,
+                depth = c.depth,
+                conversation = %conversation,
+                "run is a subagent of an earlier call"
+            );
+        }
+        claimed.or_else(|| {
+            first
+                .subagent_type_name
+                .as_deref()
+                .filter(|k| !k.is_empty())
+                .map(|k| subagents::Child {
+                    conversation_id: conversation,
+                    ..subagents::Child::of_kind(k)
+                })
         })
     }
 }

@@ -31,6 +31,10 @@ pub struct PromptInputs<'a> {
     /// Workspace-relative paths attached, read or edited so far (see
     /// [`context::touched_paths`]): they bring file-globbed rules in.
     pub touched: &'a [String],
+    /// When the run is a subagent: what kind, and its own instructions.
+    pub child: Option<&'a crate::agent::subagents::Child>,
+    /// Subagents an earlier turn left running in the background: (id, title).
+    pub background: &'a [(String, String)],
 }
 
 pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
@@ -46,6 +50,9 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
         _ => IDENTITY.to_string(),
     };
     s.push_str(TOOL_USE);
+    if let Some(child) = inputs.child {
+        subagent_role(&mut s, child);
+    }
     let mode = inputs.mode;
     if mode == pb::AgentMode::Ask as i32 {
         s.push_str("The user is in Ask mode: answer and explain; do not change files.\n");
@@ -80,6 +87,13 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
             rules::write_bodies(&mut s, globbed.into_iter());
             s.push_str("</rules>\n");
         }
+    }
+    if !inputs.background.is_empty() {
+        s.push_str("\n<background_subagents>\nSubagents started earlier that were still running in the background (use await_subagent to get their results):\n");
+        for (id, title) in inputs.background {
+            let _ = writeln!(s, "- {id}: {title}");
+        }
+        s.push_str("</background_subagents>\n");
     }
     s
 }
@@ -143,6 +157,22 @@ fn layout_lines(out: &mut String, node: &pb::LsDirectoryTreeNode, depth: usize) 
     for f in &node.children_files {
         let _ = writeln!(out, "{indent}  {}", f.name);
     }
+}
+
+/// A subagent is told it works for another agent, which reads only its final message.
+fn subagent_role(s: &mut String, child: &crate::agent::subagents::Child) {
+    let _ = writeln!(
+        s,
+        "\n<subagent>\nYou are a `{}` subagent: another agent gave you the task in the user message. Work on it on your own (nobody answers questions), then end with one final message that reports what you found or did; that message is all the other agent sees.",
+        child.kind
+    );
+    if child.readonly {
+        s.push_str("You are read-only: look, do not change files or run commands.\n");
+    }
+    if !child.instructions.is_empty() {
+        let _ = writeln!(s, "{}", child.instructions);
+    }
+    s.push_str("</subagent>\n");
 }
 
 fn subagents(s: &mut String, ctx: &pb::RequestContext) {

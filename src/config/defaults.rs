@@ -67,6 +67,10 @@ pub(super) fn max_tool_rounds() -> u32 {
     50
 }
 
+pub(super) fn max_parallel_subagents() -> u32 {
+    4
+}
+
 pub(super) fn heartbeat_secs() -> u64 {
     5
 }

@@ -190,6 +190,9 @@ pub struct AgentConfig {
     /// running there; the model is told where its output goes).
     #[serde(default = "defaults::shell_block_secs")]
     pub shell_block_secs: u64,
+    /// Subagent calls of one model turn that run at the same time; the rest wait their turn.
+    #[serde(default = "defaults::max_parallel_subagents")]
+    pub max_parallel_subagents: u32,
 }
 
 impl Default for AgentConfig {
@@ -201,6 +204,7 @@ impl Default for AgentConfig {
             provider_idle_timeout_secs: defaults::provider_idle_secs(),
             provider_max_retries: defaults::provider_retries(),
             shell_block_secs: defaults::shell_block_secs(),
+            max_parallel_subagents: defaults::max_parallel_subagents(),
         }
     }
 }

@@ -359,3 +359,39 @@ pub fn wire_body(path: &Path) -> Vec<u8> {
         f => frame_jsonl(&String::from_utf8(raw).expect("fixture is UTF-8"), f),
     }
 }
+
+/// An OpenAI Chat stream that calls `calls` (id, name, JSON arguments), then usage.
+#[allow(dead_code)]
+pub fn tool_sse(calls: &[(&str, &str, &str)]) -> String {
+    let mut s = String::new();
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let start = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":id,"type":"function","function":{"name":name,"arguments":""}}]}}]});
+        let body = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"function":{"arguments":args}}]}}]});
+        s += &format!("data: {start}\n\ndata: {body}\n\n");
+    }
+    s += "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
+    s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n";
+    s
+}
+
+/// An OpenAI Chat stream answering `text`, then usage.
+#[allow(dead_code)]
+pub fn text_sse(text: &str) -> String {
+    let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
+    format!(
+        "data: {delta}\n\ndata: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n\
+         data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":80,\"completion_tokens\":5}}}}\n\ndata: [DONE]\n\n"
+    )
+}
+
+/// The tool results the provider received in its `n`-th request (Chat `tool` messages).
+#[allow(dead_code)]
+pub fn tool_results(provider: &FakeProvider, n: usize) -> Vec<String> {
+    provider.requests()[n].json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}

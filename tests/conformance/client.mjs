@@ -15,6 +15,7 @@
 //   settingSources optional: the SDK's `local.settingSources` (default [], no workspace rules)
 //   mcpServers  optional: the SDK's `mcpServers` option (e.g. a stdio server)
 //   systemPrompt optional: the SDK's `systemPrompt` option
+//   agents      optional: the SDK's `agents` option (custom subagents)
 //   sendMode    optional: the conversation mode of this send ("agent" | "plan")
 //   steerOn     optional: an update type ("tool-call-started"): at the first one, `run.steer`
 //               with `steerText`; prints {"ev":"steer","outcome":…}
@@ -226,6 +227,7 @@ async function main() {
   };
   if (opts.mcpServers) agentOptions.mcpServers = opts.mcpServers;
   if (opts.systemPrompt) agentOptions.systemPrompt = opts.systemPrompt;
+  if (opts.agents) agentOptions.agents = opts.agents;
   const agent =
     opts.mode === "resume"
       ? await Agent.resume(opts.agentId, agentOptions)

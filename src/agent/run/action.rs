@@ -15,6 +15,11 @@ pub(super) enum Begin {
     /// A command the user ran from the chat: run it through the client (under the client's
     /// `exec_id` when it gave one), record it; no model turn.
     Shell { command: String, exec_id: String },
+    /// Stop a subagent (by its id); no model turn.
+    CancelSubagent { id: String },
+    /// Move a subagent call to the background: nothing runs in the foreground of a run that
+    /// starts with it, so there is nothing to move; no model turn.
+    BackgroundSubagent { call: String },
 }
 
 /// Where a Build's plan text comes from when the action does not carry it.
@@ -152,9 +157,12 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
             ),
             ..Default::default()
         }),
-        Action::CancelSubagentAction(_) | Action::BackgroundSubagentAction(_) => {
-            Err(RunError::Unsupported(branch_name(action).to_string()))
-        }
+        Action::CancelSubagentAction(a) => Ok(Begin::CancelSubagent {
+            id: a.subagent_id.clone(),
+        }),
+        Action::BackgroundSubagentAction(a) => Ok(Begin::BackgroundSubagent {
+            call: a.tool_call_id.clone(),
+        }),
     }
 }
 
@@ -295,16 +303,19 @@ mod tests {
     }
 
     #[test]
-    fn cloud_only_branches_are_named_errors() {
-        let e = begin(&req(Action::BackgroundSubagentAction(Default::default())))
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("background_subagent_action"), "{e}");
-        assert_eq!(e.code(), crate::connect::Code::Unimplemented);
+    fn background_actions_that_cannot_start_a_run_say_so() {
         let e = begin(&req(Action::BackgroundShellAction(Default::default())))
             .err()
             .unwrap();
         assert!(e.to_string().contains("cannot start a run"), "{e}");
+        assert!(matches!(
+            begin(&req(Action::BackgroundSubagentAction(Default::default()))),
+            Ok(Begin::BackgroundSubagent { .. })
+        ));
+        assert!(matches!(
+            begin(&req(Action::CancelSubagentAction(Default::default()))),
+            Ok(Begin::CancelSubagent { .. })
+        ));
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct RunSettings {
     pub max_history_bytes: usize,
     /// How long a foreground command blocks before it moves to the background (ms).
     pub shell_block_ms: u32,
+    /// Subagent calls of one model turn that run at the same time.
+    pub max_parallel_subagents: u32,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
@@ -71,6 +73,10 @@ enum ClientEvent {
     BackgroundShell(pb::BackgroundShellAction),
     /// Background tasks finished: the model is told.
     Completion(Box<pb::BackgroundTaskCompletionAction>),
+    /// The user stopped a subagent (by its id).
+    CancelSubagent(String),
+    /// The user moved a running subagent call (by its tool call id) to the background.
+    BackgroundSubagent(String),
 }
 
 /// The sending side of a run, shared with the heartbeat and the inbox pump.
@@ -122,6 +128,10 @@ pub(super) struct Run {
     pub first_wire: bytes::Bytes,
     /// The client's secrets in the scrubber, until the run's end frame is out.
     pub secrets: crate::secret::Registration,
+    /// Subagent calls waiting for their child runs (shared by every run).
+    pub subagents: super::subagents::Registry,
+    /// When this run is a subagent: its kind and limits.
+    pub child: Option<super::subagents::Child>,
 }
 
 impl Run {
@@ -167,6 +177,14 @@ impl Run {
         );
 
         let secrets = std::mem::take(&mut self.secrets);
+        // A child run can be canceled by its subagent id while it runs.
+        let registry = self.subagents.clone();
+        let subagent_id = self
+            .child
+            .as_ref()
+            .map(|c| c.conversation_id.clone())
+            .unwrap_or_default();
+        registry.track(&subagent_id, cancel.clone());
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -200,7 +218,9 @@ impl Run {
         let work = tokio::spawn(state.execute(Box::new(first)).instrument(span.clone()));
         tokio::spawn(
             async move {
-                let result = match work.await {
+                let result = work.await;
+                registry.untrack(&subagent_id);
+                let result = match result {
                     Ok(r) => r,
                     Err(e) if e.is_panic() => {
                         warn!("agent run task panicked");
@@ -312,9 +332,15 @@ async fn pump_inbox(
                     Some(Action::BackgroundTaskCompletionAction(c)) => {
                         ClientEvent::Completion(Box::new(c))
                     }
+                    Some(Action::CancelSubagentAction(c)) => {
+                        ClientEvent::CancelSubagent(c.subagent_id)
+                    }
+                    Some(Action::BackgroundSubagentAction(b)) => {
+                        ClientEvent::BackgroundSubagent(b.tool_call_id)
+                    }
                     Some(other) => {
-                        // Only a cancel, steering and background work make sense on a running
-                        // run.
+                        // Only a cancel, steering, background work and subagent actions make
+                        // sense on a running run.
                         warn!(
                             action = action::branch_name(&other),
                             "conversation action on a running run is not acted on"
@@ -653,6 +679,8 @@ impl RunState {
             Some(ClientEvent::Completion(c)) => self.on_completion(&c),
             Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
             Some(ClientEvent::Inject(i)) => self.on_inject(*i).await?,
+            Some(ClientEvent::CancelSubagent(id)) => self.cancel_subagent(&id),
+            Some(ClientEvent::BackgroundSubagent(call)) => self.background_subagent(call).await?,
             Some(ClientEvent::Interaction(r)) => {
                 if let Some(slot) = self.interactions.get_mut(&r.id) {
                     *slot = Some(r);
@@ -715,6 +743,30 @@ impl RunState {
     ) -> Result<ExecOutcome, RunError> {
         let mut outcomes = self.run_execs(vec![(args, stream_to)], what).await?;
         Ok(outcomes.pop().unwrap_or_default())
+    }
+
+    /// Stop the subagent `id`: its child run, when it is one of ours.
+    fn cancel_subagent(&self, id: &str) {
+        if self.run.subagents.cancel(id) {
+            info!(subagent = id, "subagent canceled by the user");
+        } else {
+            warn!(
+                subagent = id,
+                "cancel for a subagent that is not running here (finished, or on another model)"
+            );
+        }
+    }
+
+    /// Ask the client to move the running subagent call `call` to the background; its
+    /// `subagent_result` then comes at once, marked backgrounded. The answer to this exec is
+    /// not waited for.
+    async fn background_subagent(&mut self, call: String) -> Result<(), RunError> {
+        let (id, exec_id) = self.exec.open();
+        self.exec.take(id);
+        let args = pb::exec_server_message::Message::ForceBackgroundSubagentArgs(
+            pb::ForceBackgroundSubagentArgs { tool_call_id: call },
+        );
+        self.out.send(msg::exec(id, exec_id, args)).await
     }
 
     /// The SDK and CLI send no request context: ask the client for it.

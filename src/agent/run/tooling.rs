@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::{cursor_call_id, RunError, RunState};
 use crate::agent::messages as msg;
+use crate::agent::subagents::Child;
 use crate::agent::tools::{self, Access, ToolContext, ToolOutcome, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use crate::provider::ProviderExtra;
@@ -59,10 +60,8 @@ impl RunState {
         let mut k = 0;
         while k < planned.len() {
             let end = if planned[k].1.access() == Access::Read {
-                planned[k..]
-                    .iter()
-                    .position(|(_, p)| p.access() != Access::Read)
-                    .map_or(planned.len(), |n| k + n)
+                let limit = self.run.settings.max_parallel_subagents as usize;
+                read_batch_end(&planned, k, limit)
             } else {
                 k + 1
             };
@@ -116,11 +115,15 @@ impl RunState {
             }
             spans.push(start..execs.len());
         }
+        let children = self.register_subagents(&execs, ctx);
         let mut results = if execs.is_empty() {
             Vec::new()
         } else {
             self.run_execs(execs, "a tool call").await?
         };
+        for call in children {
+            self.run.subagents.forget(&call);
+        }
         let mut out = Vec::with_capacity(batch.len());
         for ((i, plan), span) in batch.into_iter().zip(spans) {
             let outcome = match &plan {
@@ -155,6 +158,27 @@ impl RunState {
             out.push((i, outcome));
         }
         Ok(out)
+    }
+
+    /// Announce the batch's subagent calls, so their child runs are recognised when the
+    /// client starts them. Returns their call ids.
+    fn register_subagents(
+        &self,
+        execs: &[(pb::exec_server_message::Message, Option<String>)],
+        ctx: &ToolContext,
+    ) -> Vec<String> {
+        let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
+        execs
+            .iter()
+            .filter_map(|(e, _)| match e {
+                pb::exec_server_message::Message::SubagentArgs(a) => {
+                    let child = Child::for_call(a, &ctx.subagents.custom, depth);
+                    self.run.subagents.register(a, child);
+                    Some(a.tool_call_id.clone())
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Search-and-replace: read through the client, apply, write the whole text back.
@@ -203,6 +227,34 @@ impl RunState {
         }
         Ok(tools::finish_interaction(ctx, plan, &response))
     }
+}
+
+/// Where the concurrent batch of reads starting at `k` ends: at the first call that is not a
+/// read, or before the subagent call past `limit`.
+fn read_batch_end(planned: &[(usize, ToolPlan)], k: usize, limit: usize) -> usize {
+    let mut subagents = 0;
+    for (n, (_, p)) in planned.iter().enumerate().skip(k) {
+        if p.access() != Access::Read {
+            return n;
+        }
+        if is_subagent(p) {
+            subagents += 1;
+            if subagents > limit.max(1) {
+                return n;
+            }
+        }
+    }
+    planned.len()
+}
+
+fn is_subagent(plan: &ToolPlan) -> bool {
+    matches!(
+        plan,
+        ToolPlan::Exec {
+            exec: pb::exec_server_message::Message::SubagentArgs(_),
+            ..
+        }
+    )
 }
 
 fn is_shell(plan: &ToolPlan) -> bool {

@@ -47,6 +47,19 @@ impl RunState {
                 self.steer_to_next_turn();
                 self.shell_command(&req, command, exec_id).await
             }
+            Begin::CancelSubagent { id } => {
+                self.steer_to_next_turn();
+                self.cancel_subagent(&id);
+                self.out.send(msg::turn_ended(&self.usage)).await
+            }
+            Begin::BackgroundSubagent { call } => {
+                self.steer_to_next_turn();
+                debug!(
+                    call,
+                    "no subagent call runs in the foreground of this run: nothing to move"
+                );
+                self.out.send(msg::turn_ended(&self.usage)).await
+            }
         }
     }
 
@@ -108,6 +121,18 @@ impl RunState {
                 .unwrap_or_default(),
             terminals_folder: terminals_folder(request_context.as_ref()),
             shell_block_ms: Some(self.run.settings.shell_block_ms),
+            subagents: self.subagent_options(
+                &req,
+                request_context.as_ref(),
+                input.user.selected_context.clone(),
+            ),
+            readonly: self.run.child.as_ref().is_some_and(|c| c.readonly),
+            allowed_tools: self
+                .run
+                .child
+                .as_ref()
+                .map(|c| c.tools.clone())
+                .filter(|t| !t.is_empty()),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone();
@@ -138,6 +163,8 @@ impl RunState {
             todos: &known_todos,
         };
         let summary = self.compact_if_needed(&mut messages, &history).await?;
+        // Subagents an earlier turn left in the background: the model may wait for them.
+        let background = state::background_subagents(&prev_state);
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
         loop {
@@ -151,6 +178,8 @@ impl RunState {
                 spec: req.system_prompt_spec.as_ref(),
                 mode: tool_ctx.mode,
                 touched: &touched,
+                child: self.run.child.as_ref(),
+                background: &background,
             });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
@@ -474,6 +503,7 @@ impl RunState {
                 .unwrap_or_default(),
             terminals_folder: terminals_folder(request_context.as_ref()),
             shell_block_ms: Some(self.run.settings.shell_block_ms),
+            ..Default::default()
         };
         let call: Call = (
             "user_shell".into(),
@@ -530,6 +560,17 @@ impl RunState {
         summary: Option<(String, state::BlobId)>,
     ) -> Result<(), RunError> {
         let user_wire = user_message_wire(&self.run.first_wire, &user);
+        let now_ms = u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp() * 1000)
+            .unwrap_or_default();
+        let mut subagent_record = prev.state.clone();
+        state::record_subagents(
+            &mut subagent_record,
+            steps.iter().filter_map(|s| match s {
+                StepRecord::ToolCall { tool_call, .. } => Some(tool_call),
+                _ => None,
+            }),
+            now_ms,
+        );
         let record = TurnRecord {
             user,
             user_wire,
@@ -550,6 +591,9 @@ impl RunState {
             (mode != 0).then_some(mode),
         );
         checkpoint.keep_unchanged_todos(todos, prev.todos);
+        checkpoint.state.subagent_runs_by_parent_tool_call_id =
+            subagent_record.subagent_runs_by_parent_tool_call_id;
+        checkpoint.state.subagent_states = subagent_record.subagent_states;
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
@@ -798,6 +842,32 @@ fn record_interrupted(
 }
 
 impl RunState {
+    /// What the subagent tool needs: offered below the nesting bound.
+    fn subagent_options(
+        &self,
+        req: &pb::AgentRunRequest,
+        ctx: Option<&pb::RequestContext>,
+        selected_context: Option<pb::SelectedContext>,
+    ) -> tools::SubagentOptions {
+        let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
+        tools::SubagentOptions {
+            enabled: depth < crate::agent::subagents::MAX_DEPTH,
+            custom: ctx.map(|c| c.custom_subagents.clone()).unwrap_or_default(),
+            parent_model_id: crate::agent::model::requested_model_id(req)
+                .unwrap_or_default()
+                .to_string(),
+            overrides: req.subagent_model_overrides.clone(),
+            selected_models: req
+                .selected_subagent_models
+                .iter()
+                .map(|m| m.model_id.clone())
+                .filter(|m| !m.is_empty())
+                .collect(),
+            parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
+            selected_context,
+        }
+    }
+
     /// Read a plan file through the client (a Build that names only the file).
     async fn read_plan(&mut self, path: &str) -> Result<String, RunError> {
         use pb::exec_client_message::Message as R;

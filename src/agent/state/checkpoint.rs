@@ -18,9 +18,10 @@ use super::replay::{self, SummaryReplay};
 use crate::proto::agent::v1 as pb;
 
 /// `ConversationStateStructure` fields a BYOK turn writes: todos (3), token_details (5),
-/// summary (6), turns (8), mode (10), plans (20, a Build registers its plan). Every other field
-/// is Cursor's and passes through.
-pub const OWNED_FIELDS: &[u32] = &[3, 5, 6, 8, 10, 20];
+/// summary (6), turns (8), mode (10), subagent_states (16), plans (20, a Build registers its
+/// plan), subagent_runs_by_parent_tool_call_id (30). Every other field is Cursor's and passes
+/// through.
+pub const OWNED_FIELDS: &[u32] = &[3, 5, 6, 8, 10, 16, 20, 30];
 
 /// A new checkpoint and the blobs it references that must be set (and acked) first, beyond the
 /// turn's own blobs.

@@ -36,9 +36,11 @@ pub(crate) enum Builtin {
     AskQuestion,
     SwitchMode,
     CreatePlan,
+    Task,
+    AwaitSubagent,
 }
 
-pub(crate) const ALL: [Builtin; 15] = [
+pub(crate) const ALL: [Builtin; 17] = [
     Builtin::ReadFile,
     Builtin::ListDir,
     Builtin::GlobFileSearch,
@@ -54,6 +56,8 @@ pub(crate) const ALL: [Builtin; 15] = [
     Builtin::AskQuestion,
     Builtin::SwitchMode,
     Builtin::CreatePlan,
+    Builtin::Task,
+    Builtin::AwaitSubagent,
 ];
 
 impl Builtin {
@@ -74,6 +78,8 @@ impl Builtin {
             Builtin::AskQuestion => "ask_question",
             Builtin::SwitchMode => "switch_mode",
             Builtin::CreatePlan => "create_plan",
+            Builtin::Task => "task",
+            Builtin::AwaitSubagent => "await_subagent",
         }
     }
 
@@ -108,6 +114,12 @@ impl Builtin {
             }
             "switchmode" => Builtin::SwitchMode,
             "createplan" => Builtin::CreatePlan,
+            "task" | "subagent" | "runsubagent" | "delegate" | "spawnagent" | "agent" => {
+                Builtin::Task
+            }
+            "awaitsubagent" | "waitsubagent" | "subagentawait" | "waitforsubagent" => {
+                Builtin::AwaitSubagent
+            }
             _ => return None,
         };
         Some(b)
@@ -127,6 +139,9 @@ impl Builtin {
 
     /// Why this tool cannot be used in this context, or `None` when it can.
     pub(crate) fn unavailable(self, ctx: &ToolContext) -> Option<String> {
+        if let Some(why) = self.restricted(ctx) {
+            return Some(why);
+        }
         let mode = ctx.mode_kind();
         if self.writes() && mode != Mode::Agent {
             return Some(format!(
@@ -139,11 +154,27 @@ impl Builtin {
                 Some("this Cursor client does not support fetching URLs".into())
             }
             Builtin::TodoWrite if mode == Mode::Ask => Some("Ask mode has no todo list".into()),
+            Builtin::Task | Builtin::AwaitSubagent if !ctx.subagents.enabled => {
+                Some("subagents cannot start further subagents at this depth".into())
+            }
             Builtin::CreatePlan if mode != Mode::Plan => {
                 Some("plans are created in Plan mode; use switch_mode to ask for it".into())
             }
             _ => None,
         }
+    }
+
+    /// Why a subagent run may not use this tool: a read-only kind, or a custom subagent's
+    /// tool list that leaves it out.
+    fn restricted(self, ctx: &ToolContext) -> Option<String> {
+        if ctx.readonly && self.writes() {
+            return Some("this subagent is read-only".into());
+        }
+        let allowed = ctx.allowed_tools.as_ref()?;
+        let listed = allowed
+            .iter()
+            .any(|t| Builtin::from_alias(t) == Some(self) || norm(t) == norm(self.name()));
+        (!listed).then(|| "it is not among this subagent's tools".into())
     }
 
     /// The tool as offered to models: its entry in `catalog.json`.

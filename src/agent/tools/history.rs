@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::text::cap_head;
-use super::{edit, fs, interaction, lints, mcp, search, shell, stdin, todos, web};
+use super::{edit, fs, interaction, lints, mcp, search, shell, stdin, task, todos, web};
 use crate::proto::agent::v1 as pb;
 use pb::tool_call::Tool;
 
@@ -27,6 +27,7 @@ pub(crate) fn render(tc: &pb::ToolCall) -> (String, bool) {
         Some(Tool::AskQuestionToolCall(t)) => interaction::render_ask(t),
         Some(Tool::SwitchModeToolCall(t)) => interaction::render_switch(t),
         Some(Tool::CreatePlanToolCall(t)) => interaction::render_create(t),
+        Some(Tool::TaskToolCall(t)) => task::render(t),
         _ => ("The tool call did not complete.".into(), true),
     }
 }
@@ -57,6 +58,7 @@ pub(crate) fn with_error(tool: Tool, message: &str) -> Tool {
         Tool::CreatePlanToolCall(t) => {
             Tool::CreatePlanToolCall(interaction::create_with_error(t, message))
         }
+        Tool::TaskToolCall(t) => Tool::TaskToolCall(task::with_error(t, message)),
         other => other,
     }
 }
@@ -103,6 +105,7 @@ pub fn history_from_tool_call(tc: &pb::ToolCall) -> Option<(String, Value, Strin
         Tool::AskQuestionToolCall(t) => ("ask_question".into(), interaction::ask_history_args(t)),
         Tool::SwitchModeToolCall(t) => ("switch_mode".into(), interaction::switch_history_args(t)),
         Tool::CreatePlanToolCall(t) => ("create_plan".into(), interaction::create_history_args(t)),
+        Tool::TaskToolCall(t) => task::history(t),
         _ => return None,
     };
     let (text, is_error) = render(tc);

@@ -27,6 +27,7 @@ mod mcp;
 mod search;
 mod shell;
 mod stdin;
+mod task;
 mod text;
 mod todos;
 mod web;
@@ -46,6 +47,7 @@ pub use edit::{EditSpec, EditWrite};
 pub use history::history_from_tool_call;
 pub use mcp::merge_definitions as merge_mcp_tools;
 pub use shell::{result_is_final, shell_delta};
+pub use task::SubagentOptions;
 
 type ExecArgs = pb::exec_server_message::Message;
 type ExecResult = pb::exec_client_message::Message;
@@ -70,6 +72,12 @@ pub struct ToolContext {
     /// How long a foreground command blocks before it moves to the background (ms); `None`:
     /// Cursor's 30 s.
     pub shell_block_ms: Option<u32>,
+    /// What the subagent tool needs; it is offered only when `subagents.enabled`.
+    pub subagents: SubagentOptions,
+    /// A read-only subagent: no writes, deletes or shell commands.
+    pub readonly: bool,
+    /// A custom subagent's tool list (names as it gives them); `None` allows every tool.
+    pub allowed_tools: Option<Vec<String>>,
 }
 
 /// The modes that change the tool list.
@@ -340,9 +348,18 @@ pub fn plan(
                 Builtin::AskQuestion => interaction::plan_ask(call_id, &a),
                 Builtin::SwitchMode => interaction::plan_switch(ctx, call_id, &a),
                 Builtin::CreatePlan => interaction::plan_create(call_id, &a),
+                Builtin::Task => task::plan(ctx, call_id, &a),
+                Builtin::AwaitSubagent => task::plan_await(call_id, &a),
             }
         }
         Target::Mcp(our_name, def) => {
+            if ctx.readonly && !mcp::read_only(def) {
+                return Err(ToolError::NotAvailable {
+                    tool: our_name,
+                    reason: "this subagent is read-only and this MCP tool is not marked read-only"
+                        .into(),
+                });
+            }
             if ctx.mode_kind() != Mode::Agent && !mcp::read_only(def) {
                 return Err(ToolError::NotAvailable {
                     tool: our_name,
@@ -381,6 +398,7 @@ pub fn placeholder(ctx: &ToolContext, call_id: &str, name: &str) -> Option<pb::T
             Builtin::AskQuestion => Tool::AskQuestionToolCall(Default::default()),
             Builtin::SwitchMode => Tool::SwitchModeToolCall(Default::default()),
             Builtin::CreatePlan => Tool::CreatePlanToolCall(Default::default()),
+            Builtin::Task | Builtin::AwaitSubagent => Tool::TaskToolCall(Default::default()),
         },
     };
     Some(wrap(call_id, tool))
@@ -455,6 +473,7 @@ pub fn finish_exec(
         }
         Some(Tool::McpToolCall(t)) => Tool::McpToolCall(mcp::finish(t, results, thrown)),
         Some(Tool::FetchToolCall(t)) => Tool::FetchToolCall(web::finish(t, results, thrown)),
+        Some(Tool::TaskToolCall(t)) => Tool::TaskToolCall(task::finish(t, results, thrown)),
         other => {
             tc.tool = other;
             return error_outcome(

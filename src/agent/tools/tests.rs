@@ -25,6 +25,7 @@ fn ctx() -> ToolContext {
         command_denylist: vec!["rm -rf".into()],
         terminals_folder: Some("/home/u/.cursor/projects/w/terminals".into()),
         shell_block_ms: None,
+        ..Default::default()
     }
 }
 
@@ -927,4 +928,234 @@ fn placeholders_pick_the_tool_kind() {
         Some(pb::tool_call::Tool::McpToolCall(_))
     ));
     assert!(placeholder(&ctx(), "c", "nope").is_none());
+}
+
+fn task_ctx() -> ToolContext {
+    ToolContext {
+        subagents: SubagentOptions {
+            enabled: true,
+            custom: vec![pb::CustomSubagent {
+                name: "reviewer".into(),
+                description: "Reviews diffs".into(),
+                model: "byok-small".into(),
+                ..Default::default()
+            }],
+            parent_model_id: "byok-parent".into(),
+            overrides: vec![pb::SubagentModelOverride {
+                subagent_type: "shell".into(),
+                selection: Some(pb::subagent_model_override::Selection::Model(
+                    pb::RequestedModel {
+                        model_id: "byok-shell".into(),
+                        ..Default::default()
+                    },
+                )),
+            }],
+            selected_models: Vec::new(),
+            parent_conversation_id: "conv-p".into(),
+            selected_context: Some(pb::SelectedContext::default()),
+        },
+        ..ctx()
+    }
+}
+
+fn subagent_args(p: &ToolPlan) -> &pb::SubagentArgs {
+    match exec_of(p) {
+        Exec::SubagentArgs(a) => a,
+        other => panic!("not subagent_args: {other:?}"),
+    }
+}
+
+#[test]
+fn task_sends_subagent_args_with_the_kinds_model_and_readonly_flag() {
+    let c = task_ctx();
+    let explore = plan(
+        &c,
+        "t1",
+        "Task",
+        &json!({"prompt": "Find X", "subagent_type": "explore", "description": "find"}),
+    )
+    .unwrap();
+    let a = subagent_args(&explore);
+    assert_eq!(
+        (a.tool_call_id.as_str(), a.subagent_type.as_str()),
+        ("t1", "explore")
+    );
+    assert_eq!(a.model_id, "byok-parent");
+    assert!(a.readonly, "explore only looks");
+    assert_eq!(a.parent_conversation_id.as_deref(), Some("conv-p"));
+    assert_eq!(a.run_in_background, Some(false));
+    assert!(
+        a.selected_context.is_some(),
+        "the turn's attachments go along"
+    );
+    assert!(matches!(
+        explore.tool_call().tool,
+        Some(pb::tool_call::Tool::TaskToolCall(_))
+    ));
+    let custom = plan(
+        &c,
+        "t2",
+        "task",
+        &json!({"prompt": "Review", "subagent_type": "Reviewer", "run_in_background": true}),
+    )
+    .unwrap();
+    let a = subagent_args(&custom);
+    assert_eq!(
+        (a.subagent_type.as_str(), a.model_id.as_str()),
+        ("reviewer", "byok-small")
+    );
+    assert!(!a.readonly);
+    assert_eq!(a.run_in_background, Some(true));
+    let shell = plan(
+        &c,
+        "t3",
+        "task",
+        &json!({"prompt": "Run tests", "subagent_type": "bash"}),
+    )
+    .unwrap();
+    assert_eq!(subagent_args(&shell).model_id, "byok-shell");
+    let e = plan(
+        &c,
+        "t4",
+        "task",
+        &json!({"prompt": "x", "subagent_type": "wizard"}),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("general, explore, shell, debug, reviewer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn task_results_reach_the_model_and_history() {
+    let c = task_ctx();
+    let p = plan(
+        &c,
+        "t1",
+        "task",
+        &json!({"prompt": "Find X", "description": "find"}),
+    )
+    .unwrap();
+    let ok = Res::SubagentResult(pb::SubagentResult {
+        result: Some(pb::subagent_result::Result::Success(pb::SubagentSuccess {
+            agent_id: "ag-1".into(),
+            final_message: Some("X is in src/x.rs".into()),
+            tool_call_count: 3,
+            ..Default::default()
+        })),
+    });
+    let o = finish_exec(&ctx(), &p, &[ok], None);
+    assert!(!o.is_error);
+    assert!(
+        o.content.contains("ag-1") && o.content.contains("3 tool calls"),
+        "{}",
+        o.content
+    );
+    assert!(o.content.ends_with("X is in src/x.rs"), "{}", o.content);
+    let (name, args, text, _) = history_from_tool_call(&o.tool_call).unwrap();
+    assert_eq!(
+        (name.as_str(), args["prompt"].as_str()),
+        ("task", Some("Find X"))
+    );
+    assert_eq!(text, o.content);
+    let failed = Res::SubagentResult(pb::SubagentResult {
+        result: Some(pb::subagent_result::Result::Error(pb::SubagentError {
+            agent_id: None,
+            error: "model refused".into(),
+        })),
+    });
+    let o = finish_exec(&ctx(), &p, &[failed], None);
+    assert!(
+        o.is_error && o.content.contains("model refused"),
+        "{}",
+        o.content
+    );
+}
+
+#[test]
+fn subagent_limits_shape_the_catalogue() {
+    let names = |c: &ToolContext| catalog_names(c);
+    assert!(
+        !names(&ctx()).contains(&"task".to_string()),
+        "off unless enabled"
+    );
+    assert!(names(&task_ctx()).contains(&"task".to_string()));
+    let readonly = ToolContext {
+        readonly: true,
+        ..task_ctx()
+    };
+    let n = names(&readonly);
+    for gone in ["write", "search_replace", "delete_file", "run_terminal_cmd"] {
+        assert!(!n.contains(&gone.to_string()), "{gone} in {n:?}");
+    }
+    assert!(n.contains(&"read_file".to_string()));
+    assert!(plan(&readonly, "c", "Bash", &json!({"command": "ls"})).is_err());
+    let listed = ToolContext {
+        allowed_tools: Some(vec!["Read".into(), "Grep".into()]),
+        ..ctx()
+    };
+    assert_eq!(
+        names(&listed)
+            .into_iter()
+            .filter(|n| !n.starts_with("mcp"))
+            .collect::<Vec<_>>(),
+        vec!["read_file", "grep"]
+    );
+}
+
+#[test]
+fn await_subagent_sends_subagent_await_args_and_reports_what_it_found() {
+    let c = task_ctx();
+    let p = plan(
+        &c,
+        "w1",
+        "await_subagent",
+        &json!({"agent_id": "ag-1", "timeout": 5}),
+    )
+    .unwrap();
+    match exec_of(&p) {
+        Exec::SubagentAwaitArgs(a) => {
+            assert_eq!((a.agent_id.as_str(), a.timeout_ms), ("ag-1", 5000))
+        }
+        other => panic!("{other:?}"),
+    }
+    use pb::subagent_await_result::Result as A;
+    let answer = |r: A| {
+        finish_exec(
+            &ctx(),
+            &p,
+            &[Res::SubagentAwaitResult(pb::SubagentAwaitResult {
+                result: Some(r),
+            })],
+            None,
+        )
+    };
+    let running = answer(A::StillRunning(pb::SubagentAwaitStillRunning {
+        agent_id: "ag-1".into(),
+        transcript_path: None,
+    }));
+    assert!(
+        !running.is_error && running.content.contains("running in the background"),
+        "{}",
+        running.content
+    );
+    let done = answer(A::Complete(pb::SubagentAwaitComplete {
+        agent_id: "ag-1".into(),
+        final_message: Some("All green.".into()),
+        tool_call_count: 2,
+        transcript_path: None,
+    }));
+    assert!(done.content.ends_with("All green."), "{}", done.content);
+    let (name, args, text, _) = history_from_tool_call(&done.tool_call).unwrap();
+    assert_eq!(
+        (name.as_str(), args["agent_id"].as_str()),
+        ("await_subagent", Some("ag-1"))
+    );
+    assert_eq!(text, done.content);
+    let missing = answer(A::NotFound(pb::SubagentAwaitNotFound {
+        agent_id: "ag-9".into(),
+    }));
+    assert!(missing.is_error && missing.content.contains("ag-9"));
 }

@@ -1,0 +1,280 @@
+//! Subagent calls outstanding across runs. A parent run registers each `subagent_args` it sends;
+//! the client then starts the child as a run of its own (a new request and conversation, the
+//! prompt as its user message, the model in `model_details`), and that run claims the entry by
+//! prompt and model, so it runs with the tool set and prompt of its kind. Over HTTP/1.1 the
+//! client sends no parent headers, so the match is all there is.
+//!
+//! Bounded: at most [`MAX_PENDING`] entries, each kept [`PENDING_TTL`] at most (the client
+//! starts the child at once; an entry nobody claims, e.g. a child on an official model that is
+//! relayed, just ages out).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::proto::agent::v1 as pb;
+
+/// Outstanding calls kept at most (the oldest goes first).
+pub const MAX_PENDING: usize = 256;
+/// How long an unclaimed call waits for its child run.
+pub const PENDING_TTL: Duration = Duration::from_secs(600);
+/// Nesting bound: a run at this depth is not offered the subagent tool.
+pub const MAX_DEPTH: u32 = 2;
+
+/// What a child run is: its kind and what it may do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Child {
+    /// The parent's Cursor call id.
+    pub parent_tool_call_id: String,
+    /// `subagent_args.subagent_type`: a built-in kind or a custom subagent's name.
+    pub kind: String,
+    /// 1 for a child of a top-level run.
+    pub depth: u32,
+    /// No writes, deletes or shell commands.
+    pub readonly: bool,
+    /// A custom subagent's `tools` (as it names them); empty allows every tool.
+    pub tools: Vec<String>,
+    /// A custom subagent's own prompt.
+    pub instructions: String,
+    /// The child run's conversation: Cursor's client uses it as the subagent's id.
+    pub conversation_id: String,
+}
+
+impl Child {
+    /// The child of `args`, sent by a run at `parent_depth`; a custom subagent of that name
+    /// brings its tools, prompt and permission mode.
+    pub fn for_call(
+        args: &pb::SubagentArgs,
+        custom: &[pb::CustomSubagent],
+        parent_depth: u32,
+    ) -> Child {
+        let found = custom
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case(&args.subagent_type));
+        let custom_readonly = found.is_some_and(|c| {
+            c.permission_mode == pb::CustomSubagentPermissionMode::Readonly as i32
+        });
+        Child {
+            parent_tool_call_id: args.tool_call_id.clone(),
+            kind: args.subagent_type.clone(),
+            depth: parent_depth.saturating_add(1),
+            readonly: args.readonly || custom_readonly,
+            tools: found.map(|c| c.tools.clone()).unwrap_or_default(),
+            instructions: found
+                .map(|c| c.prompt.trim().to_string())
+                .unwrap_or_default(),
+            conversation_id: String::new(),
+        }
+    }
+
+    /// A run that names its kind (`subagent_type_name`) but matches no call of ours: its
+    /// kind's restrictions, one level down.
+    pub fn of_kind(kind: &str) -> Child {
+        Child {
+            kind: kind.to_string(),
+            depth: 1,
+            readonly: is_readonly_kind(kind),
+            ..Default::default()
+        }
+    }
+}
+
+/// Built-in kinds that only look: Cursor's explore subagent.
+pub fn is_readonly_kind(kind: &str) -> bool {
+    kind.eq_ignore_ascii_case("explore")
+}
+
+#[derive(Debug)]
+struct Pending {
+    prompt: String,
+    model_id: String,
+    child: Child,
+    at: Instant,
+}
+
+/// The calls waiting for their child runs, and the child runs running, shared by every run
+/// of the agent.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    pending: Arc<Mutex<VecDeque<Pending>>>,
+    /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
+    /// when it ends, so this holds no more than the runs alive.
+    running: Arc<Mutex<HashMap<String, CancellationToken>>>,
+}
+
+impl Registry {
+    /// A parent sent `args` (for a child described by `child`).
+    pub fn register(&self, args: &pb::SubagentArgs, child: Child) {
+        let mut p = self.lock();
+        prune(&mut p);
+        if p.len() >= MAX_PENDING {
+            tracing::warn!("too many subagent calls waiting for their runs; forgetting the oldest");
+            p.pop_front();
+        }
+        p.push_back(Pending {
+            prompt: args.prompt.trim().to_string(),
+            model_id: args.model_id.clone(),
+            child,
+            at: Instant::now(),
+        });
+    }
+
+    /// The call a new run (its user message `prompt`, its model `model_id`) is the child of:
+    /// the oldest outstanding one with that prompt and model. Claimed once.
+    pub fn claim(&self, prompt: &str, model_id: &str) -> Option<Child> {
+        let mut p = self.lock();
+        prune(&mut p);
+        let prompt = prompt.trim();
+        let i = p.iter().position(|e| {
+            e.prompt == prompt
+                && (e.model_id.is_empty() || model_id.is_empty() || e.model_id == model_id)
+        })?;
+        p.remove(i).map(|e| e.child)
+    }
+
+    /// The call `parent_tool_call_id` has its result: its entry, if unclaimed, is gone.
+    pub fn forget(&self, parent_tool_call_id: &str) {
+        self.lock()
+            .retain(|e| e.child.parent_tool_call_id != parent_tool_call_id);
+    }
+
+    /// A child run started: `cancel` stops it. Untracked when it ends.
+    pub fn track(&self, subagent_id: &str, cancel: CancellationToken) {
+        if subagent_id.is_empty() {
+            return;
+        }
+        self.running_lock().insert(subagent_id.to_string(), cancel);
+    }
+
+    pub fn untrack(&self, subagent_id: &str) {
+        self.running_lock().remove(subagent_id);
+    }
+
+    /// Cancel the child run `subagent_id`; false when no such run of ours is running.
+    pub fn cancel(&self, subagent_id: &str) -> bool {
+        match self.running_lock().get(subagent_id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn running_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Entries outstanding (for tests and the status page).
+    pub fn len(&self) -> usize {
+        let mut p = self.lock();
+        prune(&mut p);
+        p.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Entries are in arrival order: the expired ones are at the front.
+fn prune(p: &mut VecDeque<Pending>) {
+    while p.front().is_some_and(|e| e.at.elapsed() >= PENDING_TTL) {
+        p.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(call: &str, prompt: &str, model: &str) -> pb::SubagentArgs {
+        pb::SubagentArgs {
+            tool_call_id: call.into(),
+            subagent_type: "explore".into(),
+            model_id: model.into(),
+            prompt: prompt.into(),
+            readonly: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_child_claims_its_call_once_by_prompt_and_model() {
+        let r = Registry::default();
+        let a = args("t1", "Find the config loader", "byok-m");
+        r.register(&a, Child::for_call(&a, &[], 0));
+        assert_eq!(r.claim("Find the config loader", "other-model"), None);
+        let child = r.claim(" Find the config loader\n", "byok-m").unwrap();
+        assert_eq!((child.depth, child.readonly), (1, true));
+        assert_eq!(child.parent_tool_call_id, "t1");
+        assert_eq!(r.claim("Find the config loader", "byok-m"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unclaimed_calls_age_out_and_stay_bounded_over_hours() {
+        let r = Registry::default();
+        for i in 0..(3 * 3600 / 10) {
+            let a = args(&format!("t{i}"), &format!("task {i}"), "m");
+            r.register(&a, Child::for_call(&a, &[], 0));
+            assert!(r.len() <= MAX_PENDING);
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        // Ten minutes at one call per 10 s (the newest 10 s old): 59 wait, the rest aged out.
+        assert_eq!(r.len(), 59);
+        assert_eq!(r.claim("task 0", "m"), None);
+        tokio::time::advance(PENDING_TTL).await;
+        assert!(r.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_past_the_bound_forgets_the_oldest() {
+        let r = Registry::default();
+        for i in 0..MAX_PENDING + 5 {
+            let a = args(&format!("t{i}"), &format!("task {i}"), "m");
+            r.register(&a, Child::for_call(&a, &[], 0));
+        }
+        assert_eq!(r.len(), MAX_PENDING);
+        assert_eq!(r.claim("task 0", "m"), None);
+        assert!(r.claim(&format!("task {}", MAX_PENDING + 4), "m").is_some());
+        r.forget("t10");
+        assert_eq!(r.claim("task 10", "m"), None);
+    }
+
+    #[test]
+    fn a_tracked_child_can_be_canceled_until_it_ends() {
+        let r = Registry::default();
+        let token = CancellationToken::new();
+        r.track("conv-child", token.clone());
+        assert!(!r.cancel("other"));
+        assert!(r.cancel("conv-child") && token.is_cancelled());
+        r.untrack("conv-child");
+        assert!(!r.cancel("conv-child"));
+    }
+
+    #[test]
+    fn a_custom_subagent_brings_its_tools_prompt_and_permission() {
+        let custom = pb::CustomSubagent {
+            name: "reviewer".into(),
+            tools: vec!["Read".into(), "Grep".into()],
+            prompt: "Review carefully.".into(),
+            permission_mode: pb::CustomSubagentPermissionMode::Readonly as i32,
+            ..Default::default()
+        };
+        let mut a = args("t1", "p", "m");
+        a.subagent_type = "Reviewer".into();
+        a.readonly = false;
+        let c = Child::for_call(&a, &[custom], 1);
+        assert_eq!(c.depth, 2);
+        assert!(c.readonly);
+        assert_eq!(c.tools, vec!["Read", "Grep"]);
+        assert_eq!(c.instructions, "Review carefully.");
+    }
+}
