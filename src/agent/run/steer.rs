@@ -62,6 +62,14 @@ impl Steering {
     /// A note of ours for the model (no acknowledgement): at the next model call of the
     /// turn, or, after its last one, into the turn's record.
     pub(super) fn note(&mut self, message: Message) {
+        if self.closed.is_some() {
+            // The turn is already recorded (or makes no model call): nothing can carry it.
+            tracing::warn!(
+                note = %message_text(&message).chars().take(200).collect::<String>(),
+                "a background completion came after the turn was recorded; the model will not see it"
+            );
+            return;
+        }
         if self.open {
             self.queued.push(Injected {
                 id: String::new(),
