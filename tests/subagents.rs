@@ -571,6 +571,7 @@ async fn the_checkpoint_keeps_background_subagents_and_the_next_turn_is_told_of_
         Reply::sse(tool_sse(&[("call_bg", "task", call)])),
         Reply::sse(text_sse("Started it.")),
         Reply::sse(text_sse("Still waiting on it.")),
+        Reply::sse(text_sse("The survey is done.")),
     ])
     .await;
     let child = FakeProvider::start(vec![Reply::sse(text_sse("Tests: 12 files."))]).await;
@@ -591,7 +592,7 @@ async fn the_checkpoint_keeps_background_subagents_and_the_next_turn_is_told_of_
     let mut next = parent_request("Is it done?");
     next.conversation_state = Some(state);
     let mut run = agent.start_run(next, "req-t2".into());
-    let (_, _, end) = drive_parent(&agent, &mut run).await;
+    let (turn2, _, end) = drive_parent(&agent, &mut run).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     let system = parent.requests()[2].json()["messages"][0]["content"]
         .as_str()
@@ -601,6 +602,43 @@ async fn the_checkpoint_keeps_background_subagents_and_the_next_turn_is_told_of_
         system.contains("<background_subagents>") && system.contains("- agent-1: survey"),
         "{system}"
     );
+
+    // The client reports it finished: the model is told, and the checkpoint no longer lists
+    // it as running, so later turns are not told to wait for it.
+    let state = last_checkpoint(&turn2);
+    let mut done = parent_request("");
+    done.conversation_state = Some(state);
+    done.action = Some(pb::ConversationAction {
+        action: Some(
+            pb::conversation_action::Action::BackgroundTaskCompletionAction(
+                pb::BackgroundTaskCompletionAction {
+                    completions: vec![pb::BackgroundTaskCompletion {
+                        task_id: "agent-1".into(),
+                        subagent_id: Some("agent-1".into()),
+                        kind: pb::BackgroundTaskKind::Subagent as i32,
+                        status: pb::BackgroundTaskStatus::Success as i32,
+                        title: "survey".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ),
+        ),
+        ..Default::default()
+    });
+    let mut run = agent.start_run(done, "req-t3".into());
+    let (messages, _, end) = drive_parent(&agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let note = parent.requests()[3].json().to_string();
+    assert!(note.contains("survey"), "the model is told: {note}");
+    let state = last_checkpoint(&messages);
+    assert_eq!(
+        state.subagent_runs_by_parent_tool_call_id["call_bg#s1"].status,
+        pb::SubagentRunStatus::Success as i32
+    );
+    assert!(state.subagent_runs_by_parent_tool_call_id["call_bg#s1"]
+        .completed_timestamp_ms
+        .is_some());
 }
 
 #[tokio::test]

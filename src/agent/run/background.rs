@@ -14,6 +14,9 @@ use crate::provider::Message;
 use pb::exec_client_message::Message as R;
 
 /// The note the model reads for `a`: one line per completion, then the reminder, if any.
+/// Completions one run keeps for the checkpoint (a client could send any number).
+const MAX_COMPLETIONS: usize = 256;
+
 pub(super) fn completion_note(a: &pb::BackgroundTaskCompletionAction) -> String {
     let mut lines: Vec<String> = a.completions.iter().map(completion_line).collect();
     if lines.is_empty() {
@@ -136,8 +139,16 @@ impl RunState {
     /// A background task finished: the model hears of it at the next model call of the turn,
     /// or, when the turn makes no more, in the turn's record (the next turn reads it).
     pub(super) fn on_completion(&mut self, a: &pb::BackgroundTaskCompletionAction) {
+        self.remember_completions(a);
         let note = completion_note(a);
         self.steering.note(Message::user_text(note));
+    }
+
+    /// Keep the completions for the checkpoint's record of subagent runs.
+    pub(super) fn remember_completions(&mut self, a: &pb::BackgroundTaskCompletionAction) {
+        let room = MAX_COMPLETIONS.saturating_sub(self.completions.len());
+        self.completions
+            .extend(a.completions.iter().take(room).cloned());
     }
 }
 

@@ -212,6 +212,7 @@ impl Run {
             winding_down: false,
             plan_entry: None,
             partial: None,
+            completions: Vec::new(),
         };
         // Boxed: the request is several KiB, and the run's future would otherwise carry copies
         // of it in every state for the run's whole life.
@@ -422,6 +423,9 @@ struct RunState {
     plan_entry: Option<(String, String)>,
     /// What a model call canceled mid-stream had produced.
     partial: Option<Turn>,
+    /// Background tasks the client reported finished during this run (bounded): the
+    /// checkpoint's subagent runs are updated from them.
+    completions: Vec<pb::BackgroundTaskCompletion>,
 }
 
 /// What one model call produced.

@@ -38,7 +38,14 @@ impl RunState {
     /// Carry out what the run request's action asks for.
     pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
         match action::begin(&req)? {
-            Begin::Turn(input) => self.turn(req, *input).await,
+            Begin::Turn(input) => {
+                if let Some(pb::conversation_action::Action::BackgroundTaskCompletionAction(a)) =
+                    req.action.as_ref().and_then(|a| a.action.as_ref())
+                {
+                    self.remember_completions(a);
+                }
+                self.turn(req, *input).await
+            }
             Begin::Summarize => {
                 self.steer_to_next_turn();
                 self.summarize_now(&req).await
@@ -571,6 +578,7 @@ impl RunState {
             }),
             now_ms,
         );
+        state::record_completions(&mut subagent_record, &self.completions, now_ms);
         let record = TurnRecord {
             user,
             user_wire,

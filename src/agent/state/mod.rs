@@ -29,7 +29,7 @@ pub use cache::{BlobCache, DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES};
 pub use checkpoint::{build_checkpoint, decode_todo, summary_blob, Checkpoint};
 pub use error::StateError;
 pub use history::{HistoryBuilder, HistoryOptions, RebuiltHistory, ToolCallFallback, OMITTED_NOTE};
-pub use subagents::{background_subagents, record_subagents};
+pub use subagents::{background_subagents, record_completions, record_subagents};
 pub use summary::{
     estimate_tokens, plan_compaction, summary_message, summary_prompt, Compaction, SUMMARY_PREFIX,
 };

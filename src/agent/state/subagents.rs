@@ -82,6 +82,47 @@ pub fn record_subagents<'a>(
     bound(state);
 }
 
+/// Record what the client reported about background subagents: a finished one is no longer
+/// listed as running. Found by its task call id, else by its subagent id.
+pub fn record_completions(
+    state: &mut pb::ConversationStateStructure,
+    completions: &[pb::BackgroundTaskCompletion],
+    now_ms: u64,
+) {
+    use pb::BackgroundTaskStatus as Done;
+    for c in completions {
+        if c.kind != pb::BackgroundTaskKind::Subagent as i32 {
+            continue;
+        }
+        let status = match Done::try_from(c.status) {
+            Ok(Done::Success) => Status::Success,
+            Ok(Done::Error) => Status::Error,
+            Ok(Done::Aborted) => Status::Aborted,
+            // Finished, but not how: it is at least no longer running.
+            Ok(Done::Unspecified) | Err(_) => Status::Success,
+        };
+        let id = c
+            .subagent_id
+            .clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| c.task_id.clone());
+        let runs = &mut state.subagent_runs_by_parent_tool_call_id;
+        let key = c
+            .tool_call_id
+            .clone()
+            .filter(|k| runs.contains_key(k))
+            .or_else(|| {
+                runs.iter()
+                    .find(|(_, r)| !id.is_empty() && r.subagent_id.as_deref() == Some(&id))
+                    .map(|(k, _)| k.clone())
+            });
+        if let Some(run) = key.and_then(|k| runs.get_mut(&k)) {
+            run.status = status as i32;
+            run.completed_timestamp_ms = Some(c.completed_at_ms.unwrap_or(now_ms));
+        }
+    }
+}
+
 /// Subagents the checkpoint says are still in the background: (id, title).
 pub fn background_subagents(state: &pb::ConversationStateStructure) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = state
@@ -178,5 +219,56 @@ mod tests {
             .subagent_runs_by_parent_tool_call_id
             .contains_key("c0"));
         assert!(!state.subagent_states.contains_key("ag-0"));
+    }
+
+    #[test]
+    fn a_completion_closes_the_background_run_it_names() {
+        let mut state = pb::ConversationStateStructure::default();
+        record_subagents(
+            &mut state,
+            [
+                task("c1", "Survey", "ag-1", true),
+                task("c2", "Build", "ag-2", true),
+            ]
+            .iter(),
+            10,
+        );
+        let done = |id: &str, call: Option<&str>, status: pb::BackgroundTaskStatus| {
+            pb::BackgroundTaskCompletion {
+                task_id: id.into(),
+                kind: pb::BackgroundTaskKind::Subagent as i32,
+                status: status as i32,
+                tool_call_id: call.map(str::to_string),
+                ..Default::default()
+            }
+        };
+        // By subagent id, and by tool call id; a shell completion touches nothing.
+        let shell = pb::BackgroundTaskCompletion {
+            task_id: "ag-2".into(),
+            kind: pb::BackgroundTaskKind::Shell as i32,
+            ..Default::default()
+        };
+        record_completions(
+            &mut state,
+            &[done("ag-1", None, pb::BackgroundTaskStatus::Success), shell],
+            20,
+        );
+        assert_eq!(
+            background_subagents(&state),
+            vec![("ag-2".into(), "survey".into())]
+        );
+        let run = &state.subagent_runs_by_parent_tool_call_id["c1"];
+        assert_eq!(run.status, Status::Success as i32);
+        assert_eq!(run.completed_timestamp_ms, Some(20));
+        record_completions(
+            &mut state,
+            &[done("other", Some("c2"), pb::BackgroundTaskStatus::Aborted)],
+            30,
+        );
+        assert!(background_subagents(&state).is_empty());
+        assert_eq!(
+            state.subagent_runs_by_parent_tool_call_id["c2"].status,
+            Status::Aborted as i32
+        );
     }
 }
