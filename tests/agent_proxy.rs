@@ -805,3 +805,55 @@ async fn a_reader_on_an_ended_runs_id_without_a_new_run_is_told_it_ended() {
     );
     h.assert_nothing_relayed();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_replaces_an_ended_run_left_unread_and_a_resent_append_0_does_not() {
+    let h = harness(vec![Reply::sse(TEXT_SSE), Reply::sse(RESUMED_SSE)]).await;
+    let store = Store::default();
+    let first = Bidi::new(&h.connect_door(), "req-unread");
+    let run = run_request(OURS, "conv-unread", "Say hello", true);
+    first.send(&run).await;
+    // Read its first text, then leave: after the reader grace (5 s) the run is ended as left
+    // by its client, its end frame unread, so its entry lingers.
+    let mut reader = first.open_sse().await;
+    let t = play_until(&mut reader, Sink::Bidi(&first), &store, |m| {
+        !text_of(std::slice::from_ref(m)).is_empty()
+    })
+    .await;
+    assert!(t.end.is_none());
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // Append 0 sent again is a duplicate, not a new run.
+    first.append(0, &run).await;
+    assert_eq!(h.provider.requests().len(), 1);
+    // Another run request at seqno 0 is a new run on the id; the old frames go.
+    let second = Bidi::new(&h.connect_door(), "req-unread");
+    second.send(&completion_request("conv-unread")).await;
+    let t = play(&mut second.open_sse().await, Sink::Bidi(&second), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    assert_eq!(h.provider.requests().len(), 2);
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_a_new_run_may_reuse_an_ended_runs_request_id() {
+    // Each `Run` is its own stream: nothing of an ended run is held under its request id.
+    let h = harness(vec![Reply::sse(TEXT_SSE), Reply::sse(RESUMED_SSE)]).await;
+    let store = Store::default();
+    let door = h.connect_door();
+    let first = run_request(OURS, "conv-h2-reused", "Say hello", true);
+    let mut run = H2Run::open(&door, "req-h2-reused", &first).await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert_text_turn(&t, &store);
+    let mut run = H2Run::open(
+        &door,
+        "req-h2-reused",
+        &completion_request("conv-h2-reused"),
+    )
+    .await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    h.assert_nothing_relayed();
+}
