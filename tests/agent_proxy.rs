@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::agent_client::{
     cancel, client_heartbeat, frame, play, play_until, prewarm_request, resume_request,
-    run_request, text_of, updates, Bidi, H2Run, Received, Sink, Store, Transcript, API, EXEC_OS,
-    STEP,
+    run_request, shell_completion, text_of, updates, Bidi, H2Run, Received, Sink, Store,
+    Transcript, API, EXEC_OS, STEP,
 };
 use common::client::{self, Alpn};
 use common::closed_port;
@@ -717,19 +717,7 @@ fn completion_request(conversation: &str) -> pb::AgentClientMessage {
     };
     run.action = Some(pb::ConversationAction {
         action: Some(
-            pb::conversation_action::Action::BackgroundTaskCompletionAction(
-                pb::BackgroundTaskCompletionAction {
-                    completions: vec![pb::BackgroundTaskCompletion {
-                        task_id: "1000".into(),
-                        kind: pb::BackgroundTaskKind::Shell as i32,
-                        status: pb::BackgroundTaskStatus::Success as i32,
-                        title: "npm test".into(),
-                        output_path: Some("/t/1000.txt".into()),
-                        ..Default::default()
-                    }],
-                    system_reminder: None,
-                },
-            ),
+            pb::conversation_action::Action::BackgroundTaskCompletionAction(shell_completion()),
         ),
         ..Default::default()
     });

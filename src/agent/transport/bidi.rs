@@ -6,6 +6,11 @@
 //! answered as soon as its message is accepted. The run's output goes through a backlog, so a
 //! RunSSE that reconnects with the same request id continues where the last one stopped. How
 //! long that state lives, and its bounds, are in [`super::pairing`].
+//!
+//! Once our run on a request id has ended, a run request at append 0 that is not the first one
+//! resent starts a new run on that id, and a RunSSE that finds nothing left to read waits
+//! [`DECIDE_WAIT`] for such a run (Cursor's SDK reuses the parent run's id, RunSSE first, to
+//! report a background task's end). A RunSSE that finds unread frames resumes the old run.
 
 use std::pin::Pin;
 use std::sync::Arc;
