@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::agent_client::{
     cancel, client_heartbeat, frame, play, play_until, prewarm_request, resume_request,
-    run_request, text_of, updates, Bidi, H2Run, Received, Sink, Store, Transcript, API, EXEC_OS,
-    STEP,
+    run_request, shell_completion, text_of, updates, Bidi, H2Run, Received, Sink, Store,
+    Transcript, API, EXEC_OS, STEP,
 };
 use common::client::{self, Alpn};
 use common::closed_port;
@@ -706,4 +706,142 @@ async fn a_rate_limited_provider_falls_back_through_the_proxy() {
         "{:?}",
         r.skipped
     );
+}
+
+/// A run whose action is a background task's completion, as Cursor's SDK starts one after a
+/// background subagent or shell ended.
+fn completion_request(conversation: &str) -> pb::AgentClientMessage {
+    let mut m = run_request(OURS, conversation, "unused", true);
+    let Some(pb::agent_client_message::Message::RunRequest(run)) = &mut m.message else {
+        unreachable!("run_request makes a run request")
+    };
+    run.action = Some(pb::ConversationAction {
+        action: Some(
+            pb::conversation_action::Action::BackgroundTaskCompletionAction(shell_completion()),
+        ),
+        ..Default::default()
+    });
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_may_reuse_an_ended_runs_request_id() {
+    let h = harness(vec![
+        Reply::sse(TEXT_SSE),
+        Reply::sse(RESUMED_SSE),
+        Reply::sse(RESUMED_SSE),
+    ])
+    .await;
+    let store = Store::default();
+    let first = Bidi::new(&h.connect_door(), "req-reused");
+    first
+        .send(&run_request(OURS, "conv-reused", "Say hello", true))
+        .await;
+    let t = play(&mut first.open_sse().await, Sink::Bidi(&first), &store).await;
+    assert_text_turn(&t, &store);
+    // A late append of the ended run, with no new run: still refused.
+    let late = first
+        .append_body(first.append_bytes(7, &client_heartbeat()))
+        .await;
+    assert_eq!(late.status, StatusCode::NOT_FOUND, "{:?}", late.body);
+    assert!(String::from_utf8_lossy(&late.body).contains("has already ended"));
+    // The SDK's order: a new run's RunSSE on the same request id first, then its append 0.
+    let second = Bidi::new(&h.connect_door(), "req-reused");
+    let sse = {
+        let b = second.clone();
+        tokio::spawn(async move { b.open_sse().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    second.send(&completion_request("conv-reused")).await;
+    let mut stream = sse.await.unwrap();
+    assert_eq!(stream.status, StatusCode::OK);
+    let t = play(&mut stream, Sink::Bidi(&second), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    let asked = h.provider.requests()[1].json().to_string();
+    assert!(
+        asked.contains("1000"),
+        "the completion reached the model: {asked}"
+    );
+    // The other order: append 0 first, RunSSE after.
+    let third = Bidi::new(&h.connect_door(), "req-reused");
+    third.send(&completion_request("conv-reused")).await;
+    let t = play(&mut third.open_sse().await, Sink::Bidi(&third), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    assert_eq!(h.provider.requests().len(), 3);
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_on_an_ended_runs_id_without_a_new_run_is_told_it_ended() {
+    let h = harness(vec![Reply::sse(TEXT_SSE)]).await;
+    let store = Store::default();
+    let bidi = Bidi::new(&h.connect_door(), "req-ended");
+    bidi.send(&run_request(OURS, "conv-ended", "Say hello", true))
+        .await;
+    let t = play(&mut bidi.open_sse().await, Sink::Bidi(&bidi), &store).await;
+    assert_text_turn(&t, &store);
+    let started = Instant::now();
+    let t = play(&mut bidi.open_sse().await, Sink::Bidi(&bidi), &store).await;
+    let err = harness::end_error(&t);
+    assert_eq!(err.code, Code::NotFound);
+    assert!(err.message.contains("has already ended"), "{}", err.message);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "it waited for a new run"
+    );
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_replaces_an_ended_run_left_unread_and_a_resent_append_0_does_not() {
+    let h = harness(vec![Reply::sse(TEXT_SSE), Reply::sse(RESUMED_SSE)]).await;
+    let store = Store::default();
+    let first = Bidi::new(&h.connect_door(), "req-unread");
+    let run = run_request(OURS, "conv-unread", "Say hello", true);
+    first.send(&run).await;
+    // Read its first text, then leave: after the reader grace (5 s) the run is ended as left
+    // by its client, its end frame unread, so its entry lingers.
+    let mut reader = first.open_sse().await;
+    let t = play_until(&mut reader, Sink::Bidi(&first), &store, |m| {
+        !text_of(std::slice::from_ref(m)).is_empty()
+    })
+    .await;
+    assert!(t.end.is_none());
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // Append 0 sent again is a duplicate, not a new run.
+    first.append(0, &run).await;
+    assert_eq!(h.provider.requests().len(), 1);
+    // Another run request at seqno 0 is a new run on the id; the old frames go.
+    let second = Bidi::new(&h.connect_door(), "req-unread");
+    second.send(&completion_request("conv-unread")).await;
+    let t = play(&mut second.open_sse().await, Sink::Bidi(&second), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    assert_eq!(h.provider.requests().len(), 2);
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_a_new_run_may_reuse_an_ended_runs_request_id() {
+    // Each `Run` is its own stream: nothing of an ended run is held under its request id.
+    let h = harness(vec![Reply::sse(TEXT_SSE), Reply::sse(RESUMED_SSE)]).await;
+    let store = Store::default();
+    let door = h.connect_door();
+    let first = run_request(OURS, "conv-h2-reused", "Say hello", true);
+    let mut run = H2Run::open(&door, "req-h2-reused", &first).await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert_text_turn(&t, &store);
+    let mut run = H2Run::open(
+        &door,
+        "req-h2-reused",
+        &completion_request("conv-h2-reused"),
+    )
+    .await;
+    let t = play(&mut run.stream, Sink::H2(&run.tx), &store).await;
+    assert!(t.end().error.is_none(), "{:?}", t.end().error);
+    assert_eq!(t.text(), "Resumed.");
+    h.assert_nothing_relayed();
 }

@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::agent_client::shell_completion;
 use common::fake_cursor::FakeCursor;
 use common::fake_provider::{text_sse, tool_results, tool_sse, After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
@@ -1916,21 +1917,6 @@ async fn move_to_background_asks_the_client_and_the_call_ends_backgrounded() {
         panic!()
     };
     assert_eq!(t.result.unwrap().is_background, Some(true));
-}
-
-fn shell_completion() -> pb::BackgroundTaskCompletionAction {
-    pb::BackgroundTaskCompletionAction {
-        completions: vec![pb::BackgroundTaskCompletion {
-            task_id: "1000".into(),
-            kind: pb::BackgroundTaskKind::Shell as i32,
-            status: pb::BackgroundTaskStatus::Success as i32,
-            title: "npm test".into(),
-            detail: Some("exit code 0".into()),
-            output_path: Some("/t/1000.txt".into()),
-            ..Default::default()
-        }],
-        system_reminder: None,
-    }
 }
 
 /// A background task's completion during a turn (issue 22) joins the next model call, and the

@@ -1513,3 +1513,56 @@ async fn subagent_task() {
     })
     .await;
 }
+
+/// 13. A background subagent (issue 22): `task` with `run_in_background` returns at once and
+/// the parent's turn ends; the SDK then reports the subagent's end to the agent as a run of its
+/// own (`background_task_completion_action`). Over HTTP/1.1 that run reuses the parent run's
+/// request id (RunSSE first, then append 0); it must reach the agent like any run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_subagents_completion_reaches_the_agent() {
+    on_every_transport("background_subagent", |sdk, transport| async move {
+        let replies = vec![
+            Reply::sse(tool_reply(
+                "call_bg",
+                "task",
+                json!({"description": "find the marker", "subagent_type": "explore",
+                       "prompt": "Find the marker word in marker.txt and report it.",
+                       "run_in_background": true}),
+            )),
+            // The parent's next step, the completion's turn (and the child's, should it ask).
+            Reply::sse(text_reply(&["Noted."], (100, 2, 0))),
+            Reply::sse(text_reply(&["Noted."], (100, 2, 0))),
+            Reply::sse(text_reply(&["Noted."], (100, 2, 0))),
+        ];
+        let h = Harness::start(sdk, transport, replies).await;
+        std::fs::write(h.file("marker.txt"), "ZEBRA-7\n").unwrap();
+        let run = h
+            .client(
+                json!({"mode": "create", "prompt": "Find the marker in the background.",
+                       "lingerMs": 6000}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        let n = h.provider.requests().len();
+        let told = (0..n).any(|i| {
+            messages(&h.provider, i)
+                .iter()
+                .any(|m| content_text(m).contains("<background_task_completion>"))
+        });
+        assert!(told, "the completion reached the model\n{}", run.dump());
+        if transport != Transport::Https {
+            // The SDK's HTTP/1.1 order: the completion's RunSSE reuses the parent's request id.
+            let id = run.result()["requestId"].as_str().unwrap_or_default();
+            let readers = run
+                .of("net")
+                .filter(|e| {
+                    e["kind"] == "h1-request" && e["path"] == "/agent.v1.AgentService/RunSSE"
+                })
+                .filter(|e| e["headers"]["x-request-id"] == id)
+                .count();
+            assert!(readers >= 2, "{readers} RunSSE on {id}\n{}", run.dump());
+        }
+    })
+    .await;
+}

@@ -748,3 +748,19 @@ pub fn client_heartbeat() -> pb::AgentClientMessage {
         message: Some(In::ClientHeartbeat(pb::ClientHeartbeat {})),
     }
 }
+
+/// A background shell's completion, as Cursor's SDK reports one.
+pub fn shell_completion() -> pb::BackgroundTaskCompletionAction {
+    pb::BackgroundTaskCompletionAction {
+        completions: vec![pb::BackgroundTaskCompletion {
+            task_id: "1000".into(),
+            kind: pb::BackgroundTaskKind::Shell as i32,
+            status: pb::BackgroundTaskStatus::Success as i32,
+            title: "npm test".into(),
+            detail: Some("exit code 0".into()),
+            output_path: Some("/t/1000.txt".into()),
+            ..Default::default()
+        }],
+        system_reminder: None,
+    }
+}

@@ -112,6 +112,7 @@ const LOGGED_HEADERS = [
   "x-cursor-client-version",
   "x-ghost-mode",
   "user-agent",
+  "x-request-id",
 ];
 
 function pickHeaders(headers) {
@@ -279,6 +280,9 @@ async function main() {
   else if (pending.length) cancelOnce(`first ${pending[0]} (before send resolved)`);
 
   const result = await run.wait();
+  // Stay a while with the agent open: work that ends after the run (a background subagent)
+  // reports to it as a run of its own.
+  if (opts.lingerMs) await new Promise((r) => setTimeout(r, opts.lingerMs));
   // A steer still waiting for its acknowledgement settles before we report.
   for (let i = 0; steered && i < 50 && !stdoutHas("steer"); i++) {
     await new Promise((r) => setTimeout(r, 100));

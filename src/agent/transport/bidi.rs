@@ -6,6 +6,11 @@
 //! answered as soon as its message is accepted. The run's output goes through a backlog, so a
 //! RunSSE that reconnects with the same request id continues where the last one stopped. How
 //! long that state lives, and its bounds, are in [`super::pairing`].
+//!
+//! Once our run on a request id has ended, a run request at append 0 that is not the first one
+//! resent starts a new run on that id, and a RunSSE that finds nothing left to read waits
+//! [`DECIDE_WAIT`] for such a run (Cursor's SDK reuses the parent run's id, RunSSE first, to
+//! report a background task's end). A RunSSE that finds unread frames resumes the old run.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use prost::Message;
 use tracing::{debug, Instrument};
 
 use super::body::{encode_output, end_frame, replay};
-use super::pairing::{Entry, Inbound, Registry};
+use super::pairing::{digest, Entry, Inbound, Registry};
 use super::{
     error_response, read_bounded, request_id, with_pinned_model, AgentTransports, Decision, Peek,
     DECIDE_WAIT,
@@ -82,13 +87,17 @@ pub(super) async fn run_sse(
         return t.upstream().forward(&ctx, req).await;
     };
     let pinned = t.inner.routes.request(&request_id);
-    let entry = match (&pinned, t.inner.bidi.get(&request_id)) {
+    let held = t.inner.bidi.get(&request_id);
+    let entry = match (&pinned, held) {
+        (Some(Decision::Ours { .. }), Some(e)) if !e.read_out() => e,
+        // Ours, and its run is over and read (or forgotten): the client reuses the id for a new
+        // run (Cursor's SDK does, for a background task's completion), whose append 0 may come
+        // before or after this reader.
+        (Some(Decision::Ours { .. }), _) => match t.inner.bidi.for_new_run(&request_id) {
+            Ok(e) => e,
+            Err(e) => return stream_error(e),
+        },
         (_, Some(e)) => e,
-        // Pinned ours but no entry: the run finished and was forgotten before this (late)
-        // reconnect. Say so instead of waiting forever.
-        (Some(Decision::Ours { .. }), None) => {
-            return stream_error(run_ended(&request_id, "this RunSSE stream"))
-        }
         (_, None) => match t.inner.bidi.get_or_create(&request_id) {
             Ok(e) => e,
             Err(e) => return stream_error(e),
@@ -96,6 +105,11 @@ pub(super) async fn run_sse(
     };
     entry.touch();
     let decision = match pinned {
+        Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
+            Some(d) => Some(d),
+            // No new run came: a late reconnect to the ended one. Say so, never wait forever.
+            None => return stream_error(run_ended(&request_id, "this RunSSE stream")),
+        },
         Some(d) => Some(d),
         None => entry.await_decision(DECIDE_WAIT).await,
     };
@@ -116,11 +130,6 @@ pub(super) async fn run_sse(
             t.upstream().forward(&ctx, req).await
         }
         Decision::Ours { .. } => {
-            if entry.state.lock().await.decision.is_none() {
-                // Pinned ours, but this entry never saw its run (it was made after the run's
-                // own entry was forgotten).
-                return stream_error(run_ended(&request_id, "this RunSSE stream"));
-            }
             let reader = SseBody::attach(entry, t.inner.bidi.clone());
             let mut resp = Response::new(boxed(reader));
             resp.headers_mut().insert(
@@ -178,21 +187,29 @@ pub(super) async fn append(
         // Other features reuse BidiAppend: not an agent message, not ours.
         Err(_) => return relay(parts, raw).await,
     };
+    use pb::agent_client_message::Message as In;
     let seqno = append.append_seqno;
     let pinned_ours = matches!(
         t.inner.routes.request(&request_id),
         Some(Decision::Ours { .. })
     );
-    let entry = match t.inner.bidi.get(&request_id) {
-        Some(e) => e,
-        // One of our runs that has ended and been forgotten: nothing can take this append.
-        None if seqno != 0 && pinned_ours => {
-            return error_response(&run_ended(&request_id, &format!("append {seqno}")))
+    let new_run = seqno == 0 && matches!(message.message, Some(In::RunRequest(_)));
+    let held = t.inner.bidi.get(&request_id);
+    let entry = match held {
+        // A run request on an id whose run of ours ended is a new run on that id (Cursor's SDK
+        // sends a background task's completion so), unless it is append 0 resent.
+        Some(e) if pinned_ours && new_run && e.backlog().ended() && !resent(&e, &wire).await => {
+            t.inner.bidi.for_new_run(&request_id)
         }
-        None => match t.inner.bidi.get_or_create(&request_id) {
-            Ok(e) => e,
-            Err(e) => return error_response(&e),
-        },
+        Some(e) => Ok(e),
+        // Ours, run forgotten: a new run's append ahead of its append 0, or a late one of the
+        // ended run. A successor waits for append 0 and says "has already ended" if none comes.
+        None if pinned_ours => t.inner.bidi.for_new_run(&request_id),
+        None => t.inner.bidi.get_or_create(&request_id),
+    };
+    let entry = match entry {
+        Ok(e) => e,
+        Err(e) => return error_response(&e),
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
@@ -215,6 +232,11 @@ pub(super) async fn append(
     }
 }
 
+/// Whether `wire` is the append 0 that started `entry`'s run, sent again.
+async fn resent(entry: &Entry, wire: &[u8]) -> bool {
+    entry.state.lock().await.first_append == Some(digest(wire))
+}
+
 enum Accepted {
     Ours,
     Relay,
@@ -234,6 +256,10 @@ async fn accept(
     let mut st = entry.state.lock().await;
     if st.decision.is_none() {
         if seqno != 0 {
+            if entry.successor {
+                // The id's run of ours ended and no new run came: a late append.
+                return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+            }
             // Append 0 never came: nothing says this run is ours.
             st.decision = Some(Decision::Relay);
             t.inner
@@ -244,6 +270,7 @@ async fn accept(
         }
         let decision = t.decide(&entry.request_id, &message);
         st.decision = Some(decision.clone());
+        st.first_append = Some(digest(&wire));
         if let Decision::Ours { .. } = decision {
             start(t, entry, &mut st, (message, wire), &decision, secrets)?;
             st.next_seqno = 1;

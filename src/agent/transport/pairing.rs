@@ -10,6 +10,13 @@
 //! - an entry whose run never started (undecided, relayed, or a prewarm) for
 //!   [`PairingLimits::pending_idle`] without traffic.
 //!
+//! A request id whose run of ours ended may carry a new run: Cursor's SDK starts a background
+//! task's completion as a new run on the parent run's request id. [`Registry::for_new_run`]
+//! then puts a fresh entry (a *successor*) in the ended one's place. The old entry's readers
+//! keep their handle and finish reading it; frames nobody was reading are dropped, since the
+//! client has moved on to the new run. A successor nothing decides never becomes a relay: its
+//! reader and appends get "has already ended".
+//!
 //! The registry is bounded: a cap on entries (new request ids beyond it are refused with
 //! `resource_exhausted`; entries already held are untouched) and on the bytes of appends held
 //! out of order, per entry and in total. Expired entries are swept by a background task every
@@ -121,9 +128,25 @@ impl Registry {
 
     /// The entry of `request_id`, made if missing; refused when the registry is full.
     pub(super) fn get_or_create(&self, request_id: &str) -> Result<Arc<Entry>, ConnectError> {
+        self.entry_for(request_id, false)
+    }
+
+    /// The entry for a new run on `request_id`, whose earlier run of ours ended: the held entry
+    /// unless its run ended (then a successor takes its place), else a new successor.
+    pub(super) fn for_new_run(&self, request_id: &str) -> Result<Arc<Entry>, ConnectError> {
+        self.entry_for(request_id, true)
+    }
+
+    fn entry_for(&self, request_id: &str, new_run: bool) -> Result<Arc<Entry>, ConnectError> {
         let mut map = self.map();
         if let Some(e) = map.entries.get(request_id) {
-            return Ok(e.clone());
+            if !(new_run && e.backlog().ended()) {
+                return Ok(e.clone());
+            }
+            // Replacing an entry: the count does not grow, so no cap check.
+            let entry = self.new_entry(request_id, true);
+            map.entries.insert(request_id.to_string(), entry.clone());
+            return Ok(entry);
         }
         let limits = self.shared.limits;
         if map.entries.len() >= limits.max_entries {
@@ -149,16 +172,21 @@ impl Registry {
                 ));
             }
         }
-        let entry = Arc::new(Entry::new(
-            request_id.to_string(),
-            self.shared.held.clone(),
-            limits,
-        ));
+        let entry = self.new_entry(request_id, new_run);
         map.entries.insert(request_id.to_string(), entry.clone());
         if !map.sweeper {
             map.sweeper = self.start_sweeper();
         }
         Ok(entry)
+    }
+
+    fn new_entry(&self, request_id: &str, successor: bool) -> Arc<Entry> {
+        Arc::new(Entry::new(
+            request_id.to_string(),
+            self.shared.held.clone(),
+            self.shared.limits,
+            successor,
+        ))
     }
 
     /// A background task that sweeps every [`SWEEP_EVERY`] while the registry exists.
@@ -257,12 +285,21 @@ pub(super) struct Entry {
     pub out: Arc<Mutex<Backlog>>,
     /// Ends our run from the transport; set when it starts.
     pub run: OnceLock<RunFailer>,
+    /// Made for a new run on a request id whose run of ours ended: undecided, it ends as
+    /// "has already ended", never as a relay.
+    pub successor: bool,
 }
 
 impl Entry {
-    fn new(request_id: String, held: Arc<AtomicUsize>, limits: PairingLimits) -> Self {
+    fn new(
+        request_id: String,
+        held: Arc<AtomicUsize>,
+        limits: PairingLimits,
+        successor: bool,
+    ) -> Self {
         Entry {
             request_id,
+            successor,
             decided: Notify::new(),
             state: tokio::sync::Mutex::new(Inbound {
                 decision: None,
@@ -273,6 +310,7 @@ impl Entry {
                 limits,
                 input: None,
                 run_over: false,
+                first_append: None,
             }),
             out: Arc::new(Mutex::new(Backlog::new())),
             run: OnceLock::new(),
@@ -289,6 +327,12 @@ impl Entry {
         if self.run.set(failer).is_ok() {
             self.backlog().run_started = Some(Instant::now());
         }
+    }
+
+    /// Its run ended and every frame was handed out: a reader can get nothing more here.
+    pub(super) fn read_out(&self) -> bool {
+        let b = self.backlog();
+        b.ended() && b.delivered == b.total()
     }
 
     /// Some traffic for this request id: it is not idle.
@@ -359,6 +403,16 @@ pub(super) struct Inbound {
     pub input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
     /// Our run has ended: nothing more can be delivered to it.
     pub run_over: bool,
+    /// Digest of the append 0 that decided: a resent one is a duplicate, another is a new run.
+    pub first_append: Option<u64>,
+}
+
+/// The digest [`Inbound::first_append`] keeps.
+pub(super) fn digest(wire: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    wire.hash(&mut h);
+    h.finish()
 }
 
 impl Inbound {
