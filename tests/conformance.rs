@@ -1566,3 +1566,95 @@ async fn a_background_subagents_completion_reaches_the_agent() {
     })
     .await;
 }
+
+/// 14. Waiting for a background subagent (issue 22): the parent starts it in the background,
+/// then waits for it with `await_subagent` (exec `subagent_await_args`), and the SDK's typed
+/// answer is the wait's result. SDK 1.0.32 cancels a background child as soon as the exec that
+/// started it ends (the child's context derives from the exec's, which its exec framework
+/// cancels once the handler's stream closes), so the answer it gives is that the subagent was
+/// aborted; the in-memory tests (tests/subagents.rs) cover a wait that brings an answer. Parent
+/// and child share the fake provider and run side by side, so the fake answers each request
+/// from what it asks, not in a fixed order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_subagent_is_awaited() {
+    on_every_transport("await_subagent", |sdk, transport| async move {
+        let h = Harness::start(sdk, transport, Vec::new()).await;
+        std::fs::write(h.file("marker.txt"), "ZEBRA-7\n").unwrap();
+        h.provider.respond_with(|req| {
+            let body = String::from_utf8_lossy(&req.body);
+            let reply = if !body.contains("PARENT-ASK") {
+                // The child, should it get as far as asking (it never sees the parent's words).
+                text_reply(&["The marker is ", "ZEBRA-7."], (200, 5, 0))
+            } else if body.contains("<background_task_completion>") {
+                // The SDK's report of the child's end, as a run of its own.
+                text_reply(&["Noted."], (100, 2, 0))
+            } else if body.contains("The subagent failed") || body.contains(" finished (") {
+                text_reply(&["The wait is over."], (500, 5, 0))
+            } else if let Some(id) = running_subagent(&body) {
+                tool_reply(
+                    "call_wait",
+                    "await_subagent",
+                    json!({"agent_id": id, "timeout": 120}),
+                )
+            } else {
+                tool_reply(
+                    "call_bg",
+                    "task",
+                    json!({"description": "find the marker", "subagent_type": "explore",
+                           "prompt": "Find the marker word in marker.txt and report it.",
+                           "run_in_background": true}),
+                )
+            };
+            Some(Reply::sse(reply))
+        });
+        let run = h
+            .client(
+                json!({"mode": "create",
+                       "prompt": "PARENT-ASK: find the marker with a background subagent."}),
+                TIMEOUT,
+            )
+            .await;
+        run.assert_finished();
+        assert_eq!(run.text(), "The wait is over.", "{}", run.dump());
+        let reqs = h.provider.requests();
+        let result_of = |call: &str| {
+            (0..reqs.len())
+                .filter_map(|i| tool_result_text(&h.provider, i, call))
+                .next()
+                .unwrap_or_default()
+        };
+        let started = result_of("call_bg");
+        assert!(
+            started.contains("is running in the background"),
+            "{started}\n{}",
+            run.dump()
+        );
+        // The SDK's own answer to subagent_await_args, typed, as the model reads it.
+        let waited = result_of("call_wait");
+        assert!(
+            waited.contains("The subagent failed") && waited.contains("aborted"),
+            "{waited}\n{}",
+            run.dump()
+        );
+        let tasks = run
+            .updates("tool-call-completed")
+            .into_iter()
+            .filter(|u| u["toolCall"]["type"] == "task")
+            .count();
+        assert_eq!(
+            tasks,
+            2,
+            "the start and the wait, each a task call\n{}",
+            run.dump()
+        );
+    })
+    .await;
+}
+
+/// The id in "Subagent <id> is running in the background", the task tool's answer for a
+/// background start.
+fn running_subagent(body: &str) -> Option<String> {
+    let end = body.find(" is running in the background")?;
+    let start = body[..end].rfind("Subagent ")? + "Subagent ".len();
+    Some(body[start..end].to_string())
+}

@@ -674,3 +674,85 @@ async fn nesting_is_bounded_the_grandchild_gets_no_subagent_tool() {
     assert!(tool_results(&child, 2)[0].contains("Deep answer."));
     assert!(tool_results(&parent, 1)[0].contains("Middle answer."));
 }
+
+/// Plays Cursor's client for the parent up to its first `subagent_args`, which it returns.
+async fn first_subagent_args(handle: &mut RunHandle, client: &mut FakeCursor) -> pb::SubagentArgs {
+    loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
+            .await
+            .expect("the parent must not hang")
+            .expect("the parent must send subagent_args");
+        let m = match out {
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+            RunOutput::End(end) => panic!("the parent ended first: {:?}", end.error),
+        };
+        if let Some(Server::ExecServerMessage(pb::ExecServerMessage {
+            message: Some(Exec::SubagentArgs(a)),
+            ..
+        })) = &m.message
+        {
+            return a.clone();
+        }
+        for reply in client.respond(&m) {
+            let _ = handle.input.send(Box::new(reply)).await;
+        }
+    }
+}
+
+/// The first request of the run `request` on `provider`, run to its end.
+async fn tools_of_run(
+    agent: &Agent,
+    request: cursor_byok::agent::RunRequest,
+    provider: &FakeProvider,
+) -> Vec<String> {
+    let before = provider.requests().len();
+    let mut run = agent.start_run(request, "req-look".into());
+    let (_, _, end) = drive_parent(agent, &mut run).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    tool_names(&provider.requests()[before].json())
+}
+
+/// What tells a child from the user's own run: a client that names the parent call
+/// (`x-parent-agent-tool-call-id`, carried as `parent_tool_call_id`) is believed whatever the
+/// prompt; without it, a run with the same prompt and model is the child only when it starts a
+/// conversation of its own — one that already has turns is the user's, with every tool.
+#[tokio::test]
+async fn a_child_is_told_by_the_parents_call_id_and_a_look_alike_conversation_is_not_one() {
+    let call = r#"{"description":"look","prompt":"Find where the answer is kept.","subagent_type":"explore"}"#;
+    let parent = FakeProvider::start(vec![Reply::sse(tool_sse(&[("call_t", "task", call)]))]).await;
+    let child = FakeProvider::start(vec![
+        Reply::sse(text_sse("A user's answer.")),
+        Reply::sse(text_sse("The child's answer.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&parent.base_url(), &child.base_url(), 4)).unwrap();
+    let mut run = agent.start_run(parent_request("Where is the answer?"), "req-parent".into());
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let a = first_subagent_args(&mut run, &mut client).await;
+
+    // The same prompt and model, in a conversation that already has a turn: the user's.
+    let mut look_alike = child_request(&a, "user");
+    look_alike.conversation_state = Some(pb::ConversationStateStructure {
+        turns: vec![bytes::Bytes::from_static(b"earlier turn")],
+        ..Default::default()
+    });
+    let names = tools_of_run(&agent, look_alike.into(), &child).await;
+    assert!(
+        names.contains(&"write".to_string()),
+        "not a child: {names:?}"
+    );
+
+    // A different prompt (the client may word it its own way), but the call named.
+    let mut named = child_request(&a, "named");
+    named.action = Some(user_action("Task: find it."));
+    let request = cursor_byok::agent::RunRequest {
+        parent_tool_call_id: Some(a.tool_call_id.clone()),
+        ..named.into()
+    };
+    let names = tools_of_run(&agent, request, &child).await;
+    assert!(
+        names.contains(&"read_file".to_string()) && !names.contains(&"write".to_string()),
+        "the named child runs read-only: {names:?}"
+    );
+}

@@ -68,6 +68,9 @@ pub struct RunRequest {
     /// What the client's request carried that must never show (its bearer token): scrubbed
     /// from every text that leaves the process while the run lives.
     pub client_secrets: Vec<crate::secret::Secret>,
+    /// The parent's subagent call this run is the child of, when the client's request said so
+    /// (`x-parent-agent-tool-call-id`).
+    pub parent_tool_call_id: Option<String>,
 }
 
 impl RunRequest {
@@ -81,6 +84,7 @@ impl RunRequest {
                 decoded,
                 wire,
                 client_secrets: Vec::new(),
+                parent_tool_call_id: None,
             },
             _ => decoded.into(),
         }
@@ -95,6 +99,7 @@ impl From<pb::AgentRunRequest> for RunRequest {
             decoded,
             wire,
             client_secrets: Vec::new(),
+            parent_tool_call_id: None,
         }
     }
 }
@@ -248,6 +253,7 @@ impl Agent {
             decoded: first,
             wire: first_wire,
             client_secrets,
+            parent_tool_call_id,
         } = first.into();
         // Before anything can fail: a provider may echo them in the run's first error.
         let secrets = crate::secret::register_while(
@@ -266,7 +272,7 @@ impl Agent {
             cancel: cancel.clone(),
             failure: failure.clone(),
         };
-        match self.prepare(&first, request_id.clone()) {
+        match self.prepare(&first, request_id.clone(), parent_tool_call_id.as_deref()) {
             Ok(mut run) => {
                 run.first_wire = first_wire;
                 run.secrets = secrets;
@@ -302,6 +308,7 @@ impl Agent {
         &self,
         first: &pb::AgentRunRequest,
         request_id: String,
+        parent_call: Option<&str>,
     ) -> Result<run::Run, RunError> {
         let config = &self.inner.config;
         let id = model::requested_model_id(first).unwrap_or_default();
@@ -314,7 +321,7 @@ impl Agent {
             RunError::Internal(format!("model `{id}` is not configured in cursor-byok"))
         })?;
         let chain = self.chain(&model, first.conversation_id.clone())?;
-        let child = self.child_of(first, id);
+        let child = self.child_of(first, id, parent_call);
         Ok(run::Run {
             request_id,
             model,
@@ -336,17 +343,35 @@ impl Agent {
         })
     }
 
-    /// Is this run the child of a subagent call of ours? Its user message and model match an
-    /// outstanding `subagent_args`; a run that only names its kind gets that kind's limits.
-    fn child_of(&self, first: &pb::AgentRunRequest, model_id: &str) -> Option<subagents::Child> {
+    /// Is this run the child of a subagent call of ours? The client names the call
+    /// (`parent_call`, from its headers), or, as over HTTP/1.1 where it names nothing, the run
+    /// is a new conversation whose user message and model match an outstanding
+    /// `subagent_args`; a run that only names its kind gets that kind's limits.
+    fn child_of(
+        &self,
+        first: &pb::AgentRunRequest,
+        model_id: &str,
+        parent_call: Option<&str>,
+    ) -> Option<subagents::Child> {
         use pb::conversation_action::Action;
         let prompt = match first.action.as_ref().and_then(|a| a.action.as_ref()) {
             Some(Action::UserMessageAction(a)) => a.user_message.as_ref().map(|u| u.text.as_str()),
             _ => None,
         };
+        // A child starts a conversation of its own: one with turns already is the user's.
+        let fresh = first
+            .conversation_state
+            .as_ref()
+            .is_none_or(|s| s.turns.is_empty());
         let conversation = first.conversation_id.clone().unwrap_or_default();
-        let claimed = prompt
-            .and_then(|p| self.inner.subagents.claim(p, model_id))
+        let registry = &self.inner.subagents;
+        let claimed = parent_call
+            .and_then(|call| registry.claim_call(call))
+            .or_else(|| {
+                prompt
+                    .filter(|_| fresh)
+                    .and_then(|p| registry.claim(p, model_id))
+            })
             .map(|c| subagents::Child {
                 conversation_id: conversation.clone(),
                 ..c

@@ -260,7 +260,26 @@ fn origin_note(msg: &pb::UserMessage) -> String {
                 p.plan_id, p.plan_title
             )
         });
-    let head: Vec<String> = note.into_iter().chain(plan).collect();
+    // Another agent's words (a parent to its subagent), not the user's.
+    let sender = msg
+        .sent_by_agent_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| format!("[Sent to you by agent {a}; not typed by the user]"));
+    // The client's reminder for a subagent, ahead of its task.
+    let reminder = msg
+        .subagent_system_reminder
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| format!("<system-reminder>\n{r}\n</system-reminder>"));
+    let head: Vec<String> = note
+        .into_iter()
+        .chain(sender)
+        .chain(plan)
+        .chain(reminder)
+        .collect();
     match head.is_empty() {
         true => String::new(),
         false => format!("{}\n", head.join("\n")),
@@ -302,6 +321,30 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(text(&plain), "hi");
+    }
+
+    /// A parent agent's message to its subagent, with the client's reminder: neither reads as
+    /// the user's words.
+    #[test]
+    fn an_agents_message_and_a_subagent_reminder_are_marked() {
+        let msg = pb::UserMessage {
+            text: "Count the files.".into(),
+            sent_by_agent_id: Some("agent-7".into()),
+            subagent_system_reminder: Some("Answer in one line.".into()),
+            ..Default::default()
+        };
+        let Message::User { parts } = user_message_with(&msg, false, &Blobs::default()) else {
+            panic!("not a user message");
+        };
+        let UserPart::Text { text } = &parts[0] else {
+            panic!("{:?}", parts[0]);
+        };
+        assert_eq!(
+            text,
+            "[Sent to you by agent agent-7; not typed by the user]\n\
+             <system-reminder>\nAnswer in one line.\n</system-reminder>\n\
+             Count the files."
+        );
     }
 
     #[test]

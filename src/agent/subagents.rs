@@ -54,6 +54,8 @@ impl Child {
         let found = custom
             .iter()
             .find(|c| c.name.eq_ignore_ascii_case(&args.subagent_type));
+        // READONLY restricts the child; DEFAULT and AGENT_ONLY (whose meaning Cursor does not
+        // publish, and which the SDK never sends) run it with its tools.
         let custom_readonly = found.is_some_and(|c| {
             c.permission_mode == pb::CustomSubagentPermissionMode::Readonly as i32
         });
@@ -132,6 +134,16 @@ impl Registry {
             e.prompt == prompt
                 && (e.model_id.is_empty() || model_id.is_empty() || e.model_id == model_id)
         })?;
+        p.remove(i).map(|e| e.child)
+    }
+
+    /// A child run the client says belongs to the call `parent_tool_call_id`.
+    pub fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
+        let mut p = self.lock();
+        prune(&mut p);
+        let i = p
+            .iter()
+            .position(|e| e.child.parent_tool_call_id == parent_tool_call_id)?;
         p.remove(i).map(|e| e.child)
     }
 

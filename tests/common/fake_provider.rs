@@ -121,9 +121,13 @@ impl RecordedRequest {
     }
 }
 
+/// Picks a reply from what was asked (see [`FakeProvider::respond_with`]).
+type Responder = Arc<dyn Fn(&RecordedRequest) -> Option<Reply> + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     replies: VecDeque<Reply>,
+    responder: Option<Responder>,
     requests: Vec<RecordedRequest>,
     /// Response bodies the client stopped reading (connection closed) before they ended.
     hangups: usize,
@@ -175,6 +179,16 @@ impl FakeProvider {
     /// `http://127.0.0.1:<port>`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Answer each request with what `f` makes of it, falling back to the scripted replies
+    /// when it returns `None`. For runs that go side by side (a parent and its subagent), whose
+    /// requests arrive in no fixed order.
+    pub fn respond_with(
+        &self,
+        f: impl Fn(&RecordedRequest) -> Option<Reply> + Send + Sync + 'static,
+    ) {
+        self.state.lock().unwrap().responder = Some(Arc::new(f));
     }
 
     pub fn push(&self, reply: Reply) {
@@ -233,14 +247,18 @@ async fn handle(
         Err(_) => Vec::new(),
     };
     let reply = {
-        let mut st = state.lock().unwrap();
-        st.requests.push(RecordedRequest {
+        let recorded = RecordedRequest {
             method,
             path,
             headers,
             body,
-        });
-        st.replies.pop_front()
+        };
+        let responder = state.lock().unwrap().responder.clone();
+        // Outside the lock: the responder may look at anything it likes.
+        let made = responder.and_then(|f| f(&recorded));
+        let mut st = state.lock().unwrap();
+        st.requests.push(recorded);
+        made.or_else(|| st.replies.pop_front())
     }
     .unwrap_or_else(|| {
         Reply::json(

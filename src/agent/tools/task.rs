@@ -68,9 +68,12 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
     let model_id =
         model_for(o, &name, custom, a.str_opt(&["model"])?.as_deref()).map_err(|e| a.error(e))?;
     let readonly = a.bool_opt(&["readonly", "read_only"])?.unwrap_or(false) || looks_only;
+    // A custom subagent defined with `is_background` always runs in the background (Cursor's
+    // `is_background: true` frontmatter); otherwise the model decides.
     let background = a
         .bool_opt(&["run_in_background", "background"])?
-        .unwrap_or(false);
+        .unwrap_or(false)
+        || custom.is_some_and(|c| c.is_background);
     let resume = a
         .str_opt(&["resume", "resume_agent_id", "agent_id"])?
         .filter(|r| !r.trim().is_empty());

@@ -1014,6 +1014,17 @@ fn task_sends_subagent_args_with_the_kinds_model_and_readonly_flag() {
     )
     .unwrap();
     assert_eq!(subagent_args(&shell).model_id, "byok-shell");
+    // A custom subagent defined as a background one runs in the background, whatever the call.
+    let mut bg = task_ctx();
+    bg.subagents.custom[0].is_background = true;
+    let watcher = plan(
+        &bg,
+        "t5",
+        "task",
+        &json!({"prompt": "Watch", "subagent_type": "reviewer", "run_in_background": false}),
+    )
+    .unwrap();
+    assert_eq!(subagent_args(&watcher).run_in_background, Some(true));
     let e = plan(
         &c,
         "t4",

@@ -213,8 +213,8 @@ pub(super) async fn append(
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    let secrets = super::client_secrets(&parts.headers);
-    match accept(t, &entry, seqno, (message, wire.clone()), secrets)
+    let caller = super::Caller::of(&parts.headers);
+    match accept(t, &entry, seqno, (message, wire.clone()), caller)
         .instrument(span)
         .await
     {
@@ -247,7 +247,7 @@ async fn accept(
     entry: &Arc<Entry>,
     seqno: i64,
     (message, wire): (pb::AgentClientMessage, Bytes),
-    secrets: Vec<crate::secret::Secret>,
+    caller: super::Caller,
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide.
     if seqno != 0 && entry.decision().await.is_none() {
@@ -272,7 +272,7 @@ async fn accept(
         st.decision = Some(decision.clone());
         st.first_append = Some(digest(&wire));
         if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, (message, wire), &decision, secrets)?;
+            start(t, entry, &mut st, (message, wire), &decision, caller)?;
             st.next_seqno = 1;
             entry.decided.notify_waiters();
             return Ok(Accepted::Ours);
@@ -331,18 +331,17 @@ fn start(
     st: &mut Inbound,
     (first, first_wire): (pb::AgentClientMessage, Bytes),
     decision: &Decision,
-    secrets: Vec<crate::secret::Secret>,
+    caller: super::Caller,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => crate::agent::RunRequest {
-            client_secrets: secrets,
-            ..crate::agent::RunRequest::from_client_message(
+        Some(In::RunRequest(r)) => {
+            caller.run_request(crate::agent::RunRequest::from_client_message(
                 with_pinned_model(r, decision),
                 &first_wire,
-            )
-        },
+            ))
+        }
         _ => {
             // A prewarm for our model: answered locally with an empty, successful stream.
             st.run_over = true;

@@ -209,6 +209,42 @@ fn client_secrets(headers: &HeaderMap) -> Vec<crate::secret::Secret> {
         .collect()
 }
 
+/// What the client's HTTP request says about the run it starts, beyond its message.
+#[derive(Debug, Default)]
+struct Caller {
+    secrets: Vec<crate::secret::Secret>,
+    parent_tool_call_id: Option<String>,
+}
+
+impl Caller {
+    fn of(headers: &HeaderMap) -> Caller {
+        Caller {
+            secrets: client_secrets(headers),
+            parent_tool_call_id: parent_tool_call_id(headers),
+        }
+    }
+
+    /// `r` as the run's first request, with what the headers said.
+    fn run_request(self, r: crate::agent::RunRequest) -> crate::agent::RunRequest {
+        crate::agent::RunRequest {
+            client_secrets: self.secrets,
+            parent_tool_call_id: self.parent_tool_call_id,
+            ..r
+        }
+    }
+}
+
+/// `x-parent-agent-tool-call-id`: the subagent call a child run belongs to, when the client
+/// says (bounded: it is only compared, never stored beyond the run).
+fn parent_tool_call_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-parent-agent-tool-call-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 512)
+        .map(str::to_string)
+}
+
 fn request_id(headers: &HeaderMap) -> Option<String> {
     headers
         .get("x-request-id")

@@ -80,12 +80,12 @@ pub(super) async fn handle(
         decision @ Decision::Ours { .. } => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
             let version = crate::status::client_version(&parts.headers);
-            let secrets = super::client_secrets(&parts.headers);
+            let caller = super::Caller::of(&parts.headers);
             serve_ours(
                 t,
                 (message, first),
                 &decision,
-                (request_id, version, secrets),
+                (request_id, version, caller),
                 peek,
                 body,
             )
@@ -99,17 +99,17 @@ async fn serve_ours(
     t: &AgentTransports,
     (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
     decision: &Decision,
-    (request_id, version, secrets): (String, Option<String>, Vec<crate::secret::Secret>),
+    (request_id, version, caller): (String, Option<String>, super::Caller),
     mut peek: Peek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
     let run_request = match first.message {
-        Some(In::RunRequest(r)) => RunRequest {
-            client_secrets: secrets,
-            ..RunRequest::from_client_message(with_pinned_model(r, decision), &first_wire)
-        },
+        Some(In::RunRequest(r)) => caller.run_request(RunRequest::from_client_message(
+            with_pinned_model(r, decision),
+            &first_wire,
+        )),
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
             debug!("prewarm answered locally");
