@@ -369,3 +369,34 @@ fn error_response(err: &ConnectError) -> Response<Body> {
 const DECIDE_WAIT: Duration = Duration::from_secs(2);
 /// How long a run's first frame may take to arrive on a `Run` stream.
 const FIRST_FRAME_WAIT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the headers say about a run: the bearer token for the scrubber (never the
+    /// scheme), and the parent call a child names — blank or oversized values are ignored.
+    #[test]
+    fn the_caller_is_read_from_the_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Bearer tok-123".parse().unwrap(),
+        );
+        h.insert(
+            "x-parent-agent-tool-call-id",
+            " call_t#s1 ".parse().unwrap(),
+        );
+        let c = Caller::of(&h);
+        assert_eq!(c.parent_tool_call_id.as_deref(), Some("call_t#s1"));
+        assert_eq!(c.secrets.len(), 1);
+        assert_eq!(c.secrets[0].expose(), "tok-123");
+        let r = c.run_request(crate::agent::RunRequest::default());
+        assert_eq!(r.parent_tool_call_id.as_deref(), Some("call_t#s1"));
+        h.insert("x-parent-agent-tool-call-id", " ".parse().unwrap());
+        assert_eq!(Caller::of(&h).parent_tool_call_id, None);
+        let long = "x".repeat(513);
+        h.insert("x-parent-agent-tool-call-id", long.parse().unwrap());
+        assert_eq!(Caller::of(&h).parent_tool_call_id, None);
+    }
+}
