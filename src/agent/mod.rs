@@ -358,20 +358,18 @@ impl Agent {
             Some(Action::UserMessageAction(a)) => a.user_message.as_ref().map(|u| u.text.as_str()),
             _ => None,
         };
-        // A child starts a conversation of its own: one with turns already is the user's.
+        // A child starts a conversation of its own (or, resumed, continues its own): one
+        // with turns already is the user's unless a call resumes it.
         let fresh = first
             .conversation_state
             .as_ref()
             .is_none_or(|s| s.turns.is_empty());
         let conversation = first.conversation_id.clone().unwrap_or_default();
         let registry = &self.inner.subagents;
+        let continues = (!fresh).then_some(conversation.as_str());
         let claimed = parent_call
             .and_then(|call| registry.claim_call(call))
-            .or_else(|| {
-                prompt
-                    .filter(|_| fresh)
-                    .and_then(|p| registry.claim(p, model_id))
-            })
+            .or_else(|| prompt.and_then(|p| registry.claim(p, model_id, continues)))
             .map(|c| subagents::Child {
                 conversation_id: conversation.clone(),
                 ..c

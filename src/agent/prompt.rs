@@ -261,18 +261,10 @@ fn origin_note(msg: &pb::UserMessage) -> String {
             )
         });
     // Another agent's words (a parent to its subagent), not the user's.
-    let sender = msg
-        .sent_by_agent_id
-        .as_deref()
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
+    let sender = nonblank(msg.sent_by_agent_id.as_deref())
         .map(|a| format!("[Sent to you by agent {a}; not typed by the user]"));
     // The client's reminder for a subagent, ahead of its task.
-    let reminder = msg
-        .subagent_system_reminder
-        .as_deref()
-        .map(str::trim)
-        .filter(|r| !r.is_empty())
+    let reminder = nonblank(msg.subagent_system_reminder.as_deref())
         .map(|r| format!("<system-reminder>\n{r}\n</system-reminder>"));
     let head: Vec<String> = note
         .into_iter()
@@ -284,6 +276,11 @@ fn origin_note(msg: &pb::UserMessage) -> String {
         true => String::new(),
         false => format!("{}\n", head.join("\n")),
     }
+}
+
+/// A text that says something, trimmed.
+fn nonblank(v: Option<&str>) -> Option<&str> {
+    v.map(str::trim).filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]

@@ -93,6 +93,8 @@ pub fn is_readonly_kind(kind: &str) -> bool {
 struct Pending {
     prompt: String,
     model_id: String,
+    /// `resume_agent_id`: the child continues that subagent's conversation.
+    resume: Option<String>,
     child: Child,
     at: Instant,
 }
@@ -119,20 +121,24 @@ impl Registry {
         p.push_back(Pending {
             prompt: args.prompt.trim().to_string(),
             model_id: args.model_id.clone(),
+            resume: args.resume_agent_id.clone().filter(|r| !r.is_empty()),
             child,
             at: Instant::now(),
         });
     }
 
     /// The call a new run (its user message `prompt`, its model `model_id`) is the child of:
-    /// the oldest outstanding one with that prompt and model. Claimed once.
-    pub fn claim(&self, prompt: &str, model_id: &str) -> Option<Child> {
+    /// the oldest outstanding one with that prompt and model. A run whose conversation already
+    /// has turns (`continues` names it) is only the child of a call that resumes that
+    /// conversation's subagent; otherwise it is the user's own. Claimed once.
+    pub fn claim(&self, prompt: &str, model_id: &str, continues: Option<&str>) -> Option<Child> {
         let mut p = self.lock();
         prune(&mut p);
         let prompt = prompt.trim();
         let i = p.iter().position(|e| {
             e.prompt == prompt
                 && (e.model_id.is_empty() || model_id.is_empty() || e.model_id == model_id)
+                && continues.is_none_or(|c| e.resume.as_deref() == Some(c))
         })?;
         p.remove(i).map(|e| e.child)
     }
@@ -223,11 +229,45 @@ mod tests {
         let r = Registry::default();
         let a = args("t1", "Find the config loader", "byok-m");
         r.register(&a, Child::for_call(&a, &[], 0));
-        assert_eq!(r.claim("Find the config loader", "other-model"), None);
-        let child = r.claim(" Find the config loader\n", "byok-m").unwrap();
+        assert_eq!(r.claim("Find the config loader", "other-model", None), None);
+        let child = r
+            .claim(" Find the config loader\n", "byok-m", None)
+            .unwrap();
         assert_eq!((child.depth, child.readonly), (1, true));
         assert_eq!(child.parent_tool_call_id, "t1");
-        assert_eq!(r.claim("Find the config loader", "byok-m"), None);
+        assert_eq!(r.claim("Find the config loader", "byok-m", None), None);
+    }
+
+    /// A run in a conversation with turns is a child only of a call resuming that
+    /// conversation's subagent; a client that names the call is believed whatever the prompt.
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_child_continues_its_own_conversation_and_a_named_call_is_claimed() {
+        let r = Registry::default();
+        let mut a = args("t1", "Go on with the survey", "byok-m");
+        a.resume_agent_id = Some("ag-1".into());
+        r.register(&a, Child::for_call(&a, &[], 0));
+        assert_eq!(
+            r.claim("Go on with the survey", "byok-m", Some("conv-user")),
+            None
+        );
+        let child = r.claim("Go on with the survey", "byok-m", Some("ag-1"));
+        assert_eq!(child.map(|c| c.parent_tool_call_id).as_deref(), Some("t1"));
+        let b = args("t2", "Survey the tests", "byok-m");
+        r.register(&b, Child::for_call(&b, &[], 0));
+        assert_eq!(
+            r.claim("Survey the tests", "byok-m", Some("conv-user")),
+            None
+        );
+        assert_eq!(r.claim_call("t9"), None);
+        assert_eq!(
+            r.claim_call("t2").map(|c| c.kind).as_deref(),
+            Some("explore")
+        );
+        assert_eq!(
+            r.claim("Survey the tests", "byok-m", None),
+            None,
+            "claimed once"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -241,7 +281,7 @@ mod tests {
         }
         // Ten minutes at one call per 10 s (the newest 10 s old): 59 wait, the rest aged out.
         assert_eq!(r.len(), 59);
-        assert_eq!(r.claim("task 0", "m"), None);
+        assert_eq!(r.claim("task 0", "m", None), None);
         tokio::time::advance(PENDING_TTL).await;
         assert!(r.is_empty());
     }
@@ -254,10 +294,12 @@ mod tests {
             r.register(&a, Child::for_call(&a, &[], 0));
         }
         assert_eq!(r.len(), MAX_PENDING);
-        assert_eq!(r.claim("task 0", "m"), None);
-        assert!(r.claim(&format!("task {}", MAX_PENDING + 4), "m").is_some());
+        assert_eq!(r.claim("task 0", "m", None), None);
+        assert!(r
+            .claim(&format!("task {}", MAX_PENDING + 4), "m", None)
+            .is_some());
         r.forget("t10");
-        assert_eq!(r.claim("task 10", "m"), None);
+        assert_eq!(r.claim("task 10", "m", None), None);
     }
 
     #[test]
