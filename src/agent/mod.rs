@@ -377,6 +377,7 @@ impl Agent {
         if let Some(c) = &claimed {
             tracing::info!(
                 parent_call = %c.parent_tool_call_id,
+                named_by_client = ?parent_call,
                 kind = %c.kind,
                 depth = c.depth,
                 conversation = %conversation,
