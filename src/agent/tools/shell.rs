@@ -53,12 +53,9 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
         // The block time: past it the client moves the command to the background (Cursor's
         // own long-command behaviour) rather than killing it; `hard_timeout` still kills.
         timeout: if background { 0 } else { block_ms(ctx, a)? },
-        // A background start has no limit to carry one (`BackgroundShellSpawnArgs`).
-        hard_timeout: if background {
-            None
-        } else {
-            hard_timeout_ms(a)?
-        },
+        // Kept on a background start too, though `BackgroundShellSpawnArgs` has no field to
+        // carry it: the result then tells the model it was not applied.
+        hard_timeout: hard_timeout_ms(a)?,
         is_background: background,
         tool_call_id: call_id.to_string(),
         simple_commands: parsed.simple_commands,
@@ -594,6 +591,7 @@ fn finish_results(
             ..Default::default()
         })
     } else if thrown.is_none()
+        && !args.is_background
         && args.hard_timeout.is_some()
         && args.timeout_behavior == pb::TimeoutBehavior::Background as i32
     {
@@ -723,7 +721,14 @@ pub(crate) fn render(t: &pb::ShellToolCall) -> (String, bool) {
             if let Some(id) = s.shell_id.filter(|_| result.is_background == Some(true)) {
                 let note = background_note(result, s, id);
                 if s.background_reason.is_none() && args.is_background {
-                    return (format!("Started in the background: {note}."), false);
+                    let unlimited = match args.hard_timeout {
+                        Some(_) => " The timeout was not applied: a background command runs until it ends or is stopped.",
+                        None => "",
+                    };
+                    return (
+                        format!("Started in the background: {note}.{unlimited}"),
+                        false,
+                    );
                 }
                 let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
                 let why = match s

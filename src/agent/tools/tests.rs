@@ -505,7 +505,7 @@ fn a_background_command_is_spawned_and_names_its_shell_pid_and_output_file() {
             },
         )),
     });
-    let o = finish_exec(&ctx(), &p, &[spawned], None);
+    let o = finish_exec(&ctx(), &p, std::slice::from_ref(&spawned), None);
     assert!(!o.is_error, "{}", o.content);
     for part in [
         "Started in the background",
@@ -533,6 +533,19 @@ fn a_background_command_is_spawned_and_names_its_shell_pid_and_output_file() {
         ("run_terminal_cmd", o.content.as_str())
     );
     assert_eq!(args["is_background"], true);
+    assert!(!o.content.contains("timeout"), "{}", o.content);
+
+    // A timeout the spawn cannot carry is not dropped silently: the model hears of it.
+    let timed = planned(
+        "run_terminal_cmd",
+        json!({"command": "npm start", "is_background": true, "timeout": 60}),
+    );
+    let o = finish_exec(&ctx(), &timed, &[spawned], None);
+    assert!(
+        o.content.contains("The timeout was not applied"),
+        "{}",
+        o.content
+    );
 
     let refused = Res::BackgroundShellSpawnResult(pb::BackgroundShellSpawnResult {
         result: Some(pb::background_shell_spawn_result::Result::Error(
