@@ -2297,3 +2297,98 @@ async fn a_spec_request_and_a_message_about_a_plan_reach_the_model_as_such() {
         "{text}"
     );
 }
+
+/// Hooks (Cursor's `.cursor/hooks.json`) may add context for the model: on the user message
+/// and on a tool's exec result. Both reach the model — the exec's at the next model call of the
+/// turn, after the tool result — and the turn's record keeps the latter, so the next turn
+/// reads the same.
+#[tokio::test]
+async fn hook_contexts_on_the_message_and_on_a_tool_result_reach_the_model() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("hello.txt"), "hello world\n").unwrap();
+    let provider = FakeProvider::start(vec![
+        Reply::sse(tool_sse(&[(
+            "call_1",
+            "read_file",
+            r#"{"path":"hello.txt"}"#,
+        )])),
+        Reply::sse(text_sse("Read it.")),
+        Reply::sse(text_sse("Again.")),
+    ])
+    .await;
+    let agent = Agent::new(config(&provider.base_url(), 5)).unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let mut request = run_request("read the greeting", false);
+    if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
+        request.action.as_mut().and_then(|a| a.action.as_mut())
+    {
+        a.user_message.as_mut().unwrap().hook_additional_contexts =
+            vec![pb::HookAdditionalContext {
+                hook_event_name: "beforeSubmitPrompt".into(),
+                content: "PROMPT-HOOK: the repo is frozen.".into(),
+            }];
+    }
+    let mut run = agent.start_run(request, "req-hooks".into());
+    let mut messages = Vec::new();
+    let end = loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), run.output.recv())
+            .await
+            .expect("the run must not hang")
+            .expect("the run must end with an End");
+        let m = match out {
+            RunOutput::End(end) => break end,
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+        };
+        for mut answer in client.respond(&m) {
+            // The client's postToolUse hook speaks up on the read's result.
+            if let Some(pb::agent_client_message::Message::ExecClientMessage(e)) =
+                answer.message.as_mut()
+            {
+                if matches!(
+                    e.message,
+                    Some(pb::exec_client_message::Message::ReadResult(_))
+                ) {
+                    e.hook_additional_contexts = vec![pb::HookAdditionalContext {
+                        hook_event_name: "postToolUse".into(),
+                        content: "TOOL-HOOK: hello.txt is generated.".into(),
+                    }];
+                }
+            }
+            let _ = run.input.send(Box::new(answer)).await;
+        }
+        messages.push(*m);
+    };
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let reqs = provider.requests();
+    let first = reqs[0].json().to_string();
+    assert!(
+        first.contains("<hook_context event=\\\"beforeSubmitPrompt\\\">")
+            && first.contains("PROMPT-HOOK"),
+        "{first}"
+    );
+    let second = reqs[1].json();
+    let msgs = second["messages"].as_array().unwrap();
+    let tool_at = msgs.iter().position(|m| m["role"] == "tool").unwrap();
+    let after: String = msgs[tool_at + 1..].iter().map(|m| m.to_string()).collect();
+    assert!(
+        after.contains("<hook_context event=\\\"postToolUse\\\">") && after.contains("TOOL-HOOK"),
+        "the tool hook follows the tool result: {msgs:?}"
+    );
+
+    // The next turn rebuilds the history from the record: the tool hook is still there.
+    let checkpoint = messages
+        .iter()
+        .rev()
+        .find_map(|m| match &m.message {
+            Some(Server::ConversationCheckpointUpdate(c)) => Some(c.clone()),
+            _ => None,
+        })
+        .expect("a checkpoint");
+    let mut next = run_request("and now?", false);
+    next.conversation_state = Some(checkpoint);
+    let mut run = agent.start_run(next, "req-hooks-2".into());
+    let (_, end) = drive_with(&mut run, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let third = provider.requests()[2].json().to_string();
+    assert!(third.contains("TOOL-HOOK"), "{third}");
+}

@@ -218,6 +218,7 @@ pub fn user_message_with(msg: &pb::UserMessage, images_allowed: bool, blobs: &Bl
     }
     text.push_str(&origin_note(msg));
     text.push_str(&selected::user_text(msg, blobs));
+    text.push_str(&hook_contexts(&msg.hook_additional_contexts));
     let mut parts = vec![UserPart::Text { text }];
     parts.extend(images);
     Message::User { parts }
@@ -276,6 +277,28 @@ fn origin_note(msg: &pb::UserMessage) -> String {
         true => String::new(),
         false => format!("{}\n", head.join("\n")),
     }
+}
+
+/// Hook output the client attached for the model (`hook_additional_contexts`: on a user
+/// message, e.g. from a hook on prompt submission, after the user's words; on an exec result,
+/// from a hook after the tool), each tagged with its hook event.
+pub(crate) fn hook_contexts(hooks: &[pb::HookAdditionalContext]) -> String {
+    /// Hooks rendered at once, and each one's text, at most.
+    const MAX_HOOKS: usize = 16;
+    const MAX_HOOK_CHARS: usize = 10_000;
+    let mut out = String::new();
+    let given = hooks
+        .iter()
+        .filter_map(|h| nonblank(Some(&h.content)).map(|c| (h, c)));
+    for (h, content) in given.take(MAX_HOOKS) {
+        let event = h.hook_event_name.replace('"', "'");
+        let _ = write!(
+            out,
+            "\n\n<hook_context event=\"{event}\">\n{}\n</hook_context>",
+            context::cap(content, MAX_HOOK_CHARS)
+        );
+    }
+    out
 }
 
 /// A text that says something, trimmed.
@@ -341,6 +364,37 @@ mod tests {
             "[Sent to you by agent agent-7; not typed by the user]\n\
              <system-reminder>\nAnswer in one line.\n</system-reminder>\n\
              Count the files."
+        );
+    }
+
+    /// What a hook added for the model follows the user's words, tagged with its event; an
+    /// empty one adds nothing.
+    #[test]
+    fn hook_contexts_follow_the_message() {
+        let msg = pb::UserMessage {
+            text: "Fix the build.".into(),
+            hook_additional_contexts: vec![
+                pb::HookAdditionalContext {
+                    hook_event_name: "beforeSubmitPrompt".into(),
+                    content: "The CI uses Rust 1.95.".into(),
+                },
+                pb::HookAdditionalContext {
+                    hook_event_name: "sessionStart".into(),
+                    content: "  ".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        let Message::User { parts } = user_message_with(&msg, false, &Blobs::default()) else {
+            panic!("not a user message");
+        };
+        let UserPart::Text { text } = &parts[0] else {
+            panic!("{:?}", parts[0]);
+        };
+        assert_eq!(
+            text,
+            "Fix the build.\n\n<hook_context event=\"beforeSubmitPrompt\">\n\
+             The CI uses Rust 1.95.\n</hook_context>"
         );
     }
 

@@ -183,7 +183,7 @@ pub const LEDGER: &[(&str, &str, Use)] = &[
     ("UserMessage", "thread_id", No("cloud threads (Slack etc.)")),
     ("UserMessage", "text_blob_id", By("selected::user_text: the text, fetched by blob id")),
     ("UserMessage", "rich_text_blob_id", By("selected::user_text: the rich text, fetched by blob id")),
-    ("UserMessage", "hook_additional_contexts", No("not used yet: hook output for the model")),
+    ("UserMessage", "hook_additional_contexts", By("prompt::hook_contexts: <hook_context event=…> after the message")),
     ("UserMessage", "custom_mode_intent", No("not used yet: custom modes")),
     ("UserMessage", "project_details", No("not used yet: new-project onboarding")),
     ("UserMessage", "turn_steer", By("prompt::origin_note: marked as sent while the agent worked")),

@@ -13,7 +13,12 @@ pub struct ExecOutcome {
     pub results: Vec<pb::exec_client_message::Message>,
     /// The client's `throw` error, if it failed.
     pub thrown: Option<String>,
+    /// What the client's hooks added for the model while running it (bounded).
+    pub hooks: Vec<pb::HookAdditionalContext>,
 }
+
+/// Hook contexts kept per exec, at most (a client could attach any number).
+const MAX_HOOKS: usize = 16;
 
 #[derive(Debug, Default)]
 struct Pending {
@@ -62,13 +67,17 @@ impl ExecBridge {
 
     /// Record a result. Returns false when it belongs to no exec of ours.
     pub fn on_result(&mut self, msg: pb::ExecClientMessage) -> bool {
-        match (self.pending.get_mut(&msg.id), msg.message) {
-            (Some(p), Some(m)) => {
-                p.outcome.results.push(m);
-                true
-            }
-            _ => false,
+        let Some(p) = self.pending.get_mut(&msg.id) else {
+            return false;
+        };
+        let room = MAX_HOOKS.saturating_sub(p.outcome.hooks.len());
+        p.outcome
+            .hooks
+            .extend(msg.hook_additional_contexts.into_iter().take(room));
+        if let Some(m) = msg.message {
+            p.outcome.results.push(m);
         }
+        true
     }
 
     /// Record a control message (close, throw, heartbeat). Returns the exec id it concerned.

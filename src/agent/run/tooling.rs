@@ -130,9 +130,18 @@ impl RunState {
                 ToolPlan::Exec { .. } | ToolPlan::ExecEach { .. } => {
                     let mut all = Vec::new();
                     let mut thrown = None;
+                    let mut hooks = Vec::new();
                     for o in results.get_mut(span).into_iter().flatten() {
                         all.append(&mut o.results);
                         thrown = thrown.or(o.thrown.take());
+                        hooks.append(&mut o.hooks);
+                    }
+                    // What a hook added after the tool reaches the model as a note at its
+                    // next call (and is recorded with the turn, so replays read the same).
+                    let note = crate::agent::prompt::hook_contexts(&hooks);
+                    if !note.is_empty() {
+                        self.steering
+                            .note(crate::provider::Message::user_text(note.trim_start()));
                     }
                     tools::finish_exec(ctx, &plan, &all, thrown.as_deref())
                 }
