@@ -35,6 +35,10 @@ pub struct PromptInputs<'a> {
     pub child: Option<&'a crate::agent::subagents::Child>,
     /// Subagents an earlier turn left running in the background: (id, title).
     pub background: &'a [(String, String)],
+    /// `run_request.exclude_workspace_context`: leave out what describes the workspace's
+    /// contents (git state, project layout); where the model works (OS, shell, folders) stays,
+    /// since its tools need it.
+    pub exclude_workspace: bool,
 }
 
 pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
@@ -62,7 +66,7 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
         );
     }
     if let Some(ctx) = inputs.ctx {
-        workspace(&mut s, ctx);
+        workspace(&mut s, ctx, inputs.exclude_workspace);
         rules::write_static(&mut s, ctx);
         rules::write_skills(&mut s, &rules::skills(ctx));
         subagents(&mut s, ctx);
@@ -98,8 +102,9 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
     s
 }
 
-/// Where the model works: OS, shell, folders, time zone, git state and project layout.
-fn workspace(s: &mut String, ctx: &pb::RequestContext) {
+/// Where the model works: OS, shell, folders, time zone, and (unless `without_contents`) git
+/// state and project layout.
+fn workspace(s: &mut String, ctx: &pb::RequestContext, without_contents: bool) {
     let mut w = String::new();
     if let Some(env) = &ctx.env {
         let mut line = |label: &str, v: &str| {
@@ -119,7 +124,11 @@ fn workspace(s: &mut String, ctx: &pb::RequestContext) {
         line("Time zone", &env.time_zone);
         line("Terminal output files", &env.terminals_folder);
     }
-    for repo in &ctx.git_repos {
+    let (repos, layouts) = match without_contents {
+        true => (&[][..], &[][..]),
+        false => (&ctx.git_repos[..], &ctx.project_layouts[..]),
+    };
+    for repo in repos {
         let branch = if repo.branch_name.is_empty() {
             String::new()
         } else {
@@ -131,7 +140,7 @@ fn workspace(s: &mut String, ctx: &pb::RequestContext) {
             let _ = writeln!(w, "{}", context::cap(status, 4_000));
         }
     }
-    for layout in &ctx.project_layouts {
+    for layout in layouts {
         let mut tree = String::new();
         layout_lines(&mut tree, layout, 0);
         let _ = write!(w, "Project layout:\n{}", context::cap(&tree, 6_000));
@@ -395,6 +404,47 @@ mod tests {
             text,
             "Fix the build.\n\n<hook_context event=\"beforeSubmitPrompt\">\n\
              The CI uses Rust 1.95.\n</hook_context>"
+        );
+    }
+
+    /// `exclude_workspace_context` leaves out the workspace's contents but keeps where the
+    /// model works.
+    #[test]
+    fn excluding_the_workspace_context_keeps_the_environment() {
+        let ctx = pb::RequestContext {
+            env: Some(pb::RequestContextEnv {
+                os_version: "linux 6.1".into(),
+                workspace_paths: vec!["/home/u/proj".into()],
+                ..Default::default()
+            }),
+            git_repos: vec![pb::GitRepoInfo {
+                path: "/home/u/proj".into(),
+                branch_name: "feature-x".into(),
+                status: "M src/secret_plan.rs".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let prompt = |exclude_workspace| {
+            system_prompt(&PromptInputs {
+                ctx: Some(&ctx),
+                exclude_workspace,
+                ..Default::default()
+            })
+        };
+        let full = prompt(false);
+        assert!(
+            full.contains("feature-x") && full.contains("secret_plan.rs"),
+            "{full}"
+        );
+        let bare = prompt(true);
+        assert!(
+            bare.contains("linux 6.1") && bare.contains("/home/u/proj"),
+            "{bare}"
+        );
+        assert!(
+            !bare.contains("feature-x") && !bare.contains("secret_plan.rs"),
+            "{bare}"
         );
     }
 

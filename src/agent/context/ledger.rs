@@ -88,7 +88,7 @@ pub const LEDGER: &[(&str, &str, Use)] = &[
     ("AgentRunRequest", "requested_model", By("agent::model: the model and picker parameters; its credentials only go to the run's secret scrubber")),
     ("AgentRunRequest", "suggest_next_prompt", No("UI feature (next-prompt suggestions)")),
     ("AgentRunRequest", "subagent_type_name", By("Agent::child_of: a run that names its kind gets its limits (read-only for explore) when no call of ours matches")),
-    ("AgentRunRequest", "exclude_workspace_context", No("not honoured yet: the workspace is always described")),
+    ("AgentRunRequest", "exclude_workspace_context", By("prompt::workspace: git state and project layout left out; OS, shell and folders kept for the tools")),
     ("AgentRunRequest", "harness", No("server-side harness selection; ours is fixed")),
     ("AgentRunRequest", "selected_subagent_models", By("tools::task: the subagent's model when no custom model or override applies")),
     ("AgentRunRequest", "selected_subagent_model_details", No("the child run brings its own model_details; the parent only names the model (selected_subagent_models)")),

@@ -187,6 +187,7 @@ impl RunState {
                 touched: &touched,
                 child: self.run.child.as_ref(),
                 background: &background,
+                exclude_workspace: req.exclude_workspace_context == Some(true),
             });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
