@@ -58,20 +58,10 @@ fn run_request(text: &str, with_context: bool) -> pb::AgentRunRequest {
             model_id: "byok-fake-model".into(),
             ..Default::default()
         }),
-        action: Some(pb::ConversationAction {
-            action: Some(pb::conversation_action::Action::UserMessageAction(
-                pb::UserMessageAction {
-                    user_message: Some(pb::UserMessage {
-                        text: text.into(),
-                        message_id: "m1".into(),
-                        ..Default::default()
-                    }),
-                    request_context,
-                    ..Default::default()
-                },
-            )),
-            ..Default::default()
-        }),
+        action: Some(common::fake_cursor::user_message_action(
+            text,
+            request_context,
+        )),
         ..Default::default()
     }
 }
@@ -87,6 +77,15 @@ async fn drive_with(
     handle: &mut RunHandle,
     client: &mut FakeCursor,
 ) -> (Vec<pb::AgentServerMessage>, EndStream) {
+    drive_mapped(handle, client, |_| {}).await
+}
+
+/// [`drive_with`], each of the client's answers passed through `change` before it is sent.
+async fn drive_mapped(
+    handle: &mut RunHandle,
+    client: &mut FakeCursor,
+    change: impl Fn(&mut pb::AgentClientMessage),
+) -> (Vec<pb::AgentServerMessage>, EndStream) {
     let mut messages = Vec::new();
     loop {
         let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
@@ -96,7 +95,8 @@ async fn drive_with(
         match out {
             RunOutput::End(end) => return (messages, end),
             RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
-                for answer in client.respond(&m) {
+                for mut answer in client.respond(&m) {
+                    change(&mut answer);
                     // The run may be over already; then nobody listens.
                     let _ = handle.input.send(Box::new(answer)).await;
                 }
@@ -2329,35 +2329,23 @@ async fn hook_contexts_on_the_message_and_on_a_tool_result_reach_the_model() {
             }];
     }
     let mut run = agent.start_run(request, "req-hooks".into());
-    let mut messages = Vec::new();
-    let end = loop {
-        let out = tokio::time::timeout(Duration::from_secs(20), run.output.recv())
-            .await
-            .expect("the run must not hang")
-            .expect("the run must end with an End");
-        let m = match out {
-            RunOutput::End(end) => break end,
-            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
-        };
-        for mut answer in client.respond(&m) {
-            // The client's postToolUse hook speaks up on the read's result.
-            if let Some(pb::agent_client_message::Message::ExecClientMessage(e)) =
-                answer.message.as_mut()
-            {
-                if matches!(
-                    e.message,
-                    Some(pb::exec_client_message::Message::ReadResult(_))
-                ) {
-                    e.hook_additional_contexts = vec![pb::HookAdditionalContext {
-                        hook_event_name: "postToolUse".into(),
-                        content: "TOOL-HOOK: hello.txt is generated.".into(),
-                    }];
-                }
+    let (messages, end) = drive_mapped(&mut run, &mut client, |answer| {
+        // The client's postToolUse hook speaks up on the read's result.
+        if let Some(pb::agent_client_message::Message::ExecClientMessage(e)) =
+            answer.message.as_mut()
+        {
+            if matches!(
+                e.message,
+                Some(pb::exec_client_message::Message::ReadResult(_))
+            ) {
+                e.hook_additional_contexts = vec![pb::HookAdditionalContext {
+                    hook_event_name: "postToolUse".into(),
+                    content: "TOOL-HOOK: hello.txt is generated.".into(),
+                }];
             }
-            let _ = run.input.send(Box::new(answer)).await;
         }
-        messages.push(*m);
-    };
+    })
+    .await;
     assert!(end.error.is_none(), "{:?}", end.error);
     let reqs = provider.requests();
     let first = reqs[0].json().to_string();

@@ -56,19 +56,7 @@ fn parent_request(text: &str) -> pb::AgentRunRequest {
 }
 
 fn user_action(text: &str) -> pb::ConversationAction {
-    pb::ConversationAction {
-        action: Some(pb::conversation_action::Action::UserMessageAction(
-            pb::UserMessageAction {
-                user_message: Some(pb::UserMessage {
-                    text: text.into(),
-                    message_id: "m1".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        )),
-        ..Default::default()
-    }
+    common::fake_cursor::user_message_action(text, None)
 }
 
 /// The run Cursor's client starts for `subagent_args`: a new conversation, the prompt as

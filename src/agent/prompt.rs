@@ -288,13 +288,14 @@ fn origin_note(msg: &pb::UserMessage) -> String {
     }
 }
 
+/// Hooks rendered at once, and each one's text, at most.
+const MAX_HOOKS: usize = 16;
+const MAX_HOOK_CHARS: usize = 10_000;
+
 /// Hook output the client attached for the model (`hook_additional_contexts`: on a user
 /// message, e.g. from a hook on prompt submission, after the user's words; on an exec result,
 /// from a hook after the tool), each tagged with its hook event.
 pub(crate) fn hook_contexts(hooks: &[pb::HookAdditionalContext]) -> String {
-    /// Hooks rendered at once, and each one's text, at most.
-    const MAX_HOOKS: usize = 16;
-    const MAX_HOOK_CHARS: usize = 10_000;
     let mut out = String::new();
     let given = hooks
         .iter()
@@ -320,6 +321,17 @@ mod tests {
     use super::*;
     use prost::Message as _;
 
+    /// The text the provider gets for `msg`.
+    fn rendered(msg: &pb::UserMessage) -> String {
+        match user_message_with(msg, false, &Blobs::default()) {
+            Message::User { parts } => match &parts[0] {
+                UserPart::Text { text } => text.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// The note is part of the message itself, so a stored Build turn replayed from history
     /// (which renders stored messages with the same function) still reads as system-written.
     #[test]
@@ -330,13 +342,7 @@ mod tests {
             simulated_msg_reason: Some(pb::SimulatedMsgReason::PlanExecution as i32),
             ..Default::default()
         };
-        let text = |m: &pb::UserMessage| match user_message_with(m, false, &Blobs::default()) {
-            Message::User { parts } => match &parts[0] {
-                UserPart::Text { text } => text.clone(),
-                other => panic!("{other:?}"),
-            },
-            other => panic!("{other:?}"),
-        };
+        let text = rendered;
         let first = text(&build);
         assert!(
             first.starts_with("[System message (plan execution)"),
@@ -362,14 +368,8 @@ mod tests {
             subagent_system_reminder: Some("Answer in one line.".into()),
             ..Default::default()
         };
-        let Message::User { parts } = user_message_with(&msg, false, &Blobs::default()) else {
-            panic!("not a user message");
-        };
-        let UserPart::Text { text } = &parts[0] else {
-            panic!("{:?}", parts[0]);
-        };
         assert_eq!(
-            text,
+            rendered(&msg),
             "[Sent to you by agent agent-7; not typed by the user]\n\
              <system-reminder>\nAnswer in one line.\n</system-reminder>\n\
              Count the files."
@@ -394,17 +394,32 @@ mod tests {
             ],
             ..Default::default()
         };
-        let Message::User { parts } = user_message_with(&msg, false, &Blobs::default()) else {
-            panic!("not a user message");
-        };
-        let UserPart::Text { text } = &parts[0] else {
-            panic!("{:?}", parts[0]);
-        };
         assert_eq!(
-            text,
+            rendered(&msg),
             "Fix the build.\n\n<hook_context event=\"beforeSubmitPrompt\">\n\
              The CI uses Rust 1.95.\n</hook_context>"
         );
+    }
+
+    /// A client could attach any number of hooks of any size: at most [`MAX_HOOKS`] are
+    /// rendered, each capped with a visible cut.
+    #[test]
+    fn hook_contexts_are_bounded() {
+        let hooks: Vec<pb::HookAdditionalContext> = (0..MAX_HOOKS + 4)
+            .map(|i| pb::HookAdditionalContext {
+                hook_event_name: format!("hook{i}"),
+                content: "x".repeat(MAX_HOOK_CHARS + 500),
+            })
+            .collect();
+        let out = hook_contexts(&hooks);
+        assert_eq!(out.matches("<hook_context ").count(), MAX_HOOKS);
+        assert!(!out.contains(&format!("hook{MAX_HOOKS}\"")));
+        assert_eq!(
+            out.matches("[truncated").count(),
+            MAX_HOOKS,
+            "each one is cut"
+        );
+        assert!(out.len() < MAX_HOOKS * (MAX_HOOK_CHARS + 200));
     }
 
     /// `exclude_workspace_context` leaves out the workspace's contents but keeps where the

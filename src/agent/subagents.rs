@@ -132,24 +132,24 @@ impl Registry {
     /// has turns (`continues` names it) is only the child of a call that resumes that
     /// conversation's subagent; otherwise it is the user's own. Claimed once.
     pub fn claim(&self, prompt: &str, model_id: &str, continues: Option<&str>) -> Option<Child> {
-        let mut p = self.lock();
-        prune(&mut p);
         let prompt = prompt.trim();
-        let i = p.iter().position(|e| {
+        self.take_first(|e| {
             e.prompt == prompt
                 && (e.model_id.is_empty() || model_id.is_empty() || e.model_id == model_id)
                 && continues.is_none_or(|c| e.resume.as_deref() == Some(c))
-        })?;
-        p.remove(i).map(|e| e.child)
+        })
     }
 
     /// A child run the client says belongs to the call `parent_tool_call_id`.
     pub fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
+        self.take_first(|e| e.child.parent_tool_call_id == parent_tool_call_id)
+    }
+
+    /// The oldest live entry that `matches`, removed.
+    fn take_first(&self, matches: impl Fn(&Pending) -> bool) -> Option<Child> {
         let mut p = self.lock();
         prune(&mut p);
-        let i = p
-            .iter()
-            .position(|e| e.child.parent_tool_call_id == parent_tool_call_id)?;
+        let i = p.iter().position(matches)?;
         p.remove(i).map(|e| e.child)
     }
 

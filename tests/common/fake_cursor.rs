@@ -387,3 +387,24 @@ fn control(m: pb::exec_client_control_message::Message) -> pb::AgentClientMessag
         })),
     }
 }
+
+/// The action of a user typing `text` (message id `m1`), with the request context, if any.
+pub fn user_message_action(
+    text: &str,
+    request_context: Option<pb::RequestContext>,
+) -> pb::ConversationAction {
+    pb::ConversationAction {
+        action: Some(pb::conversation_action::Action::UserMessageAction(
+            pb::UserMessageAction {
+                user_message: Some(pb::UserMessage {
+                    text: text.into(),
+                    message_id: "m1".into(),
+                    ..Default::default()
+                }),
+                request_context,
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}

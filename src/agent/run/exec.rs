@@ -169,6 +169,27 @@ mod tests {
         assert_eq!(b.on_control(close(99)), None);
     }
 
+    /// Hook contexts on an exec's results are kept up to [`MAX_HOOKS`], across results.
+    #[test]
+    fn hook_contexts_are_kept_up_to_the_bound() {
+        let mut b = ExecBridge::default();
+        let (a, _) = b.open();
+        let hook = pb::HookAdditionalContext {
+            hook_event_name: "postToolUse".into(),
+            content: "note".into(),
+        };
+        for _ in 0..2 {
+            assert!(b.on_result(pb::ExecClientMessage {
+                id: a,
+                hook_additional_contexts: vec![hook.clone(); MAX_HOOKS - 4],
+                ..Default::default()
+            }));
+        }
+        let outcome = b.take(a);
+        assert_eq!(outcome.hooks.len(), MAX_HOOKS);
+        assert!(outcome.results.is_empty(), "hooks alone carry no result");
+    }
+
     #[test]
     fn throw_ends_with_the_error() {
         let mut b = ExecBridge::default();
