@@ -896,6 +896,31 @@ fn add_usage(total: &mut Usage, u: &Usage) {
 mod tests {
     use super::*;
 
+    /// A live run waits for room as long as it takes; once canceled, its sends together give
+    /// up after the wind-down, so a reader that stopped reading cannot hold the run.
+    #[tokio::test(start_paused = true)]
+    async fn a_canceled_runs_sends_give_up_after_the_wind_down() {
+        let (tx, _rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let out = Outbox::new(tx, cancel.clone());
+        out.send(msg::heartbeat()).await.unwrap(); // the channel is full now
+        let blocked = tokio::spawn({
+            let out = out.clone();
+            async move { out.send(msg::heartbeat()).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!blocked.is_finished(), "a live run waits for its reader");
+        let canceled_at = tokio::time::Instant::now();
+        cancel.cancel();
+        assert!(matches!(blocked.await.unwrap(), Err(RunError::ClientGone)));
+        assert_eq!(canceled_at.elapsed(), WIND_DOWN);
+        // Later sends (the end frame) share that deadline: they give up at once.
+        let later = tokio::time::Instant::now();
+        let end = out.send_output(RunOutput::End(EndStream::ok())).await;
+        assert!(matches!(end, Err(RunError::ClientGone)));
+        assert_eq!(later.elapsed(), Duration::ZERO);
+    }
+
     #[test]
     fn the_summary_line_names_tokens_and_cost() {
         let u = Usage {

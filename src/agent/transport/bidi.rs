@@ -550,3 +550,43 @@ impl Drop for SseBody {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::pairing::PairingLimits;
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn next(body: &mut SseBody) -> Option<u8> {
+        let frame = body.frame().await?.ok()?;
+        Some(frame.into_data().ok()?[0])
+    }
+
+    /// A frame is only taken once the reader asks for the next one: frames handed to a reader
+    /// that is dropped (its connection died) or replaced go to the next reader again.
+    #[tokio::test(start_paused = true)]
+    async fn frames_a_reader_never_confirmed_go_to_the_next_one() {
+        let registry = Registry::new(PairingLimits::default());
+        let entry = registry.get_or_create("run").unwrap();
+        for i in 0..3u8 {
+            entry.backlog().push(Bytes::from(vec![i]), false);
+        }
+        let mut first = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut first).await, Some(0));
+        assert_eq!(next(&mut first).await, Some(1)); // 0 is taken; 1 is only handed
+        drop(first);
+        let mut second = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut second).await, Some(1));
+        assert_eq!(next(&mut second).await, Some(2));
+        // A newer reader replaces it: 2 was never confirmed.
+        let mut third = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut second).await, None, "the replaced reader stops");
+        assert_eq!(next(&mut third).await, Some(2));
+        entry
+            .backlog()
+            .push(Bytes::from_static(&[9]), true);
+        assert_eq!(next(&mut third).await, Some(9));
+        assert_eq!(next(&mut third).await, None);
+        assert!(entry.read_out());
+    }
+}
