@@ -16,8 +16,8 @@ mod harness;
 use std::time::Duration;
 
 use common::agent_client::{
-    frame, play, resume_request, run_request, text_of, Bidi, H2Run, Received, ServerStream,
-    Sink, Store, RUN,
+    frame, play, resume_request, run_request, text_of, Bidi, H2Run, Received, ServerStream, Sink,
+    Store, RUN,
 };
 use common::client::{self, Alpn};
 use common::cursor_upstream::{relay_reply_bytes, AGENT_RUN};
@@ -148,7 +148,12 @@ async fn warm_up(h: &Harness, transport: Transport) {
     let door = h.connect_door();
     let t = match transport {
         Transport::H2 => {
-            let mut run = H2Run::open(&door, "req-warm", &run_request(OURS, "conv-warm", "hi", true)).await;
+            let mut run = H2Run::open(
+                &door,
+                "req-warm",
+                &run_request(OURS, "conv-warm", "hi", true),
+            )
+            .await;
             play(&mut run.stream, Sink::H2(&run.tx), &store).await
         }
         Transport::Sse => {
@@ -178,33 +183,45 @@ async fn read_until(
     }
 }
 
-/// Start our run on `transport`, read until `stop` accepts a message (answering nothing),
-/// then leave as a closed window does: the response body and the connection are dropped.
-/// Returns when the client left.
+/// A client's hold on a run: dropping it closes its response body and connection, as a
+/// closed window does.
+type Held = Box<dyn std::any::Any>;
+
+/// Start `first` on `transport` and read until `stop` accepts a message (answering nothing).
+async fn open_and_read(
+    h: &Harness,
+    transport: Transport,
+    request_id: &str,
+    first: &pb::AgentClientMessage,
+    mut stop: impl FnMut(&pb::AgentServerMessage) -> bool,
+) -> Held {
+    let door = h.connect_door();
+    match transport {
+        Transport::H2 => {
+            let H2Run { tx, stream } = H2Run::open(&door, request_id, first).await;
+            let stream = read_until(stream, &mut stop).await;
+            Box::new((stream, tx))
+        }
+        Transport::Sse => {
+            let bidi = Bidi::new(&door, request_id);
+            bidi.send(first).await;
+            let sse = bidi.open_sse().await;
+            let sse = read_until(sse, &mut stop).await;
+            Box::new((sse, bidi))
+        }
+    }
+}
+
+/// Start our run on `transport`, read until `stop` accepts a message, then leave. Returns
+/// when the client left.
 async fn run_and_leave(
     h: &Harness,
     transport: Transport,
     request_id: &str,
-    mut stop: impl FnMut(&pb::AgentServerMessage) -> bool,
+    stop: impl FnMut(&pb::AgentServerMessage) -> bool,
 ) -> Instant {
-    let door = h.connect_door();
     let first = run_request(OURS, &format!("conv-{request_id}"), "go on", true);
-    match transport {
-        Transport::H2 => {
-            let H2Run { tx, stream } = H2Run::open(&door, request_id, &first).await;
-            let stream = read_until(stream, &mut stop).await;
-            drop(stream);
-            drop(tx);
-        }
-        Transport::Sse => {
-            let bidi = Bidi::new(&door, request_id);
-            bidi.send(&first).await;
-            let sse = bidi.open_sse().await;
-            let sse = read_until(sse, &mut stop).await;
-            drop(sse);
-            drop(bidi);
-        }
-    }
+    drop(open_and_read(h, transport, request_id, &first, stop).await);
     Instant::now()
 }
 
@@ -214,7 +231,10 @@ async fn assert_ended_cleanly(h: &Harness, request_id: &str, left: Instant, base
     let bound = READER_GRACE + WIND_DOWN + Duration::from_secs(1);
     let (outcome, error) = wait_recorded(h, request_id, bound).await;
     let took = left.elapsed();
-    assert!(took <= bound, "the run ended {took:?} after its client left");
+    assert!(
+        took <= bound,
+        "the run ended {took:?} after its client left"
+    );
     assert_eq!(outcome, "error", "{error}");
     assert!(error.contains("went away"), "{error}");
     assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
@@ -292,6 +312,58 @@ async fn a_reader_that_leaves_during_kv_writes_ends_the_run_over_h2_run() {
     leaves_during(Transport::H2, Reply::sse(text_sse("stored?")), "kv", is_kv).await;
 }
 
+/// The parent waits on a subagent whose child run streams; the client leaves both: both runs
+/// end within the grace and the wind-down, and nothing is left behind.
+async fn leaves_during_a_subagent(transport: Transport) {
+    let _metronome = metronome();
+    let h = harness(vec![]).await;
+    warm_up(&h, transport).await;
+    let baseline = tasks();
+    let call = r#"{"description":"look around","prompt":"Find it.","subagent_type":"explore"}"#;
+    h.provider
+        .push(Reply::sse(tool_sse(&[("call_t", "task", call)])));
+    h.provider.push(endless_text(3000));
+    let parent_id = format!("req-parent-{transport:?}");
+    let child_id = format!("req-child-{transport:?}");
+    let is_subagent = |m: &pb::AgentServerMessage| {
+        matches!(&m.message, Some(Server::ExecServerMessage(e))
+            if matches!(e.message, Some(pb::exec_server_message::Message::SubagentArgs(_))))
+    };
+    let parent_first = run_request(OURS, &format!("conv-{parent_id}"), "delegate", true);
+    let parent = open_and_read(&h, transport, &parent_id, &parent_first, is_subagent).await;
+    let child_first = run_request(OURS, &format!("conv-{child_id}"), "Find it.", true);
+    let child = open_and_read(&h, transport, &child_id, &child_first, is_text).await;
+    drop(parent);
+    drop(child);
+    let left = Instant::now();
+    let bound = READER_GRACE + WIND_DOWN + Duration::from_secs(1);
+    for id in [&parent_id, &child_id] {
+        let (outcome, error) = wait_recorded(&h, id, bound).await;
+        assert_eq!(outcome, "error", "{id}: {error}");
+        assert!(error.contains("went away"), "{id}: {error}");
+    }
+    assert!(
+        left.elapsed() <= bound,
+        "ended {:?} after the client left",
+        left.elapsed()
+    );
+    assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
+    let n = settle_tasks(baseline, Duration::from_secs(30)).await;
+    assert!(n <= baseline, "{n} tasks alive, {baseline} before the runs");
+    assert!(h.provider.wait_hangups(1, Duration::from_secs(5)).await);
+    h.assert_nothing_relayed();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_during_a_subagent_ends_both_runs_over_run_sse() {
+    leaves_during_a_subagent(Transport::Sse).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_during_a_subagent_ends_both_runs_over_h2_run() {
+    leaves_during_a_subagent(Transport::H2).await;
+}
+
 /// The reader drops its RunSSE mid-stream and a new one comes within the grace: the run goes
 /// on and the new reader gets the rest of it, to its end (answering the checkpoint's KV
 /// writes). Frames a dead connection's kernel buffers swallowed cannot be known without an
@@ -313,6 +385,11 @@ async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
         }
     }
     drop(sse);
+    // While nobody reads, the run's output fills up and its inbox with it: appends sent now
+    // wait for the run, and must not keep the returning reader out.
+    let heartbeats: Vec<_> = (0..80)
+        .map(|_| bidi.spawn_append(bidi.seqno(), common::agent_client::client_heartbeat()))
+        .collect();
     tokio::time::sleep(READER_GRACE / 2).await;
     let mut sse = bidi.open_sse().await;
     let t = play(&mut sse, Sink::Bidi(&bidi), &store).await;
@@ -324,6 +401,9 @@ async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
         rest.len(),
         full.len()
     );
+    for hb in heartbeats {
+        hb.await.unwrap();
+    }
     let (outcome, _) = wait_recorded(&h, "req-reconnect", Duration::from_secs(5)).await;
     assert_eq!(outcome, "ok");
     assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
@@ -434,7 +514,12 @@ async fn an_append_ahead_of_a_late_append_0_waits_for_it_and_is_ours() {
 }
 
 /// Our run on `conversation` through `h`, played to its end; `store` keeps the checkpoint.
-async fn our_turn(h: &Harness, request_id: &str, first: &pb::AgentClientMessage, store: &Store) -> String {
+async fn our_turn(
+    h: &Harness,
+    request_id: &str,
+    first: &pb::AgentClientMessage,
+    store: &Store,
+) -> String {
     let door = h.connect_door();
     let mut run = H2Run::open(&door, request_id, first).await;
     let t = play(&mut run.stream, Sink::H2(&run.tx), store).await;
@@ -494,7 +579,8 @@ async fn resumes_after_a_restart_follow_the_durable_pins() {
 
     // Cursor's conversation, resumed after the restart: still Cursor's.
     let raw = frame(&resume_request("conv-official", Default::default()));
-    let H2Run { tx, stream } = H2Run::open_raw(&after.connect_door(), "req-resume-official", raw.clone()).await;
+    let H2Run { tx, stream } =
+        H2Run::open_raw(&after.connect_door(), "req-resume-official", raw.clone()).await;
     drop(tx);
     assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
     let recorded = after

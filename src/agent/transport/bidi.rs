@@ -582,9 +582,7 @@ mod tests {
         let mut third = SseBody::attach(entry.clone(), registry.clone());
         assert_eq!(next(&mut second).await, None, "the replaced reader stops");
         assert_eq!(next(&mut third).await, Some(2));
-        entry
-            .backlog()
-            .push(Bytes::from_static(&[9]), true);
+        entry.backlog().push(Bytes::from_static(&[9]), true);
         assert_eq!(next(&mut third).await, Some(9));
         assert_eq!(next(&mut third).await, None);
         assert!(entry.read_out());

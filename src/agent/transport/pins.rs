@@ -211,9 +211,7 @@ mod tests {
     use super::*;
 
     fn ours(m: &str) -> Decision {
-        Decision::Ours {
-            model_id: m.into(),
-        }
+        Decision::Ours { model_id: m.into() }
     }
 
     #[test]

@@ -7,8 +7,8 @@ use tracing::{debug, Instrument};
 
 use super::body::{end_frame, replay, RunBody};
 use super::{
-    error_response, never_decided, request_id, with_pinned_model, AgentTransports, Decision,
-    Peek, UNDECIDED_WAIT,
+    error_response, never_decided, request_id, with_pinned_model, AgentTransports, Decision, Peek,
+    UNDECIDED_WAIT,
 };
 use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
