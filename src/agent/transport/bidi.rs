@@ -1,11 +1,15 @@
 //! HTTP/1.1 "BidiSse": `RunSSE` (server stream) + `BidiAppend` (unary, one client message
 //! each), paired by request id.
 //!
-//! Either side may arrive first. Appends are processed strictly in `append_seqno` order:
-//! out-of-order arrivals wait in a bounded buffer, duplicates are ignored, and each append is
-//! answered as soon as its message is accepted. The run's output goes through a backlog, so a
-//! RunSSE that reconnects with the same request id continues where the last one stopped. How
-//! long that state lives, and its bounds, are in [`super::pairing`].
+//! Either side may arrive first, and only append 0 decides whose run it is: a RunSSE waits for
+//! it as long as its client keeps the stream open (bounded), and is never relayed because it
+//! came late. Appends are processed strictly in `append_seqno` order: out-of-order arrivals
+//! wait in a bounded buffer, duplicates are ignored, and each append is answered as soon as its
+//! message is accepted. The run's output goes through a backlog, so a RunSSE that reconnects
+//! with the same request id continues where the last one stopped: a frame counts as taken only
+//! when its reader asks for the next one, so the frame a dropped or replaced reader was handed
+//! last goes out again. When no reader returns within [`READER_GRACE`], the run ends and its
+//! output stops moving. How long that state lives, and its bounds, are in [`super::pairing`].
 //!
 //! Once our run on a request id has ended, a run request at append 0 that is not the first one
 //! resent starts a new run on that id, and a RunSSE that finds nothing left to read waits
@@ -40,7 +44,7 @@ const MAX_GAP: i64 = 256;
 /// Frames the run may get ahead of the RunSSE reader before it waits (backpressure).
 const MAX_UNREAD: usize = 256;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
-pub const READER_GRACE: Duration = Duration::from_secs(5);
+const READER_GRACE: Duration = Duration::from_secs(5);
 
 /// The error for an append or reader that comes after its run ended and was forgotten.
 fn run_ended(request_id: &str, what: &str) -> ConnectError {
