@@ -410,6 +410,52 @@ async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
     h.assert_nothing_relayed();
 }
 
+/// The reader leaves while the model streams fast: the run's output fills up, then its inbox
+/// with the client's heartbeats, and appends wait on the run. A reader that comes back within
+/// the grace is answered at once and drains the run, which takes the waiting appends again.
+#[tokio::test(start_paused = true)]
+async fn a_returning_reader_is_not_kept_out_by_appends_waiting_on_a_full_run() {
+    let _metronome = metronome();
+    let h = harness(vec![endless_text(3000)]).await;
+    let bidi = Bidi::new(&h.connect_door(), "req-full");
+    let first = run_request(OURS, "conv-full", "hi", true);
+    let sse = open_and_read(&h, Transport::Sse, "req-full", &first, is_text).await;
+    drop(sse);
+    bidi.seqno(); // append 0 went out on the helper's own `Bidi`
+    let heartbeats: Vec<_> = (0..100)
+        .map(|_| bidi.spawn_append(bidi.seqno(), common::agent_client::client_heartbeat()))
+        .collect();
+    tokio::time::sleep(READER_GRACE / 2).await;
+    assert!(
+        heartbeats.iter().any(|hb| !hb.is_finished()),
+        "the run is full: some appends wait on it"
+    );
+    // `open_sse` fails if the answer's head takes longer than a step.
+    let mut sse = bidi.open_sse().await;
+    let mut read = 0;
+    while heartbeats.iter().any(|hb| !hb.is_finished()) {
+        assert!(
+            matches!(sse.next().await, Some(Received::Message(_))),
+            "the run goes on"
+        );
+        read += 1;
+        assert!(read < 6000, "the waiting appends were never taken");
+    }
+    for hb in heartbeats {
+        hb.await.unwrap();
+    }
+    drop(sse);
+    let (outcome, error) = wait_recorded(
+        &h,
+        "req-full",
+        READER_GRACE + WIND_DOWN + Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(outcome, "error", "{error}");
+    assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
+    h.assert_nothing_relayed();
+}
+
 /// RunSSE first, its append 0 (naming our model) `late`: the run is ours, answered by our
 /// provider, and nothing reaches Cursor.
 async fn late_append_0_is_ours(late: Duration, tag: &str) {
