@@ -601,43 +601,17 @@ async fn resume_without_a_model_follows_the_conversation_pin() {
         "{history}"
     );
     h.assert_nothing_relayed();
-    // A resume on a conversation we never saw is Cursor's.
+    // A resume on a conversation nothing says is ours or Cursor's goes nowhere: a clear error.
     let raw = frame(&resume_request("conv-never-seen", Default::default()));
-    let H2Run { tx, stream } = H2Run::open_raw(&door, "req-pin-3", raw.clone()).await;
+    let H2Run { tx, mut stream } = H2Run::open_raw(&door, "req-pin-3", raw.clone()).await;
     drop(tx);
-    assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
-    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
-    assert_eq!(recorded[0].body, raw);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_sse_without_a_deciding_append_is_relayed_after_about_2s() {
-    let h = harness(vec![]).await;
-    let bidi = Bidi::new(&h.connect_door(), "req-undecided");
-    let body = frame(&ai::BidiRequestId {
-        request_id: "req-undecided".into(),
-    });
-    let started = Instant::now();
-    let (resp, conn) = tokio::time::timeout(STEP, bidi.sse_request(body.clone()))
-        .await
-        .unwrap();
-    let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(1800) && waited < Duration::from_secs(5),
-        "answered after {waited:?}"
-    );
-    let stream = common::agent_client::ServerStream::new(resp, Some(conn));
-    assert_eq!(stream.headers["x-fake-upstream"], "run-sse");
-    assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
-    let recorded = h.upstream.recorded_on(AGENT_RUN_SSE);
-    assert_eq!(recorded.len(), 1);
-    assert_eq!(recorded[0].body, body);
-    // The request id is Cursor's from now on: even an append naming our model goes upstream.
-    let late = bidi.append_bytes(0, &run_request(OURS, "conv-undecided", "hi", true));
-    let answer = bidi.append_body(late.clone()).await;
-    assert_eq!(answer.headers["x-fake-upstream"], "bidi-append");
-    assert_eq!(h.upstream.recorded_on(BIDI_APPEND)[0].body, late);
-    assert!(h.provider.requests().is_empty());
+    let Some(Received::End(end)) = stream.next().await else {
+        panic!("an end frame")
+    };
+    let err = end.error.expect("an error");
+    assert_eq!(err.code, Code::FailedPrecondition);
+    assert!(err.message.contains("conv-never-seen"), "{}", err.message);
+    h.assert_nothing_relayed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

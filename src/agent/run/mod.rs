@@ -80,21 +80,57 @@ enum ClientEvent {
 }
 
 /// The sending side of a run, shared with the heartbeat and the inbox pump.
+///
+/// A send waits for room while the run lives; once the run is canceled, its sends together
+/// wait at most [`WIND_DOWN`] (counted from the first send after the cancel), so a reader that
+/// stopped reading can never hold a canceled run.
 #[derive(Clone)]
 struct Outbox {
     tx: mpsc::Sender<RunOutput>,
     start: Instant,
     /// Milliseconds since `start` of the last message sent.
     last_sent_ms: Arc<AtomicU64>,
+    cancel: CancellationToken,
+    /// Set at the first send after the cancel: when sends stop waiting.
+    wind_down_until: Arc<std::sync::OnceLock<tokio::time::Instant>>,
 }
 
 impl Outbox {
+    fn new(tx: mpsc::Sender<RunOutput>, cancel: CancellationToken) -> Self {
+        Outbox {
+            tx,
+            start: Instant::now(),
+            last_sent_ms: Arc::new(AtomicU64::new(0)),
+            cancel,
+            wind_down_until: Arc::default(),
+        }
+    }
+
     async fn send(&self, m: pb::AgentServerMessage) -> Result<(), RunError> {
         self.send_output(RunOutput::Message(Box::new(m))).await
     }
 
+    /// Room for one output: waits while the run lives, bounded once it is canceled.
+    async fn reserve(&self) -> Result<mpsc::Permit<'_, RunOutput>, RunError> {
+        if !self.cancel.is_cancelled() {
+            tokio::select! {
+                biased;
+                permit = self.tx.reserve() => return permit.map_err(|_| RunError::ClientGone),
+                _ = self.cancel.cancelled() => {}
+            }
+        }
+        let until = *self
+            .wind_down_until
+            .get_or_init(|| tokio::time::Instant::now() + WIND_DOWN);
+        match tokio::time::timeout_at(until, self.tx.reserve()).await {
+            Ok(permit) => permit.map_err(|_| RunError::ClientGone),
+            // Nobody takes the output of a canceled run: give up on it.
+            Err(_) => Err(RunError::ClientGone),
+        }
+    }
+
     async fn send_output(&self, o: RunOutput) -> Result<(), RunError> {
-        self.tx.send(o).await.map_err(|_| RunError::ClientGone)?;
+        self.reserve().await?.send(o);
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
         Ok(())
@@ -152,11 +188,7 @@ impl Run {
             model = %self.model.config.cursor_id(),
             provider = %self.provider_name(),
         );
-        let outbox = Outbox {
-            tx: out,
-            start: Instant::now(),
-            last_sent_ms: Arc::new(AtomicU64::new(0)),
-        };
+        let outbox = Outbox::new(out, cancel.clone());
         let done = CancellationToken::new();
         let (events_tx, events_rx) = mpsc::channel(64);
         let resolutions = pending::CancelResolutions::default();
@@ -236,7 +268,7 @@ impl Run {
                 // that reason, not "canceled".
                 let failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
                 let result = match (result, failure) {
-                    (Err(RunError::Canceled), Some(why)) => Err(why),
+                    (Err(RunError::Canceled | RunError::ClientGone), Some(why)) => Err(why),
                     (r, _) => r,
                 };
                 done.cancel();
@@ -276,7 +308,11 @@ impl Run {
                         EndStream::from_error(e.to_connect())
                     }
                 };
-                let _ = outbox.tx.send(RunOutput::End(end)).await;
+                // The end gets the same bounded wind-down as any output of a canceled run;
+                // dropped when nobody takes it.
+                if outbox.send_output(RunOutput::End(end)).await.is_err() {
+                    debug!("the run's end frame was dropped: nobody reads its stream");
+                }
                 drop(secrets);
             }
             .instrument(span),
@@ -366,8 +402,9 @@ async fn pump_inbox(
                 continue;
             }
         };
-        if events.send(event).await.is_err() {
-            return;
+        tokio::select! {
+            _ = done.cancelled() => return,
+            sent = events.send(event) => if sent.is_err() { return },
         }
     }
 }
@@ -380,8 +417,11 @@ async fn heartbeat(out: Outbox, every: Duration, done: CancellationToken) {
             _ = done.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        if out.silent_for() >= every && out.send(msg::heartbeat()).await.is_err() {
-            return;
+        if out.silent_for() >= every {
+            tokio::select! {
+                _ = done.cancelled() => return,
+                sent = out.send(msg::heartbeat()) => if sent.is_err() { return },
+            }
         }
     }
 }
@@ -855,6 +895,31 @@ fn add_usage(total: &mut Usage, u: &Usage) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A live run waits for room as long as it takes; once canceled, its sends together give
+    /// up after the wind-down, so a reader that stopped reading cannot hold the run.
+    #[tokio::test(start_paused = true)]
+    async fn a_canceled_runs_sends_give_up_after_the_wind_down() {
+        let (tx, _rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let out = Outbox::new(tx, cancel.clone());
+        out.send(msg::heartbeat()).await.unwrap(); // the channel is full now
+        let blocked = tokio::spawn({
+            let out = out.clone();
+            async move { out.send(msg::heartbeat()).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!blocked.is_finished(), "a live run waits for its reader");
+        let canceled_at = tokio::time::Instant::now();
+        cancel.cancel();
+        assert!(matches!(blocked.await.unwrap(), Err(RunError::ClientGone)));
+        assert_eq!(canceled_at.elapsed(), WIND_DOWN);
+        // Later sends (the end frame) share that deadline: they give up at once.
+        let later = tokio::time::Instant::now();
+        let end = out.send_output(RunOutput::End(EndStream::ok())).await;
+        assert!(matches!(end, Err(RunError::ClientGone)));
+        assert_eq!(later.elapsed(), Duration::ZERO);
+    }
 
     #[test]
     fn the_summary_line_names_tokens_and_cost() {

@@ -1,11 +1,15 @@
 //! HTTP/1.1 "BidiSse": `RunSSE` (server stream) + `BidiAppend` (unary, one client message
 //! each), paired by request id.
 //!
-//! Either side may arrive first. Appends are processed strictly in `append_seqno` order:
-//! out-of-order arrivals wait in a bounded buffer, duplicates are ignored, and each append is
-//! answered as soon as its message is accepted. The run's output goes through a backlog, so a
-//! RunSSE that reconnects with the same request id continues where the last one stopped. How
-//! long that state lives, and its bounds, are in [`super::pairing`].
+//! Either side may arrive first, and only append 0 decides whose run it is: a RunSSE waits for
+//! it as long as its client keeps the stream open (bounded), and is never relayed because it
+//! came late. Appends are processed strictly in `append_seqno` order: out-of-order arrivals
+//! wait in a bounded buffer, duplicates are ignored, and each append is answered as soon as its
+//! message is accepted. The run's output goes through a backlog, so a RunSSE that reconnects
+//! with the same request id continues where the last one stopped: a frame counts as taken only
+//! when its reader asks for the next one, so the frame a dropped or replaced reader was handed
+//! last goes out again. When no reader returns within [`READER_GRACE`], the run ends and its
+//! output stops moving. How long that state lives, and its bounds, are in [`super::pairing`].
 //!
 //! Once our run on a request id has ended, a run request at append 0 that is not the first one
 //! resent starts a new run on that id, and a RunSSE that finds nothing left to read waits
@@ -27,8 +31,8 @@ use tracing::{debug, Instrument};
 use super::body::{encode_output, end_frame, replay};
 use super::pairing::{digest, Entry, Inbound, Registry};
 use super::{
-    error_response, read_bounded, request_id, with_pinned_model, AgentTransports, Decision, Peek,
-    DECIDE_WAIT,
+    error_response, never_decided, read_bounded, request_id, with_pinned_model, AgentTransports,
+    Decision, Peek, DECIDE_WAIT, UNDECIDED_WAIT,
 };
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, BodyError, RequestContext};
@@ -41,8 +45,6 @@ const MAX_GAP: i64 = 256;
 const MAX_UNREAD: usize = 256;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
 const READER_GRACE: Duration = Duration::from_secs(5);
-/// How long an append waits for the decision made by append 0.
-const APPEND_DECIDE_WAIT: Duration = Duration::from_secs(5);
 
 /// The error for an append or reader that comes after its run ended and was forgotten.
 fn run_ended(request_id: &str, what: &str) -> ConnectError {
@@ -106,23 +108,18 @@ pub(super) async fn run_sse(
     entry.touch();
     let decision = match pinned {
         Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
-            Some(d) => Some(d),
+            Some(d) => d,
             // No new run came: a late reconnect to the ended one. Say so, never wait forever.
             None => return stream_error(run_ended(&request_id, "this RunSSE stream")),
         },
-        Some(d) => Some(d),
-        None => entry.await_decision(DECIDE_WAIT).await,
-    };
-    let decision = match decision {
         Some(d) => d,
-        None => {
-            // No deciding append in time: Cursor's, from now on for this request id.
-            let mut st = entry.state.lock().await;
-            let d = st.decision.get_or_insert(Decision::Relay).clone();
-            t.inner.routes.pin_request(&request_id, d.clone());
-            entry.decided.notify_waiters();
-            d
-        }
+        // Only append 0 decides: wait for it as long as the client keeps this stream open
+        // (hyper drops this future when it closes), bounded. A late append 0 is never a
+        // reason to send the run to Cursor.
+        None => match entry.await_decision(UNDECIDED_WAIT).await {
+            Some(d) => d,
+            None => return stream_error(never_decided("the run's first append did not come")),
+        },
     };
     match decision {
         Decision::Relay => {
@@ -249,79 +246,114 @@ async fn accept(
     (message, wire): (pb::AgentClientMessage, Bytes),
     caller: super::Caller,
 ) -> Result<Accepted, ConnectError> {
-    // Anything but the first append waits for the first to decide.
+    // Anything but the first append waits for the first to decide. A successor waits briefly:
+    // its id's run ended, and an append with no new run behind it is a late one.
     if seqno != 0 && entry.decision().await.is_none() {
-        entry.await_decision(APPEND_DECIDE_WAIT).await;
+        let wait = if entry.successor {
+            DECIDE_WAIT
+        } else {
+            UNDECIDED_WAIT
+        };
+        entry.await_decision(wait).await;
     }
-    let mut st = entry.state.lock().await;
-    if st.decision.is_none() {
-        if seqno != 0 {
-            if entry.successor {
-                // The id's run of ours ended and no new run came: a late append.
-                return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+    // Messages go to the run in seqno order under this lock; `state` is only held while no
+    // await can block, so a reader or append 0 never waits behind a busy run.
+    let _in_order = entry.deliver.lock().await;
+    let (ready, input) = {
+        let mut st = entry.state.lock().await;
+        if st.decision.is_none() {
+            if seqno != 0 {
+                if entry.successor {
+                    // The id's run of ours ended and no new run came: a late append.
+                    return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+                }
+                // Append 0 never came: nothing says whose run this is, so it goes nowhere.
+                return Err(never_decided(&format!(
+                    "append 0 of this run did not come before append {seqno}"
+                )));
             }
-            // Append 0 never came: nothing says this run is ours.
-            st.decision = Some(Decision::Relay);
-            t.inner
-                .routes
-                .pin_request(&entry.request_id, Decision::Relay);
+            let decision = match t.decide(&entry.request_id, &message) {
+                Ok(d) => d,
+                Err(e) => {
+                    refuse(entry, &mut st, &e);
+                    return Err(e);
+                }
+            };
+            st.decision = Some(decision.clone());
+            st.first_append = Some(digest(&wire));
+            if let Decision::Ours { .. } = decision {
+                start(t, entry, &mut st, (message, wire), &decision, caller)?;
+                st.next_seqno = 1;
+                entry.decided.notify_waiters();
+                return Ok(Accepted::Ours);
+            }
             entry.decided.notify_waiters();
             return Ok(Accepted::Relay);
         }
-        let decision = t.decide(&entry.request_id, &message);
-        st.decision = Some(decision.clone());
-        st.first_append = Some(digest(&wire));
-        if let Decision::Ours { .. } = decision {
-            start(t, entry, &mut st, (message, wire), &decision, caller)?;
-            st.next_seqno = 1;
-            entry.decided.notify_waiters();
+        if st.decision == Some(Decision::Relay) {
+            return Ok(Accepted::Relay);
+        }
+        if seqno < st.next_seqno || st.is_waiting(seqno) {
+            debug!("duplicate append ignored");
             return Ok(Accepted::Ours);
         }
-        entry.decided.notify_waiters();
-        return Ok(Accepted::Relay);
-    }
-    if st.decision == Some(Decision::Relay) {
-        return Ok(Accepted::Relay);
-    }
-    if seqno < st.next_seqno || st.is_waiting(seqno) {
-        debug!("duplicate append ignored");
-        return Ok(Accepted::Ours);
-    }
-    if st.run_over || entry.backlog().ended() {
-        st.run_over = true;
-        return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
-    }
-    if seqno - st.next_seqno > MAX_GAP {
-        return Err(ConnectError::new(
-            Code::ResourceExhausted,
-            format!(
-                "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
-                st.next_seqno
-            ),
-        ));
-    }
-    // Only appends that arrive ahead of their turn are held (and count against the bounds); the
-    // one that is next goes straight to the run.
-    let mut next = if seqno == st.next_seqno {
-        st.next_seqno += 1;
-        Some(Box::new(message))
-    } else {
-        st.hold(seqno, message.encoded_len(), Box::new(message))?;
-        None
+        if st.run_over || entry.backlog().ended() {
+            st.run_over = true;
+            return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+        }
+        if seqno - st.next_seqno > MAX_GAP {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
+                    st.next_seqno
+                ),
+            ));
+        }
+        // Only appends that arrive ahead of their turn are held (and count against the
+        // bounds); the one that is next goes straight to the run.
+        let mut ready = Vec::new();
+        if seqno == st.next_seqno {
+            st.next_seqno += 1;
+            ready.push(Box::new(message));
+        } else {
+            st.hold(seqno, message.encoded_len(), Box::new(message))?;
+        }
+        // Every message that is now in order (bounded by the gap limit).
+        while let Some(m) = st.take_next() {
+            ready.push(m);
+        }
+        (ready, st.input.clone())
     };
-    // Deliver every message that is now in order. Holding the lock keeps the order.
-    while let Some(m) = next.take().or_else(|| st.take_next()) {
-        let delivered = match &st.input {
+    for m in ready {
+        // The run's inbox ends with the run, and the run's every wait gives way to its cancel:
+        // this send cannot outlive the run.
+        let delivered = match &input {
             Some(input) => input.send(m).await.is_ok(),
             None => false,
         };
         if !delivered {
+            let mut st = entry.state.lock().await;
             st.input = None;
             st.run_over = true;
             return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
         }
     }
     Ok(Accepted::Ours)
+}
+
+/// Append 0 could not be routed: the request id is answered by us with `e` (its reader gets
+/// it as the stream's end), and sent nowhere.
+fn refuse(entry: &Entry, st: &mut Inbound, e: &ConnectError) {
+    let enc = FrameEncoder::new(Encoding::Identity);
+    st.decision = Some(Decision::Ours {
+        model_id: String::new(),
+    });
+    st.run_over = true;
+    entry
+        .backlog()
+        .push(end_frame(&enc, &EndStream::from_error(e.clone())), true);
+    entry.decided.notify_waiters();
 }
 
 /// Start our run for append 0 and pump its output into the backlog.
@@ -357,11 +389,19 @@ fn start(
     st.input = Some(handle.input.clone());
     entry.run_started(handle.failer());
     let out = entry.out.clone();
+    let gone = entry.gone.clone();
     let mut output = handle.output;
     let capture = t.agent().status().capture().cloned();
+    // The pump ends with the run's end, or when the client has left for good: then the run's
+    // output has nowhere to go, and dropping `output` ends every send of the run at once.
     tokio::spawn(
         async move {
-            while let Some(o) = output.recv().await {
+            loop {
+                let o = tokio::select! {
+                    _ = gone.cancelled() => return,
+                    o = output.recv() => o,
+                };
+                let Some(o) = o else { return };
                 let (frame, end) = encode_output(&enc, o, capture.as_ref());
                 let space = {
                     let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
@@ -378,7 +418,10 @@ fn start(
                         if out.lock().unwrap_or_else(|p| p.into_inner()).unread() < MAX_UNREAD {
                             break;
                         }
-                        notified.await;
+                        tokio::select! {
+                            _ = gone.cancelled() => return,
+                            _ = notified => {}
+                        }
                     }
                 }
             }
@@ -414,6 +457,8 @@ impl SseBody {
             let mut b = entry.backlog();
             b.reader += 1;
             b.reader_active = true;
+            // Frames handed to the reader this one replaces may have died with its connection.
+            b.rewind();
             if let Some(w) = b.waker.take() {
                 w.wake(); // the previous reader sees it has been replaced
             }
@@ -445,6 +490,8 @@ impl HttpBody for SseBody {
             self.finished = true;
             return Poll::Ready(None);
         }
+        // Asked again: hyper took what it was handed before.
+        b.confirm();
         if let Some(frame) = b.next_unread() {
             return Poll::Ready(Some(Ok(Frame::data(frame))));
         }
@@ -471,6 +518,10 @@ impl Drop for SseBody {
             let current = b.reader == self.generation;
             if current {
                 b.reader_active = false;
+                if !self.finished {
+                    // Dropped mid-stream: what it was handed last may never have been written.
+                    b.rewind();
+                }
             }
             (b.ended(), current)
         };
@@ -495,13 +546,49 @@ impl Drop for SseBody {
             };
             if abandoned {
                 debug!(request_id = %entry.request_id, "RunSSE reader gone: ending the run");
-                if let Some(run) = entry.run.get() {
-                    run.client_left(format!(
-                        "its RunSSE stream closed and no new one came within {} s",
-                        READER_GRACE.as_secs()
-                    ));
-                }
+                entry.abandon(format!(
+                    "its RunSSE stream closed and no new one came within {} s",
+                    READER_GRACE.as_secs()
+                ));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pairing::PairingLimits;
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn next(body: &mut SseBody) -> Option<u8> {
+        let frame = body.frame().await?.ok()?;
+        Some(frame.into_data().ok()?[0])
+    }
+
+    /// A frame is only taken once the reader asks for the next one: frames handed to a reader
+    /// that is dropped (its connection died) or replaced go to the next reader again.
+    #[tokio::test(start_paused = true)]
+    async fn frames_a_reader_never_confirmed_go_to_the_next_one() {
+        let registry = Registry::new(PairingLimits::default());
+        let entry = registry.get_or_create("run").unwrap();
+        for i in 0..3u8 {
+            entry.backlog().push(Bytes::from(vec![i]), false);
+        }
+        let mut first = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut first).await, Some(0));
+        assert_eq!(next(&mut first).await, Some(1)); // 0 is taken; 1 is only handed
+        drop(first);
+        let mut second = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut second).await, Some(1));
+        assert_eq!(next(&mut second).await, Some(2));
+        // A newer reader replaces it: 2 was never confirmed.
+        let mut third = SseBody::attach(entry.clone(), registry.clone());
+        assert_eq!(next(&mut second).await, None, "the replaced reader stops");
+        assert_eq!(next(&mut third).await, Some(2));
+        entry.backlog().push(Bytes::from_static(&[9]), true);
+        assert_eq!(next(&mut third).await, Some(9));
+        assert_eq!(next(&mut third).await, None);
+        assert!(entry.read_out());
     }
 }

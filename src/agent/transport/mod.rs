@@ -6,6 +6,7 @@
 mod bidi;
 mod body;
 mod pairing;
+mod pins;
 mod routing;
 mod run;
 
@@ -23,6 +24,7 @@ use crate::http::{full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
 use crate::upstream::Upstream;
 
+pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
 
 pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
@@ -60,6 +62,8 @@ struct Inner {
     agent: Agent,
     upstream: Upstream,
     routes: RoutingTable,
+    /// Conversation pins that outlive the process (resumes name no model).
+    pins: PinStore,
     bidi: pairing::Registry,
     limits: Limits,
 }
@@ -70,11 +74,13 @@ impl AgentTransports {
             max_frame_bytes: agent.config().limits.max_frame_bytes,
             max_decompressed_bytes: agent.config().limits.max_decompressed_bytes,
         };
+        let pins = PinStore::open(&agent.config().data_dir());
         AgentTransports {
             inner: Arc::new(Inner {
                 agent,
                 upstream,
                 routes: RoutingTable::default(),
+                pins,
                 bidi: pairing::Registry::default(),
                 limits,
             }),
@@ -99,8 +105,15 @@ impl AgentTransports {
         }
     }
 
-    /// Ours or Cursor's, for a run's first client message; pins the answer.
-    fn decide(&self, request_id: &str, first: &pb::AgentClientMessage) -> Decision {
+    /// Ours or Cursor's, for a run's first client message; pins the answer. A run naming one
+    /// of our models is ours, whatever any pin says. One that names no model (a resume)
+    /// follows its conversation's pin, kept across restarts; without one it is refused with an
+    /// error that says why, never relayed on a guess.
+    fn decide(
+        &self,
+        request_id: &str,
+        first: &pb::AgentClientMessage,
+    ) -> Result<Decision, ConnectError> {
         use pb::agent_client_message::Message as In;
         let routes = &self.inner.routes;
         let (model_id, conversation, resume) = match &first.message {
@@ -119,18 +132,34 @@ impl AgentTransports {
             ),
             _ => (None, String::new(), false),
         };
+        let pinned = || {
+            routes
+                .conversation(&conversation)
+                .or_else(|| self.inner.pins.get(&conversation))
+        };
         let decision = match model_id {
             Some(id) if self.inner.agent.is_our_model(&id) => Decision::Ours { model_id: id },
-            // A resume (or a frame without a model) follows the conversation's pin.
             Some(_) if !resume => Decision::Relay,
-            _ => routes
-                .conversation(&conversation)
-                .unwrap_or(Decision::Relay),
+            // A resume that names one of Cursor's models follows its pin, else it is Cursor's.
+            Some(_) => pinned().unwrap_or(Decision::Relay),
+            // No model at all: only the conversation's pin can say.
+            None => match pinned() {
+                Some(d) => d,
+                None => {
+                    tracing::warn!(
+                        request_id,
+                        conversation,
+                        "agent run names no model and its conversation has no pin: refused"
+                    );
+                    return Err(undecidable(&conversation));
+                }
+            },
         };
         routes.pin_request(request_id, decision.clone());
         routes.pin_conversation(&conversation, decision.clone());
+        self.inner.pins.pin(&conversation, &decision);
         tracing::debug!(request_id, ?decision, "agent run routed");
-        decision
+        Ok(decision)
     }
 
     fn upstream(&self) -> &Upstream {
@@ -170,6 +199,34 @@ impl AgentTransports {
 }
 
 const AGENT_CLIENT_MESSAGE: &str = "agent.v1.AgentClientMessage";
+
+/// The error for a run nothing decides: neither its model nor a pin of its conversation says
+/// whether it is the user's, so it goes nowhere.
+fn undecidable(conversation: &str) -> ConnectError {
+    use crate::proto::aiserver::v1 as aiserver;
+    let what = if conversation.is_empty() {
+        "this agent run names no model and no conversation".to_string()
+    } else {
+        format!(
+            "this agent run resumes conversation {conversation} without naming a model, and              cursor-byok has no record of which model that conversation is on"
+        )
+    };
+    let message = format!(
+        "cursor-byok: {what}, so it was sent neither to your provider nor to Cursor. Choose the          model again in Cursor's model picker (or start a new conversation) and send the          message again."
+    );
+    let details = aiserver::ErrorDetails {
+        error: aiserver::error_details::Error::CustomMessage as i32,
+        details: Some(aiserver::CustomErrorDetails {
+            title: "cursor-byok cannot tell whose run this is".to_string(),
+            detail: message.clone(),
+            is_retryable: Some(false),
+            ..Default::default()
+        }),
+        is_expected: Some(true),
+    };
+    ConnectError::new(Code::FailedPrecondition, message)
+        .with_detail(crate::connect::ErrorDetail::error_details(&details))
+}
 
 /// Where an unknown oneof branch ends the run, and what to call it.
 const UNHANDLED: [(&str, &str); 3] = [
@@ -365,10 +422,23 @@ fn error_response(err: &ConnectError) -> Response<Body> {
     resp
 }
 
-/// How long a RunSSE waits for the append that decides whose run it is.
+/// How long a RunSSE on a request id whose run of ours ended waits for a new run's append 0.
 const DECIDE_WAIT: Duration = Duration::from_secs(2);
-/// How long a run's first frame may take to arrive on a `Run` stream.
-const FIRST_FRAME_WAIT: Duration = Duration::from_secs(30);
+/// How long a run waits for what decides whose it is (a `Run`'s first frame, a RunSSE's or an
+/// append's append 0) while its client keeps the request open: the idle limit of a run. Never
+/// a reason to relay: past it the request ends with an error.
+const UNDECIDED_WAIT: Duration = Duration::from_secs(600);
+
+/// The error for a run whose deciding message never came.
+fn never_decided(what: &str) -> ConnectError {
+    ConnectError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "cursor-byok: {what} within {} s, so nothing says whether this run is on your own              model or on Cursor's; it was sent nowhere. Send the message again.",
+            UNDECIDED_WAIT.as_secs()
+        ),
+    )
+}
 
 #[cfg(test)]
 mod tests {

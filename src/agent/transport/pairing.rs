@@ -31,6 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::Decision;
 use crate::agent::RunFailer;
@@ -262,9 +263,7 @@ fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<Entry>, Strin
 fn end_abandoned(entries: Vec<(Arc<Entry>, String)>) {
     for (e, how) in entries {
         tracing::debug!(request_id = %e.request_id, "BidiSse entry abandoned: {how}");
-        if let Some(run) = e.run.get() {
-            run.client_left(how);
-        }
+        e.abandon(how);
     }
 }
 
@@ -288,6 +287,11 @@ pub(super) struct Entry {
     /// Made for a new run on a request id whose run of ours ended: undecided, it ends as
     /// "has already ended", never as a relay.
     pub successor: bool,
+    /// Fires when the client has left for good: whatever moves the run's output stops.
+    pub gone: CancellationToken,
+    /// Held while messages are handed to the run, in order; never with `state` held across
+    /// an await, so readers and deciding appends are never stuck behind a busy run.
+    pub deliver: tokio::sync::Mutex<()>,
 }
 
 impl Entry {
@@ -314,7 +318,17 @@ impl Entry {
             }),
             out: Arc::new(Mutex::new(Backlog::new())),
             run: OnceLock::new(),
+            gone: CancellationToken::new(),
+            deliver: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The client left for good (`how`, in words): its run ends, and its output stops moving.
+    pub(super) fn abandon(&self, how: String) {
+        if let Some(run) = self.run.get() {
+            run.client_left(how);
+        }
+        self.gone.cancel();
     }
 
     pub(super) fn backlog(&self) -> std::sync::MutexGuard<'_, Backlog> {
@@ -375,7 +389,8 @@ impl Entry {
         self.state.lock().await.decision.clone()
     }
 
-    /// Wait for append 0 to decide, up to `wait`.
+    /// Wait for append 0 to decide, up to `wait`. The waiter counts as traffic (it is a
+    /// client request kept open), so the entry is not forgotten under it.
     pub(super) async fn await_decision(&self, wait: Duration) -> Option<Decision> {
         let deadline = Instant::now() + wait;
         loop {
@@ -383,7 +398,9 @@ impl Entry {
             if let Some(d) = self.decision().await {
                 return Some(d);
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            self.touch();
+            let tick = deadline.min(Instant::now() + SWEEP_EVERY / 2);
+            if tokio::time::timeout_at(tick, notified).await.is_err() && tick >= deadline {
                 return None;
             }
         }
@@ -476,6 +493,9 @@ pub(super) struct Backlog {
     pub base: u64,
     /// Frames handed to the current reader.
     pub delivered: u64,
+    /// Frames the reader is known to have taken: it asked for the next one after them. A
+    /// reader that is replaced or leaves mid-stream gets the frames after this mark again.
+    pub confirmed: u64,
     /// When the run's last frame (its end) was queued.
     pub ended_at: Option<Instant>,
     /// Generation of the current reader; older readers stop. 0: none came yet.
@@ -495,6 +515,7 @@ impl Backlog {
             frames: VecDeque::new(),
             base: 0,
             delivered: 0,
+            confirmed: 0,
             ended_at: None,
             reader: 0,
             reader_active: false,
@@ -522,14 +543,24 @@ impl Backlog {
         if end && self.ended_at.is_none() {
             self.ended_at = Some(Instant::now());
         }
-        // Keep only what a resuming reader can still need: frames from `delivered` on.
-        while self.base < self.delivered && !self.frames.is_empty() {
+        // Keep only what a resuming reader can still need: frames from `confirmed` on.
+        while self.base < self.confirmed && !self.frames.is_empty() {
             self.frames.pop_front();
             self.base += 1;
         }
         if let Some(w) = self.waker.take() {
             w.wake();
         }
+    }
+
+    /// The reader asked for more: what it was handed before is taken.
+    pub(super) fn confirm(&mut self) {
+        self.confirmed = self.delivered;
+    }
+
+    /// The reader is gone or replaced: what it was handed but never confirmed goes out again.
+    pub(super) fn rewind(&mut self) {
+        self.delivered = self.confirmed;
     }
 
     /// The next unread frame for the current reader.

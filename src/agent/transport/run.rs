@@ -7,8 +7,8 @@ use tracing::{debug, Instrument};
 
 use super::body::{end_frame, replay, RunBody};
 use super::{
-    error_response, request_id, with_pinned_model, AgentTransports, Decision, Peek,
-    FIRST_FRAME_WAIT,
+    error_response, never_decided, request_id, with_pinned_model, AgentTransports, Decision, Peek,
+    UNDECIDED_WAIT,
 };
 use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
@@ -56,13 +56,16 @@ pub(super) async fn handle(
     let request_id = request_id(&parts.headers)
         .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
     let mut peek = Peek::new(encoding, t.inner.limits);
-    let first = match tokio::time::timeout(FIRST_FRAME_WAIT, peek.next(&mut body, true)).await {
+    // The first frame decides whose run this is: wait for it as long as the client keeps the
+    // stream open (bounded). A slow one is never a reason to send the run to Cursor.
+    let first = match tokio::time::timeout(UNDECIDED_WAIT, peek.next(&mut body, true)).await {
         Ok(Ok(Some(frame))) => frame,
-        // No frame (or a slow one): nothing to route on, so it is Cursor's.
-        Ok(Ok(None)) | Err(_) => {
+        // The client closed its side without a frame: nothing of the user's to route.
+        Ok(Ok(None)) => {
             let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
             return t.upstream().forward(&ctx, req).await;
         }
+        Err(_) => return stream_error(never_decided("the run's first message did not come")),
         Ok(Err(e)) => return error_response(&e),
     };
     let message = match pb::AgentClientMessage::decode(first.clone()) {
@@ -73,11 +76,12 @@ pub(super) async fn handle(
         }
     };
     match t.decide(&request_id, &message) {
-        Decision::Relay => {
+        Err(e) => stream_error(e),
+        Ok(Decision::Relay) => {
             let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
             t.upstream().forward(&ctx, req).await
         }
-        decision @ Decision::Ours { .. } => {
+        Ok(decision @ Decision::Ours { .. }) => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
             let version = crate::status::client_version(&parts.headers);
             let caller = super::Caller::of(&parts.headers);
@@ -154,6 +158,12 @@ async fn serve_ours(
     let failer = handle.failer();
     let body = RunBody::new(handle.output, enc, failer).capturing(capture);
     streaming_response(boxed(body))
+}
+
+/// A `Run` answered with nothing but an error end frame.
+pub(super) fn stream_error(e: crate::connect::ConnectError) -> Response<Body> {
+    let enc = FrameEncoder::new(Encoding::Identity);
+    streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
 }
 
 pub(super) fn streaming_response(body: Body) -> Response<Body> {
