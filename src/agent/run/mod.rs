@@ -12,6 +12,7 @@ mod error;
 mod exec;
 mod kv;
 mod pending;
+mod shown;
 mod steer;
 mod tooling;
 mod turn;
@@ -86,6 +87,8 @@ struct Outbox {
     start: Instant,
     /// Milliseconds since `start` of the last message sent.
     last_sent_ms: Arc<AtomicU64>,
+    /// Whether the user saw part of the turn (decides how a failure ends).
+    shown: shown::Shown,
 }
 
 impl Outbox {
@@ -94,6 +97,7 @@ impl Outbox {
     }
 
     async fn send_output(&self, o: RunOutput) -> Result<(), RunError> {
+        self.shown.note(&o);
         self.tx.send(o).await.map_err(|_| RunError::ClientGone)?;
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
@@ -156,6 +160,7 @@ impl Run {
             tx: out,
             start: Instant::now(),
             last_sent_ms: Arc::new(AtomicU64::new(0)),
+            shown: Default::default(),
         };
         let done = CancellationToken::new();
         let (events_tx, events_rx) = mpsc::channel(64);
@@ -270,10 +275,10 @@ impl Run {
                         info!(
                             outcome = "error",
                             side = e.side(),
-                            code = e.code().as_str(),
+                            code = e.ending(outbox.shown.get()).code.as_str(),
                             "run ended: {model_name} via {via} after {secs:.1}s: {e}"
                         );
-                        EndStream::from_error(e.to_connect())
+                        EndStream::from_error(e.to_connect_after(outbox.shown.get()))
                     }
                 };
                 let _ = outbox.tx.send(RunOutput::End(end)).await;
