@@ -178,7 +178,7 @@ impl RunError {
     pub fn to_connect_after(&self, shown: bool) -> ConnectError {
         let ending = self.ending(shown);
         let mut message = crate::secret::scrub(&self.to_string()).into_owned();
-        if shown && !ending.retry && self.cause().3 {
+        if shown && ending.kind != Kind::UserAbortedRequest {
             message.push_str(". The answer above is incomplete: send the message again to retry.");
         }
         let mut additional_info = std::collections::HashMap::new();
