@@ -283,7 +283,7 @@ async fn a_provider_cut_after_output_is_final() {
         false,
     );
     assert!(
-        e.custom.detail.contains("incomplete"),
+        e.custom.detail.contains("send the message again"),
         "{}",
         e.custom.detail
     );
