@@ -919,7 +919,11 @@ async fn once_output_has_started_there_is_no_switch() {
     let (messages, end, record) = run_once(&agent, "req-cut").await;
     assert_eq!(text_of(&messages), "Hel");
     let error = end.error.expect("the failure goes to Cursor");
-    assert_eq!(error.code, Code::Unknown, "not retried by the client: {error:?}");
+    assert_eq!(
+        error.code,
+        Code::Unknown,
+        "not retried by the client: {error:?}"
+    );
     assert!(backup.requests().is_empty());
     assert_eq!(record.target.as_deref(), Some("fake/gpt-fake"));
     assert!(record.skipped.is_empty());

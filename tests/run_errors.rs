@@ -160,7 +160,11 @@ async fn a_refused_key_shows_as_a_bad_key_and_is_not_retried() {
         "Invalid API key",
         false,
     );
-    assert!(e.custom.detail.contains("Fake Model"), "{}", e.custom.detail);
+    assert!(
+        e.custom.detail.contains("Fake Model"),
+        "{}",
+        e.custom.detail
+    );
     assert!(
         e.custom.detail.contains("Incorrect API key provided"),
         "the provider's words: {}",
@@ -330,7 +334,12 @@ async fn our_own_failure_is_final() {
     let mut run = agent.start_run(req, "req-ours".into());
     let (messages, end) = drive(&mut run).await;
     let e = ended(end, &messages, provider.requests().len());
-    e.assert(Code::Unknown, Kind::CustomMessage, "cursor-byok error", false);
+    e.assert(
+        Code::Unknown,
+        Kind::CustomMessage,
+        "cursor-byok error",
+        false,
+    );
     assert!(e.custom.detail.contains("not configured"));
     assert_eq!(e.provider_calls, 0);
 }

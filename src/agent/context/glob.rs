@@ -49,11 +49,6 @@ impl Globs {
     }
 }
 
-/// Whether `path` matches any of `globs` (compiles them: for one-off checks).
-pub fn matches_any(globs: &[String], path: &str) -> bool {
-    Globs::new(globs).matches(path)
-}
-
 /// `a, b` lists several globs in one entry; commas inside `{…}` belong to the glob.
 fn top_level_alternatives(g: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -78,7 +73,7 @@ mod tests {
     use super::*;
 
     fn m(glob: &str, path: &str) -> bool {
-        matches_any(&[glob.to_string()], path)
+        Globs::new(&[glob.to_string()]).matches(path)
     }
 
     #[test]
@@ -95,7 +90,10 @@ mod tests {
         assert!(!m("test_?.py", "test_12.py"));
         assert!(m("./src/*.rs", "./src/a.rs"));
         assert!(!m("src/*.rs", "src/a/b.rs"), "`*` stays within a segment");
-        assert!(!m("[oops", "[oops"), "a glob that does not compile matches nothing");
+        assert!(
+            !m("[oops", "[oops"),
+            "a glob that does not compile matches nothing"
+        );
     }
 
     #[test]

@@ -179,7 +179,9 @@ impl RunError {
         let ending = self.ending(shown);
         let mut message = crate::secret::scrub(&self.to_string()).into_owned();
         if shown && ending.kind != Kind::UserAbortedRequest {
-            message.push_str(". The turn stopped after part of it was shown: send the message again to retry.");
+            message.push_str(
+                ". The turn stopped after part of it was shown: send the message again to retry.",
+            );
         }
         let mut additional_info = std::collections::HashMap::new();
         additional_info.insert("side".to_string(), self.side().to_string());

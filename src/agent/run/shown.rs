@@ -49,7 +49,9 @@ pub(super) fn is_visible(m: &pb::AgentServerMessage) -> bool {
                     | Update::ToolCallDelta(_)
             )
         ),
-        Some(Server::ExecServerMessage(e)) => !matches!(e.message, Some(Exec::RequestContextArgs(_))),
+        Some(Server::ExecServerMessage(e)) => {
+            !matches!(e.message, Some(Exec::RequestContextArgs(_)))
+        }
         Some(Server::InteractionQuery(_)) => true,
         Some(
             Server::ConversationCheckpointUpdate(_)
