@@ -323,7 +323,7 @@ async fn provider_401_ends_unauthenticated() {
     }
     assert!(!err.message.contains(PROVIDER_KEY));
     let details = err.decode_error_details().unwrap().expect("ErrorDetails");
-    assert_eq!(details.details.unwrap().title, "Model provider error");
+    assert_eq!(details.details.unwrap().title, "Invalid API key");
     assert!(t.turn_ended().is_none());
     // A rejected key is not retried.
     assert_eq!(h.provider.requests().len(), 1);

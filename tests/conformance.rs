@@ -1658,3 +1658,165 @@ fn running_subagent(body: &str) -> Option<String> {
     let start = body[..end].rfind("Subagent ")? + "Subagent ".len();
     Some(body[start..end].to_string())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Failures with the SDK's agent retries on, as Cursor's apps run (docs/errors.md).
+
+/// The run's error as the SDK reports it (result or thrown), lower-cased.
+fn error_words(run: &ClientRun) -> String {
+    run.of("result")
+        .map(|r| r["result"].to_string())
+        .chain(run.of("error").map(|e| e["error"].to_string()))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// A retried turn would reach the provider again: wait a little past the SDK's first backoff so
+/// a retry that was going to happen has happened, then count.
+async fn provider_calls_after(provider: &FakeProvider, settle: Duration) -> usize {
+    tokio::time::sleep(settle).await;
+    provider.requests().len()
+}
+
+/// 8. The provider fails after the user saw text: the SDK does not run the turn again,
+/// so the provider is called once, and the error shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retries_a_failure_after_output_calls_the_provider_once() {
+    on_every_transport(
+        "with_retries_a_failure_after_output_calls_the_provider_once",
+        |sdk, transport| async move {
+            let mut started = chunk(json!({"role": "assistant", "content": ""}), None);
+            started.push_str(&chunk(json!({"content": "Half an answer"}), None));
+            // A server error inside the stream: one a retry could cure, had nothing been shown.
+            started.push_str(
+                "data: {\"error\":{\"message\":\"The server had an error processing your request\",\"type\":\"server_error\"}}\n\n",
+            );
+            let reply = Reply::sse(started);
+            let h = Harness::start(sdk, transport, vec![reply]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Answer at length.", "retries": true}),
+                    TIMEOUT,
+                )
+                .await;
+            assert_ne!(run.code, Some(3), "hard timeout\n{}", run.dump());
+            assert_eq!(run.text(), "Half an answer", "{}", run.dump());
+            if let Some(r) = run.of("result").next() {
+                assert_eq!(r["result"]["status"], "error", "{}", run.dump());
+            }
+            let words = error_words(&run);
+            assert!(
+                words.contains(PROVIDER_NAME) && words.contains("send the message again"),
+                "the error names the provider and says what to do: {words}\n{}",
+                run.dump()
+            );
+            assert_eq!(
+                provider_calls_after(&h.provider, Duration::from_secs(3)).await,
+                1,
+                "one failed answer, one provider call\n{}",
+                run.dump()
+            );
+        },
+    )
+    .await;
+}
+
+/// 9. A refused key with retries on: the SDK shows it as a key problem and does not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retries_a_refused_key_calls_the_provider_once() {
+    on_every_transport(
+        "with_retries_a_refused_key_calls_the_provider_once",
+        |sdk, transport| async move {
+            let reply = Reply::json(
+                401,
+                r#"{"error":{"message":"Incorrect API key provided: sk-conf***","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+            );
+            let h = Harness::start(sdk, transport, vec![reply]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Hi", "retries": true}),
+                    TIMEOUT,
+                )
+                .await;
+            assert_ne!(run.code, Some(3), "hard timeout\n{}", run.dump());
+            let words = error_words(&run);
+            assert!(
+                words.contains("invalid api key") && words.contains("401"),
+                "shown as a bad key: {words}\n{}",
+                run.dump()
+            );
+            assert!(!words.contains(&PROVIDER_KEY.to_lowercase()));
+            assert_eq!(
+                provider_calls_after(&h.provider, Duration::from_secs(3)).await,
+                1,
+                "a refused key is not retried\n{}",
+                run.dump()
+            );
+        },
+    )
+    .await;
+}
+
+/// 10. A 5xx before any output: the one case where the client's retry may help. docs/errors.md
+/// bounds it: at most 1 + the SDK's server-error cap (3) runs, each with the proxy's own
+/// retries (0 here). The provider recovers on the second call, so the user gets the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retries_a_5xx_before_output_is_retried_within_the_bound() {
+    on_every_transport(
+        "with_retries_a_5xx_before_output_is_retried_within_the_bound",
+        |sdk, transport| async move {
+            let down = Reply::json(
+                503,
+                r#"{"error":{"message":"The server is overloaded","type":"server_error"}}"#,
+            );
+            let answer = Reply::sse(text_reply(&["Back", " again."], (10, 2, 0)));
+            let h = Harness::start(sdk, transport, vec![down, answer]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Hi", "retries": true}),
+                    TIMEOUT,
+                )
+                .await;
+            assert_ne!(run.code, Some(3), "hard timeout\n{}", run.dump());
+            assert_eq!(run.result()["status"], "finished", "{}", run.dump());
+            assert_eq!(run.text(), "Back again.", "{}", run.dump());
+            let calls = provider_calls_after(&h.provider, Duration::from_secs(1)).await;
+            assert!(
+                (2..=4).contains(&calls),
+                "retried, within 1 + 3 runs: {calls}\n{}",
+                run.dump()
+            );
+        },
+    )
+    .await;
+}
+
+/// 11. A user cancel with retries on: the run ends cancelled and no new run starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retries_a_user_cancel_starts_no_new_run() {
+    on_every_transport(
+        "with_retries_a_user_cancel_starts_no_new_run",
+        |sdk, transport| async move {
+            let mut started = chunk(json!({"role": "assistant", "content": ""}), None);
+            started.push_str(&chunk(json!({"content": "Working on it"}), None));
+            let reply = Reply::sse(started).then(After::Trickle(Duration::from_millis(200)));
+            let h = Harness::start(sdk, transport, vec![reply]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Write a long essay.", "cancelOn": "text-delta", "retries": true}),
+                    TIMEOUT,
+                )
+                .await;
+            assert!(run.of("cancel").next().is_some(), "{}", run.dump());
+            assert_eq!(run.result()["status"], "cancelled", "{}", run.dump());
+            assert_eq!(
+                provider_calls_after(&h.provider, Duration::from_secs(3)).await,
+                1,
+                "no new run after a cancel\n{}",
+                run.dump()
+            );
+        },
+    )
+    .await;
+}

@@ -48,13 +48,13 @@ async fn h2_turn(h: &harness::Harness, tag: &str) -> common::agent_client::Trans
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn provider_cut_mid_stream_ends_unavailable() {
+async fn provider_cut_mid_stream_ends_without_a_client_retry() {
     let h = harness(vec![Reply::sse(partial("half")).then(After::Cut)], |_| {}).await;
     let t = h2_turn(&h, "cut").await;
     assert_eq!(t.text(), "half");
     let err = end_error(&t);
     record("provider cut mid-stream", &err);
-    assert_eq!(err.code, Code::Unavailable, "{err:?}");
+    assert_eq!(err.code, Code::Unknown, "{err:?}");
     assert!(err.message.contains("Fake Model"), "{}", err.message);
     h.normal_run_succeeds("after-cut").await;
 }
@@ -69,7 +69,7 @@ async fn provider_stall_hits_the_idle_timeout() {
     let t = h2_turn(&h, "stall").await;
     let err = end_error(&t);
     record("provider stall (idle 1 s)", &err);
-    assert_eq!(err.code, Code::Unavailable, "{err:?}");
+    assert_eq!(err.code, Code::Unknown, "{err:?}");
     assert!(err.message.contains("timed out"), "{}", err.message);
     assert!(started.elapsed() < Duration::from_secs(6));
     assert!(
@@ -171,7 +171,7 @@ async fn unreachable_upstream_answers_502_with_the_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kv_ack_that_never_arrives_ends_deadline_exceeded() {
+async fn kv_ack_that_never_arrives_after_the_answer_ends_without_a_client_retry() {
     let h = harness(vec![Reply::sse(TEXT_SSE)], |c| c.agent.kv_timeout_secs = 1).await;
     let door = h.connect_door();
     let first = run_request(OURS, "conv-kv", "hi", true);
@@ -180,7 +180,7 @@ async fn kv_ack_that_never_arrives_ends_deadline_exceeded() {
     let t = silent(&mut run.stream).await;
     let err = end_error(&t);
     record("KV ack never arrives (1 s)", &err);
-    assert_eq!(err.code, Code::DeadlineExceeded, "{err:?}");
+    assert_eq!(err.code, Code::Unknown, "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(6));
     assert!(
         t.messages.iter().any(|m| matches!(

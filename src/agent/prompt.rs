@@ -39,6 +39,8 @@ pub struct PromptInputs<'a> {
     /// contents (git state, project layout); where the model works (OS, shell, folders) stays,
     /// since its tools need it.
     pub exclude_workspace: bool,
+    /// `ctx`'s file-globbed rules, compiled once for the turn; compiled here when absent.
+    pub globbed: Option<&'a rules::GlobbedRules<'a>>,
 }
 
 pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
@@ -85,7 +87,10 @@ pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
         }
     }
     if let Some(ctx) = inputs.ctx {
-        let globbed = rules::globbed_for(ctx, inputs.touched);
+        let globbed = match inputs.globbed {
+            Some(compiled) => compiled.matching(inputs.touched),
+            None => rules::globbed_for(ctx, inputs.touched),
+        };
         if !globbed.is_empty() {
             s.push_str("\n<rules>\nRules for the files in play:\n");
             rules::write_bodies(&mut s, globbed.into_iter());

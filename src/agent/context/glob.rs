@@ -1,14 +1,52 @@
 //! Cursor's rule globs (`*.py`, `src/**/*.ts`, `{a,b}.md`) matched against workspace paths.
 //! A pattern without `/` matches the file name at any depth, as Cursor applies them.
+//!
+//! The globs are compiled once into a [`globset::GlobSet`] (automata: matching is linear in
+//! the path, whatever the pattern), since a rule's globs are checked for every touched path.
 
-/// Whether `path` (workspace-relative, `/`-separated) matches any of `globs`.
-pub fn matches_any(globs: &[String], path: &str) -> bool {
-    globs
-        .iter()
-        .flat_map(|g| top_level_alternatives(g))
-        .map(str::trim)
-        .filter(|g| !g.is_empty())
-        .any(|g| matches(g, path))
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+/// One rule's globs, compiled.
+#[derive(Debug, Clone)]
+pub struct Globs(GlobSet);
+
+impl Globs {
+    /// Compiles `globs`; an entry may list several, comma-separated. A glob that does not
+    /// compile (an unclosed `[`) matches nothing, and is logged.
+    pub fn new(globs: &[String]) -> Globs {
+        let mut set = GlobSetBuilder::new();
+        for g in globs
+            .iter()
+            .flat_map(|g| top_level_alternatives(g))
+            .map(str::trim)
+            .map(|g| g.trim_start_matches("./").trim_start_matches('/'))
+            .filter(|g| !g.is_empty())
+        {
+            let pattern = if g.contains('/') {
+                g.to_string()
+            } else {
+                format!("**/{g}")
+            };
+            match GlobBuilder::new(&pattern).literal_separator(true).build() {
+                Ok(glob) => {
+                    set.add(glob);
+                }
+                Err(e) => tracing::debug!(glob = g, error = %e, "rule glob ignored"),
+            }
+        }
+        // Building a set of globs that each compiled only fails past regex size limits; then
+        // the rule matches nothing rather than everything.
+        Globs(set.build().unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "rule globs ignored");
+            GlobSet::empty()
+        }))
+    }
+
+    /// Whether `path` (workspace-relative, `/`-separated) matches any of the globs.
+    pub fn matches(&self, path: &str) -> bool {
+        let path = path.trim_start_matches("./").trim_start_matches('/');
+        self.0.is_match(path)
+    }
 }
 
 /// `a, b` lists several globs in one entry; commas inside `{…}` belong to the glob.
@@ -30,63 +68,12 @@ fn top_level_alternatives(g: &str) -> Vec<&str> {
     out
 }
 
-fn matches(glob: &str, path: &str) -> bool {
-    let path = path.trim_start_matches("./");
-    let glob = glob.trim_start_matches("./");
-    if !glob.contains('/') {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        return expand(glob)
-            .iter()
-            .any(|g| segment(g.as_bytes(), name.as_bytes()));
-    }
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    expand(glob).iter().any(|g| {
-        let pat: Vec<&str> = g.split('/').filter(|p| !p.is_empty()).collect();
-        segments(&pat, &parts)
-    })
-}
-
-/// `{a,b}` alternatives, expanded (one level deep is what rule files use).
-fn expand(glob: &str) -> Vec<String> {
-    let (Some(open), Some(close)) = (glob.find('{'), glob.find('}')) else {
-        return vec![glob.to_string()];
-    };
-    if close < open {
-        return vec![glob.to_string()];
-    }
-    glob[open + 1..close]
-        .split(',')
-        .map(|alt| format!("{}{alt}{}", &glob[..open], &glob[close + 1..]))
-        .collect()
-}
-
-fn segments(pat: &[&str], parts: &[&str]) -> bool {
-    match pat.split_first() {
-        None => parts.is_empty(),
-        Some((&"**", rest)) => (0..=parts.len()).any(|i| segments(rest, &parts[i..])),
-        Some((p, rest)) => match parts.split_first() {
-            Some((first, tail)) => segment(p.as_bytes(), first.as_bytes()) && segments(rest, tail),
-            None => false,
-        },
-    }
-}
-
-/// One path segment: `*` any run, `?` one character.
-fn segment(p: &[u8], s: &[u8]) -> bool {
-    match p.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| segment(rest, &s[i..])),
-        Some((b'?', rest)) => !s.is_empty() && segment(rest, &s[1..]),
-        Some((c, rest)) => s.first() == Some(c) && segment(rest, &s[1..]),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn m(glob: &str, path: &str) -> bool {
-        matches_any(&[glob.to_string()], path)
+        Globs::new(&[glob.to_string()]).matches(path)
     }
 
     #[test]
@@ -100,5 +87,27 @@ mod tests {
         assert!(m("**/*.{md,mdc}", "docs/x.mdc"));
         assert!(m("*.rs, *.py", "a.py"));
         assert!(m("test_?.py", "test_1.py"));
+        assert!(!m("test_?.py", "test_12.py"));
+        assert!(m("./src/*.rs", "./src/a.rs"));
+        assert!(!m("src/*.rs", "src/a/b.rs"), "`*` stays within a segment");
+        assert!(
+            !m("[oops", "[oops"),
+            "a glob that does not compile matches nothing"
+        );
+    }
+
+    #[test]
+    fn a_pathological_glob_is_linear() {
+        // A backtracking matcher tries every split of the name for each `*`: on this name it
+        // would run for ages. Compiled automata answer at once.
+        let glob = "*a*a*a*a*a*a*a*a*a*a*b";
+        let name = "a".repeat(5000);
+        let path = format!("src/{name}");
+        assert!(!m(glob, &path));
+        assert!(m(glob, &format!("{path}b")));
+        let globs = Globs::new(&[glob.to_string()]);
+        for _ in 0..100 {
+            assert!(!globs.matches(&path));
+        }
     }
 }

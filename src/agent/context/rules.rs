@@ -98,13 +98,37 @@ pub fn write_static(s: &mut String, ctx: &pb::RequestContext) {
 
 /// The file-globbed rules that apply once `paths` (workspace-relative) are in play.
 pub fn globbed_for<'a>(ctx: &'a pb::RequestContext, paths: &[String]) -> Vec<&'a pb::CursorRule> {
-    ctx.rules
-        .iter()
-        .filter(|r| match kind(r) {
-            RuleKind::Globbed(globs) => paths.iter().any(|p| glob::matches_any(globs, p)),
-            _ => false,
-        })
-        .collect()
+    GlobbedRules::new(ctx).matching(paths)
+}
+
+/// A request context's file-globbed rules with their globs compiled: built once per rule set
+/// (a turn) and asked at every model call, as the touched paths grow.
+#[derive(Debug, Clone, Default)]
+pub struct GlobbedRules<'a> {
+    rules: Vec<(&'a pb::CursorRule, glob::Globs)>,
+}
+
+impl<'a> GlobbedRules<'a> {
+    pub fn new(ctx: &'a pb::RequestContext) -> Self {
+        let rules = ctx
+            .rules
+            .iter()
+            .filter_map(|r| match kind(r) {
+                RuleKind::Globbed(globs) => Some((r, glob::Globs::new(globs))),
+                _ => None,
+            })
+            .collect();
+        GlobbedRules { rules }
+    }
+
+    /// The rules that apply once `paths` (workspace-relative) are in play, in their order.
+    pub fn matching(&self, paths: &[String]) -> Vec<&'a pb::CursorRule> {
+        self.rules
+            .iter()
+            .filter(|(_, globs)| paths.iter().any(|p| globs.matches(p)))
+            .map(|(r, _)| *r)
+            .collect()
+    }
 }
 
 /// A skill as listed: name, description, where its `SKILL.md` is.

@@ -12,6 +12,7 @@ mod error;
 mod exec;
 mod kv;
 mod pending;
+mod shown;
 mod steer;
 mod tooling;
 mod turn;
@@ -93,6 +94,8 @@ struct Outbox {
     cancel: CancellationToken,
     /// Set at the first send after the cancel: when sends stop waiting.
     wind_down_until: Arc<std::sync::OnceLock<tokio::time::Instant>>,
+    /// Whether the user saw part of the turn (decides how a failure ends).
+    shown: shown::Shown,
 }
 
 impl Outbox {
@@ -103,6 +106,7 @@ impl Outbox {
             last_sent_ms: Arc::new(AtomicU64::new(0)),
             cancel,
             wind_down_until: Arc::default(),
+            shown: Default::default(),
         }
     }
 
@@ -130,7 +134,9 @@ impl Outbox {
     }
 
     async fn send_output(&self, o: RunOutput) -> Result<(), RunError> {
-        self.reserve().await?.send(o);
+        let permit = self.reserve().await?;
+        self.shown.note(&o);
+        permit.send(o);
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
         Ok(())
@@ -302,10 +308,10 @@ impl Run {
                         info!(
                             outcome = "error",
                             side = e.side(),
-                            code = e.code().as_str(),
+                            code = e.ending(outbox.shown.get()).code.as_str(),
                             "run ended: {model_name} via {via} after {secs:.1}s: {e}"
                         );
-                        EndStream::from_error(e.to_connect())
+                        EndStream::from_error(e.to_connect_after(outbox.shown.get()))
                     }
                 };
                 // The end gets the same bounded wind-down as any output of a canceled run;

@@ -172,6 +172,9 @@ impl RunState {
         let summary = self.compact_if_needed(&mut messages, &history).await?;
         // Subagents an earlier turn left in the background: the model may wait for them.
         let background = state::background_subagents(&prev_state);
+        let globbed_rules = request_context
+            .as_ref()
+            .map(context::rules::GlobbedRules::new);
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
         loop {
@@ -188,6 +191,7 @@ impl RunState {
                 child: self.run.child.as_ref(),
                 background: &background,
                 exclude_workspace: req.exclude_workspace_context == Some(true),
+                globbed: globbed_rules.as_ref(),
             });
             let request = ProviderRequest {
                 model: self.run.model.config.model.clone(),
