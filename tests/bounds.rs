@@ -17,13 +17,9 @@ use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The cases measure this process's fds and RSS: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    // A poisoned lock only means another case failed.
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// The cases measure this process's fds and RSS: one at a time (each has its own runtime, so
+/// an async lock).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn outcome(case: &str, figures: &str) {
     eprintln!("OUTCOME | {case} | {figures}");
@@ -35,7 +31,9 @@ fn fds() -> usize {
 }
 
 fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
 }
 
 /// The three gauges every case returns to.
@@ -81,7 +79,7 @@ async fn back_to(base: Gauges, slack: usize, limit: Duration, case: &str) -> Gau
 /// nothing of theirs is left (no task, no descriptor).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_h2_connections_to_the_direct_tls_door_leave_nothing() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     const CONNS: usize = 1000;
     let h = harness(vec![], |_| {}).await;
     let door = h.tls_door();
@@ -136,7 +134,10 @@ fn ensure_fds(need: u64) {
 
 /// Wait (at most `limit`) for the proxy to close `stream`: EOF or a reset. Bytes before it
 /// (an answer) are returned.
-async fn closed_within(stream: &mut (impl AsyncReadExt + Unpin), limit: Duration) -> Option<Vec<u8>> {
+async fn closed_within(
+    stream: &mut (impl AsyncReadExt + Unpin),
+    limit: Duration,
+) -> Option<Vec<u8>> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let deadline = tokio::time::Instant::now() + limit;
@@ -154,10 +155,8 @@ async fn open_many(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::with_capacity(n);
     while held.len() < n {
         let batch = (n - held.len()).min(100);
-        let opened = futures_util::future::join_all(
-            (0..batch).map(|_| TcpStream::connect(addr)),
-        )
-        .await;
+        let opened =
+            futures_util::future::join_all((0..batch).map(|_| TcpStream::connect(addr))).await;
         held.extend(opened.into_iter().map(|s| s.expect("connect")));
     }
     held
@@ -168,7 +167,7 @@ async fn open_many(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
 /// the listener serves a normal run again, with fds, tasks and RSS back at baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_are_closed_at_the_head_timeout_on_every_listener() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     const CONNS: usize = 1100;
     ensure_fds(4 * CONNS as u64 + 500);
     let h = harness(vec![], |c| c.limits.head_timeout_secs = 1).await;
@@ -235,7 +234,7 @@ async fn idle_sessions(h: &harness::Harness, n: usize) -> Vec<Option<impl AsyncR
 /// at most 100 of 150 sessions are held at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_tls_sessions_through_connect_are_capped_and_closed() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     const CONNS: usize = 1100;
     ensure_fds(4 * CONNS as u64 + 500);
     let h = harness(vec![], |c| {
@@ -277,7 +276,7 @@ async fn idle_tls_sessions_through_connect_are_capped_and_closed() {
 /// whole life, so at most 100 get their handshake done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_cap_counts_sessions_after_connect() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let h = harness(vec![], |c| {
         c.limits.head_timeout_secs = 5;
         c.limits.max_connections = 100;
@@ -307,7 +306,7 @@ async fn the_connection_cap_counts_sessions_after_connect() {
 /// run is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     const CONNS: usize = 100;
     ensure_fds(4 * CONNS as u64 + 500);
     let h = harness(vec![], |c| {
@@ -343,7 +342,10 @@ async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
     }))
     .await;
     let heads_took = started.elapsed();
-    assert!(heads.iter().all(Option::is_some), "an unfinished head stayed open");
+    assert!(
+        heads.iter().all(Option::is_some),
+        "an unfinished head stayed open"
+    );
 
     const BODY: usize = 512 * 1024;
     let started = Instant::now();
@@ -365,7 +367,9 @@ async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
     let bodies_took = started.elapsed();
     let peak = gauges();
     for answer in &bodies {
-        let answer = answer.as_deref().expect("a stalled body's connection stayed open");
+        let answer = answer
+            .as_deref()
+            .expect("a stalled body's connection stayed open");
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
         assert!(answer.contains("body_timeout_secs"), "{answer}");
     }
@@ -379,4 +383,105 @@ async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
         ),
     );
     h.normal_run_succeeds("after-fat-and-stalled").await;
+}
+
+/// A TLS HTTP/2 origin that grants no window (stream window 0, never raised): it takes every
+/// stream and never answers or reads a byte of its body.
+async fn no_window_origin(
+    listener: tokio::net::TcpListener,
+    leaf: (
+        rustls::pki_types::CertificateDer<'static>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+) {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.0], leaf.1)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    while let Ok((stream, _)) = listener.accept().await {
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
+            };
+            let handshake = h2::server::Builder::new()
+                .initial_window_size(0)
+                .handshake::<_, bytes::Bytes>(tls);
+            let Ok(mut conn) = handshake.await else {
+                return;
+            };
+            let mut held = Vec::new();
+            while let Some(Ok(stream)) = conn.accept().await {
+                held.push(stream);
+            }
+        });
+    }
+}
+
+/// 50 clients through CONNECT (HTTP/2, the frame relay) each send a 4 MiB passthrough body to
+/// an origin that grants no window, then leave: the relay notices each leaving, and fds, tasks
+/// and RSS come back to baseline; a normal run is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leaving_a_stream_the_origin_never_reads_leave_nothing() {
+    let _serial = SERIAL.lock().await;
+    const CONNS: usize = 50;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    let h = harness(vec![], |c| {
+        c.upstream.resolve.insert(API.into(), origin);
+    })
+    .await;
+    let origin_task = tokio::spawn(no_window_origin(listener, h.upstream.ca.leaf(&[API])));
+    h.normal_run_succeeds("no-window-warm-up").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let base = gauges();
+    let proxy = h.server.proxy_addr();
+    let roots = client::roots(&[&h.our_ca]);
+    let started = Instant::now();
+    let sent = futures_util::future::join_all((0..CONNS).map(|_| {
+        let roots = roots.clone();
+        async move {
+            let mut sender =
+                client::via_proxy(proxy, &format!("{API}:443"), API, roots, Alpn::H2).await;
+            let (tx, body) = client::channel_body();
+            let req = Request::post("/echo").body(body).unwrap();
+            let call = sender.send(API, req);
+            let feed = async {
+                let mut fed = 0usize;
+                // Until the windows close (the origin reads nothing), at most 4 MiB.
+                while fed < 4 << 20 {
+                    let chunk = bytes::Bytes::from(vec![7u8; 64 * 1024]);
+                    let sent = tokio::time::timeout(Duration::from_millis(500), tx.send(chunk));
+                    if !matches!(sent.await, Ok(Ok(()))) {
+                        break;
+                    }
+                    fed += 64 * 1024;
+                }
+                fed
+            };
+            // The call never ends (no answer): stop it once the feed is stuck, then leave.
+            tokio::select! {
+                fed = feed => fed,
+                _ = call => panic!("the origin answered"),
+            }
+        }
+    }))
+    .await;
+    let peak = gauges();
+    let end = back_to(base, 2, Duration::from_secs(10), "no-window origin").await;
+    outcome(
+        &format!("{CONNS} clients leaving streams an origin grants no window"),
+        &format!(
+            "fed {} KiB each before the windows closed, {:?}; {base:?} -> {peak:?} -> {end:?}",
+            sent.iter().max().copied().unwrap_or(0) / 1024,
+            started.elapsed()
+        ),
+    );
+    h.normal_run_succeeds("after-no-window").await;
+    origin_task.abort();
 }

@@ -12,9 +12,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::instrument;
 
+use super::connect::Session;
 use super::state::State;
 use super::watch::{Watch, Watched};
-use super::connect::Session;
 use super::{auth, connect, plain_error, serve};
 use crate::config::host_matches;
 use crate::conn_tasks::LocalExec;

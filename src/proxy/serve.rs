@@ -215,11 +215,22 @@ pub(crate) async fn serve_http<I>(
     }
 }
 
-/// Does this request's handler read its body whole before it answers (agent and adjusted
-/// Cursor requests)? Those are held to the body timeout; passthrough streams its body on
-/// with the origin's backpressure and keeps no timer.
+/// A declared body up to this size is not held to the body timeout: it pins little even if
+/// it stalls, and it usually arrives with its head, so a silent connection afterwards says
+/// nothing about it (a RunSSE waiting for its append on another connection is silent).
+const SMALL_BODY: u64 = 64 * 1024;
+
+/// Is this request's body read whole before its handler answers (agent and adjusted Cursor
+/// requests), and large or of unknown length? Those are held to the body timeout;
+/// passthrough streams its body on with the origin's backpressure and keeps no timer.
 pub(crate) fn reads_body_whole(req: &Request<Incoming>) -> bool {
-    !req.body().is_end_stream() && crate::router::route(req.uri().path()) != Route::Upstream
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    !req.body().is_end_stream()
+        && declared.is_none_or(|n| n > SMALL_BODY)
+        && crate::router::route(req.uri().path()) != Route::Upstream
 }
 
 /// Run a handler; with `watch`, a client that sends no byte for the body timeout before the

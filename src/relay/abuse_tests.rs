@@ -760,7 +760,11 @@ async fn the_origin_is_dialled_only_when_a_stream_needs_it() {
     headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/ours")));
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "internal");
-    assert_eq!(h.dials.load(Ordering::SeqCst), 0, "dialled for no passthrough");
+    assert_eq!(
+        h.dials.load(Ordering::SeqCst),
+        0,
+        "dialled for no passthrough"
+    );
     let mut out = BytesMut::new();
     headers_frame(&mut out, 3, true, &Encoding::Raw.encode(&request("/echo")));
     h.send(&out).await;
@@ -793,7 +797,10 @@ async fn a_client_held_back_by_the_origins_window_is_seen_leaving() {
     while sent < frames && h.try_send(&chunk).await {
         sent += 10_000;
     }
-    assert!(sent >= frames, "the relay stopped reading after {sent} frames");
+    assert!(
+        sent >= frames,
+        "the relay stopped reading after {sent} frames"
+    );
     let peak = h.peak();
     assert!(peak.buffered >= bound, "not held back: {peak:?}");
     drop(h.client);
