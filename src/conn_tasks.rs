@@ -17,6 +17,8 @@
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -81,9 +83,11 @@ where
     }
 }
 
-/// Poll `conn` and every future handed to its [`LocalExec`] until all of them are done and no
-/// [`LocalExec`] is left (they live in `conn` and in those futures; every one of them ends
-/// once the client connection has).
+/// Poll `conn` and every future handed to its [`LocalExec`] until all of them are done: once
+/// `conn` has ended and nothing else runs here, the task ends, even if a [`LocalExec`] is
+/// still held somewhere (hyper keeps clones in places that outlive the connection). A future
+/// handed over after that runs as a tokio task of its own, so nothing is lost and nothing
+/// waits on a channel no one will use.
 ///
 /// `conn` is one of the set, so like the others it is polled only when its own waker fired:
 /// a wake-up for the upstream connection does not poll the client connection too.
@@ -93,7 +97,12 @@ where
 {
     let ConnTasks { mut rx } = tasks;
     let mut set: FuturesUnordered<Task> = FuturesUnordered::new();
-    set.push(Box::pin(conn));
+    let conn_done = Arc::new(AtomicBool::new(false));
+    let done = conn_done.clone();
+    set.push(Box::pin(async move {
+        conn.await;
+        done.store(true, Ordering::Release);
+    }));
     let mut senders_gone = false;
     poll_fn(|cx| loop {
         let mut progressed = take_new(&mut rx, &mut senders_gone, &mut set, cx);
@@ -105,14 +114,20 @@ where
         // Futures spawned during that poll (a new HTTP/2 stream's) start now, not after a
         // round through the scheduler.
         progressed |= take_new(&mut rx, &mut senders_gone, &mut set, cx);
-        if set.is_empty() && senders_gone {
+        if set.is_empty() && (senders_gone || conn_done.load(Ordering::Acquire)) {
             return Poll::Ready(());
         }
         if !progressed {
             return Poll::Pending;
         }
     })
-    .await
+    .await;
+    // Later hand-overs fail and are spawned by `LocalExec::spawn`; any that came in between
+    // still run.
+    rx.close();
+    while let Ok(task) = rx.try_recv() {
+        tokio::spawn(task);
+    }
 }
 
 /// Move what was handed over into the set; true if anything was.
@@ -139,8 +154,7 @@ fn take_new(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
     #[tokio::test]
@@ -163,6 +177,24 @@ mod tests {
             .await
             .expect("run ends once the connection and its futures have");
         assert_eq!(done.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_executor_held_elsewhere_does_not_keep_the_task() {
+        let (exec, tasks) = new();
+        let kept = exec.clone();
+        let conn = async move {
+            exec.spawn(async {});
+        };
+        tokio::time::timeout(Duration::from_secs(5), run(conn, tasks))
+            .await
+            .expect("run ends once the connection and its futures have");
+        // A late hand-over still runs, as its own task.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        kept.spawn(async move {
+            let _ = tx.send(());
+        });
+        rx.await.expect("ran");
     }
 
     #[tokio::test]

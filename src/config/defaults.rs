@@ -116,6 +116,10 @@ pub(super) fn head_timeout_secs() -> u64 {
     15
 }
 
+pub(super) fn body_timeout_secs() -> u64 {
+    30
+}
+
 pub(super) fn max_history_bytes() -> usize {
     64 << 20
 }

@@ -271,16 +271,22 @@ pub struct Limits {
     /// Open byte tunnels (CONNECT to hosts we do not terminate); beyond it a CONNECT is a 503.
     #[serde(default = "defaults::max_tunnels")]
     pub max_tunnels: usize,
-    /// Seconds a tunnel or upgraded connection may carry no byte either way before it closes.
+    /// Seconds a client connection (a tunnel, an intercepted session, a direct-door
+    /// connection) may carry no byte either way before it closes.
     #[serde(default = "defaults::tunnel_idle_secs")]
     pub tunnel_idle_secs: u64,
     /// Seconds a tunnel may stay half closed (one side sent FIN) before both sides close.
     #[serde(default = "defaults::tunnel_half_close_secs")]
     pub tunnel_half_close_secs: u64,
-    /// Seconds an HTTP/1.1 request head may take on the proxy listener and the plain-HTTP
-    /// door; an idle keep-alive connection there closes after it too.
+    /// Seconds from accept (and from a CONNECT's upgrade) to a connection's first request
+    /// head, and that an HTTP/1.1 request head may take on every door; an idle HTTP/1.1
+    /// keep-alive connection closes after it too.
     #[serde(default = "defaults::head_timeout_secs")]
     pub head_timeout_secs: u64,
+    /// Seconds a request body that is read whole (agent and adjusted Cursor requests) may go
+    /// without a byte from its client before the request fails.
+    #[serde(default = "defaults::body_timeout_secs")]
+    pub body_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -294,6 +300,7 @@ impl Default for Limits {
             tunnel_idle_secs: defaults::tunnel_idle_secs(),
             tunnel_half_close_secs: defaults::tunnel_half_close_secs(),
             head_timeout_secs: defaults::head_timeout_secs(),
+            body_timeout_secs: defaults::body_timeout_secs(),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! After `CONNECT`: terminate TLS for intercepted hosts, tunnel bytes for everything else.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -19,9 +21,15 @@ use super::rewind::Rewind;
 use super::serve;
 use super::sni::{self, Peek};
 use super::state::State;
+use super::watch::Watch;
 use crate::config::host_matches;
 use crate::http::{empty, Body, Door, RequestContext};
 use crate::upstream::{splice, SpliceLimits};
+
+/// What runs on a connection after its `CONNECT` was answered (an intercepted session or a
+/// tunnel): run by the connection's own task once hyper hands the socket over, so the
+/// connection's place under `max_connections` and its time bounds hold until it closes.
+pub(crate) type Session = Arc<Mutex<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>>;
 
 /// How long a client may stay silent after `CONNECT` before we assume the server speaks first.
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,22 +37,28 @@ const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Answer a `CONNECT`. Hosts outside the intercept patterns are dialled first, so a failure is
-/// a clear 502, and then tunnelled without looking at a byte.
+/// a clear 502, and then tunnelled without looking at a byte. What follows the answer goes in
+/// `session`, for the connection's own task to run.
 pub(crate) async fn handle(
     state: Arc<State>,
     peer: SocketAddr,
     mut req: Request<Incoming>,
+    watch: Arc<Watch>,
+    session: &Session,
 ) -> Response<Body> {
     let (host, port) = match target(&req) {
         Ok(target) => target,
         Err(reason) => return plain_error(StatusCode::BAD_REQUEST, reason),
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let put = |next: Pin<Box<dyn Future<Output = ()> + Send>>| {
+        // A poisoned lock only means a panic in another request of this connection.
+        *session.lock().unwrap_or_else(|e| e.into_inner()) = Some(next);
+    };
     if host_matches(&state.intercept, &host) {
-        let st = state.clone();
-        state
-            .shutdown
-            .spawn(intercept_or_tunnel(st, on_upgrade, host, port, peer));
+        put(Box::pin(intercept_or_tunnel(
+            state, on_upgrade, host, port, peer, watch,
+        )));
         return Response::new(empty());
     }
     let Some(permit) = state.tunnels.admit() else {
@@ -56,12 +70,12 @@ pub(crate) async fn handle(
     match state.router.upstream().dialer().dial(&host, port).await {
         Ok(server) => {
             let limits = state.tunnels.limits;
-            state.shutdown.spawn(async move {
+            put(Box::pin(async move {
                 let _permit = permit;
                 if let Some(client) = upgraded(on_upgrade).await {
                     tunnel(client, server, Bytes::new(), limits).await;
                 }
-            });
+            }));
             Response::new(empty())
         }
         Err(e) => {
@@ -137,10 +151,13 @@ async fn intercept_or_tunnel(
     host: String,
     port: u16,
     peer: SocketAddr,
+    watch: Arc<Watch>,
 ) {
     let Some(mut client) = upgraded(on_upgrade).await else {
         return;
     };
+    // The TLS handshake and the first request inside it are due within the head timeout.
+    watch.expect_head();
     let (seen, peek, closed) = read_client_hello(&mut client).await;
     if closed && seen.is_empty() {
         return; // the client left without a byte: nothing to carry
@@ -168,11 +185,14 @@ async fn intercept_or_tunnel(
                 Rewind::new(seen.freeze(), client),
                 config,
                 base,
+                watch,
             )
             .await;
         }
         Decision::Tunnel => {
             tracing::debug!(?peek, "tunnelling");
+            // A byte tunnel has no heads: its idle and half-close limits bound it.
+            watch.got_head();
             // The CONNECT was answered already: beyond the cap all we can do is close.
             let Some(_permit) = state.tunnels.admit() else {
                 return;

@@ -12,14 +12,20 @@ use tracing::instrument;
 
 use super::serve;
 use super::state::State;
+use super::watch::{Watch, Watched};
 use crate::config::host_matches;
 use crate::http::{Door, RequestContext};
 
 /// TLS door: a leaf for the name the client asks for — any intercepted host, `localhost`, or a
 /// loopback address — then HTTP (h2 or h1 per ALPN). Other names get no handshake.
 #[instrument(skip_all, name = "direct_tls_conn", fields(%peer))]
-pub(crate) async fn serve_tls(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
-    let local_ip = stream.local_addr().map(|a| a.ip()).ok();
+pub(crate) async fn serve_tls(
+    state: Arc<State>,
+    stream: Watched<TcpStream>,
+    peer: SocketAddr,
+    watch: Arc<Watch>,
+) {
+    let local_ip = stream.get_ref().local_addr().map(|a| a.ip()).ok();
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     let start = match tokio::time::timeout(serve::HANDSHAKE_TIMEOUT, acceptor).await {
         Ok(Ok(start)) => start,
@@ -54,15 +60,19 @@ pub(crate) async fn serve_tls(state: Arc<State>, stream: TcpStream, peer: Socket
         Err(_) => return,
     };
     let base = origin_context(&state, Door::DirectTls, peer);
-    serve::serve_tls_stream(state, tls, base).await;
+    serve::serve_tls_stream(state, tls, base, watch).await;
 }
 
 /// Plain-HTTP door (HTTP/1.1, or HTTP/2 with prior knowledge).
 #[instrument(skip_all, name = "direct_http_conn", fields(%peer))]
-pub(crate) async fn serve_http(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve_http(
+    state: Arc<State>,
+    stream: Watched<TcpStream>,
+    peer: SocketAddr,
+    watch: Arc<Watch>,
+) {
     let base = origin_context(&state, Door::DirectHttp, peer);
-    let timeout = Some(state.head_timeout);
-    serve::serve_http(state, TokioIo::new(stream), None, base, timeout).await;
+    serve::serve_http(state, TokioIo::new(stream), None, base, Some(watch)).await;
 }
 
 fn origin_context(state: &State, door: Door, peer: SocketAddr) -> RequestContext {

@@ -12,7 +12,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::instrument;
 
+use super::connect::Session;
 use super::state::State;
+use super::watch::{Watch, Watched};
 use super::{auth, connect, plain_error, serve};
 use crate::config::host_matches;
 use crate::conn_tasks::LocalExec;
@@ -20,11 +22,20 @@ use crate::http::{boxed, Body, Door, RequestContext};
 
 /// Serve proxy-protocol requests on one client connection.
 #[instrument(skip_all, name = "proxy_conn", fields(%peer))]
-pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve(
+    state: Arc<State>,
+    stream: Watched<TcpStream>,
+    peer: SocketAddr,
+    watch: Arc<Watch>,
+) {
     let st = state.clone();
+    let session: Session = Arc::default();
+    let slot = session.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let state = st.clone();
-        async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+        let watch = watch.clone();
+        let slot = slot.clone();
+        async move { Ok::<_, Infallible>(handle(state, peer, req, watch, slot).await) }
     });
     let mut builder = serve::http_builder(Some(b"http/1.1"), LocalExec::runtime());
     serve::limit_head(&mut builder, state.head_timeout);
@@ -32,9 +43,21 @@ pub(crate) async fn serve(state: Arc<State>, stream: TcpStream, peer: SocketAddr
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
     state.shutdown.serve(conn).await;
+    // A poisoned lock only means a panic in another request of this connection.
+    let next = session.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(next) = next {
+        next.await;
+    }
 }
 
-async fn handle(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    watch: Arc<Watch>,
+    session: Session,
+) -> Response<Body> {
+    watch.got_head();
     // The proxy's own pages (status): origin-form requests to this listener, never forwarded.
     // Before the proxy-auth check, because a browser sends `Authorization`, not the proxy kind.
     if req.uri().scheme().is_none() && crate::status::is_own_path(req.uri().path()) {
@@ -46,10 +69,10 @@ async fn handle(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> 
         }
     }
     if req.method() == Method::CONNECT {
-        return connect::handle(state, peer, req).await;
+        return connect::handle(state, peer, req, watch, &session).await;
     }
     match absolute_target(&req) {
-        Some(ctx_parts) => forward_absolute(state, peer, req, ctx_parts).await,
+        Some(ctx_parts) => forward_absolute(state, peer, req, ctx_parts, &watch).await,
         None => plain_error(
             StatusCode::BAD_REQUEST,
             "cursor-byok: this is a proxy; send CONNECT or an absolute-form request",
@@ -94,6 +117,7 @@ async fn forward_absolute(
     peer: SocketAddr,
     req: Request<Incoming>,
     (scheme, host, port): (Scheme, String, u16),
+    watch: &Watch,
 ) -> Response<Body> {
     let ctx = RequestContext {
         scheme,
@@ -104,7 +128,8 @@ async fn forward_absolute(
         peer,
     };
     if host_matches(&state.intercept, &ctx.host) {
-        state.router.handle(ctx, req).await
+        let guard = serve::reads_body_whole(&req).then_some(watch);
+        serve::guarded(guard, state.router.handle(ctx, req)).await
     } else {
         state.router.upstream().forward(&ctx, req.map(boxed)).await
     }

@@ -39,6 +39,7 @@ mod server;
 mod shutdown;
 mod sni;
 mod state;
+mod watch;
 
 use std::net::SocketAddr;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::Scheme;
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::{Request, Response, StatusCode};
+use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -19,9 +19,11 @@ use tokio_rustls::TlsAcceptor;
 
 use super::auth::DoorCheck;
 use super::state::State;
+use super::watch::Watch;
 use crate::conn_tasks::LocalExec;
 use crate::http::{Door, RequestContext};
 use crate::relay;
+use crate::router::Route;
 use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
@@ -35,6 +37,7 @@ pub(crate) async fn serve_tls<IO>(
     io: IO,
     config: Arc<ServerConfig>,
     base: RequestContext,
+    watch: Arc<Watch>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -50,7 +53,7 @@ pub(crate) async fn serve_tls<IO>(
                 return;
             }
         };
-    serve_tls_stream(state, tls, base).await;
+    serve_tls_stream(state, tls, base, watch).await;
 }
 
 /// Serve HTTP on an established TLS stream, speaking what ALPN picked.
@@ -58,6 +61,7 @@ pub(crate) async fn serve_tls_stream<IO>(
     state: Arc<State>,
     tls: TlsStream<IO>,
     base: RequestContext,
+    watch: Arc<Watch>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -69,15 +73,15 @@ pub(crate) async fn serve_tls_stream<IO>(
         && base.door == Door::Connect
         && base.scheme == Scheme::HTTPS
     {
-        return relay(state, tls, base).await;
+        return relay(state, tls, base, watch).await;
     }
-    serve_http(state, TokioIo::new(tls), alpn.as_deref(), base, None).await;
+    serve_http(state, TokioIo::new(tls), alpn.as_deref(), base, Some(watch)).await;
 }
 
 /// Run the HTTP/2 relay on a decrypted client connection: plain passthrough streams go to the
 /// origin frame by frame; every other stream goes to [`serve_http`] (router, agent, Cursor
 /// services) over an in-memory connection.
-async fn relay<IO>(state: Arc<State>, tls: TlsStream<IO>, base: RequestContext)
+async fn relay<IO>(state: Arc<State>, tls: TlsStream<IO>, base: RequestContext, watch: Arc<Watch>)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -104,13 +108,14 @@ where
         internal: Box::new({
             let state = state.clone();
             let ctx = ctx.clone();
+            let watch = watch.clone();
             move |io| -> relay::BoxFuture<()> {
                 Box::pin(serve_http(
                     state.clone(),
                     TokioIo::new(io),
                     Some(b"h2"),
                     ctx.clone(),
-                    None,
+                    Some(watch.clone()),
                 ))
             }
         }),
@@ -119,7 +124,9 @@ where
         passthrough: |_| true,
         stopping,
     };
-    relay::Relay::new(Box::new(tls), setup).await;
+    relay::Relay::new(Box::new(tls), setup)
+        .on_stream(Box::new(move || watch.got_head()))
+        .await;
 }
 
 struct Shared {
@@ -128,18 +135,22 @@ struct Shared {
     base: RequestContext,
     /// On a direct door, the credential every request must carry (when configured).
     door_auth: Option<Arc<DoorCheck>>,
+    /// The client connection's time bounds.
+    watch: Option<Arc<Watch>>,
 }
 
 type ServiceFuture =
     Pin<Box<dyn Future<Output = Result<Response<crate::http::Body>, Infallible>> + Send>>;
 
 /// Serve HTTP/1.1 or HTTP/2 on `io`; each request goes to the router with `base` as context.
+/// With `watch` (the client connection's), a request marks its head as arrived, HTTP/1.1 heads
+/// are bounded by the head timeout, and a body read whole is bounded by the body timeout.
 pub(crate) async fn serve_http<I>(
     state: Arc<State>,
     io: I,
     alpn: Option<&[u8]>,
     base: RequestContext,
-    head_timeout: Option<Duration>,
+    watch: Option<Arc<Watch>>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -160,6 +171,7 @@ pub(crate) async fn serve_http<I>(
         link: Link::new(exec.clone()),
         base,
         door_auth: state.door_auth.clone().filter(|_| direct),
+        watch: watch.clone(),
     });
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
@@ -167,6 +179,9 @@ pub(crate) async fn serve_http<I>(
         // by value into its dispatcher (HTTP/1.1) or a stream task (HTTP/2).
         let fut: ServiceFuture = Box::pin(async move {
             let mut req = req;
+            if let Some(watch) = &shared.watch {
+                watch.got_head();
+            }
             if let Some(check) = &shared.door_auth {
                 if !check.allows(req.headers()) {
                     return Ok(super::auth::door_required());
@@ -175,17 +190,20 @@ pub(crate) async fn serve_http<I>(
             }
             let mut ctx = shared.base.clone();
             ctx.client_version = req.version();
-            let resp = shared
-                .router
-                .handle_linked(Some(&shared.link), ctx, req)
-                .await;
+            let guard = shared.watch.as_deref().filter(|_| reads_body_whole(&req));
+            let handled = shared.router.handle_linked(Some(&shared.link), ctx, req);
+            let resp = match guard {
+                // The hot path (passthrough, bodiless requests): no timer.
+                None => handled.await,
+                Some(watch) => guarded(Some(watch), handled).await,
+            };
             Ok::<_, Infallible>(resp)
         });
         fut
     });
     let mut builder = http_builder(alpn, exec);
-    if let Some(timeout) = head_timeout {
-        limit_head(&mut builder, timeout);
+    if watch.is_some() {
+        limit_head(&mut builder, state.head_timeout);
     }
     let conn = builder
         .serve_connection_with_upgrades(io, service)
@@ -197,14 +215,56 @@ pub(crate) async fn serve_http<I>(
     }
 }
 
+/// A declared body up to this size is not held to the body timeout: it pins little even if
+/// it stalls, and it usually arrives with its head, so a silent connection afterwards says
+/// nothing about it (a RunSSE waiting for its append on another connection is silent).
+const SMALL_BODY: u64 = 64 * 1024;
+
+/// Is this request's body read whole before its handler answers (agent and adjusted Cursor
+/// requests), and large or of unknown length? Those are held to the body timeout;
+/// passthrough streams its body on with the origin's backpressure and keeps no timer.
+pub(crate) fn reads_body_whole(req: &Request<Incoming>) -> bool {
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    !req.body().is_end_stream()
+        && declared.is_none_or(|n| n > SMALL_BODY)
+        && crate::router::route(req.uri().path()) != Route::Upstream
+}
+
+/// Run a handler; with `watch`, a client that sends no byte for the body timeout before the
+/// handler answered gets a 408 and the handler (with the body it held) is dropped.
+pub(crate) async fn guarded(
+    watch: Option<&Watch>,
+    handled: impl Future<Output = Response<crate::http::Body>>,
+) -> Response<crate::http::Body> {
+    let Some(watch) = watch else {
+        return handled.await;
+    };
+    tokio::select! {
+        resp = handled => resp,
+        _ = watch.body_stalled() => {
+            let secs = watch.bounds().body.as_secs();
+            tracing::info!(secs, "request body stalled; answering 408");
+            super::plain_error(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "cursor-byok: the request body stalled: no byte for {secs} s \
+                     ([limits] body_timeout_secs); send it again"
+                ),
+            )
+        }
+    }
+}
+
 /// hyper's server settings: HTTP/1.1 and HTTP/2, or only the one ALPN chose.
 ///
 /// The client is on this machine (a dead peer shows as a reset), so no HTTP/2 pings toward it
-/// (hyper's ping bookkeeping takes a lock on every frame) and no HTTP/1.1 header-read timer
-/// (hyper arms a fresh one for every request, a visible share of a unary request's cost — see
-/// docs/benchmarks.md — and it would also close Cursor's idle keep-alive connections after
-/// 30 s). TLS handshakes keep
-/// their timeout; the upstream side keeps its pings.
+/// (hyper's ping bookkeeping takes a lock on every frame); the connection's own bounds
+/// (`watch`) close a silent or idle one. The HTTP/1.1 header-read timer is set by
+/// [`limit_head`] on client connections (it also closes an idle keep-alive connection after
+/// the head timeout, which clients reopen at need). The upstream side keeps its pings.
 pub(crate) fn http_builder(alpn: Option<&[u8]>, exec: LocalExec) -> auto::Builder<LocalExec> {
     let mut builder = auto::Builder::new(exec);
     builder.http1().keep_alive(true);

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
 use super::state::{Origin, State, Tunnels};
+use super::watch::{Bounds, Watch, Watched};
 use super::{direct, front, ProxyError};
 use crate::agent::transport::AgentTransports;
 use crate::agent::Agent;
@@ -104,6 +105,11 @@ impl ServerBuilder {
             h2_relay: config.upstream.h2_relay,
             tunnels: Tunnels::new(limits.max_tunnels, splice),
             head_timeout: Duration::from_secs(limits.head_timeout_secs.max(1)),
+            bounds: Bounds {
+                head: Duration::from_secs(limits.head_timeout_secs.max(1)),
+                idle: splice.idle,
+                body: Duration::from_secs(limits.body_timeout_secs.max(1)),
+            },
         });
         let cap = config.limits.max_connections.max(1);
         let mut accept_loops = vec![tokio::spawn(accept_loop(
@@ -279,12 +285,24 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind, cap: 
         // Small h2 frames and Connect messages must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let st = state.clone();
+        // The permit and the bounds hold for the connection's whole life: a CONNECT's session
+        // or tunnel runs in this same task.
+        let watch = Watch::new(state.bounds);
+        let io = Watched::new(stream, watch.clone());
         state.shutdown.spawn(async move {
             let _permit = permit;
-            match kind {
-                Kind::Proxy => front::serve(st, stream, peer).await,
-                Kind::DirectTls => direct::serve_tls(st, stream, peer).await,
-                Kind::DirectHttp => direct::serve_http(st, stream, peer).await,
+            let serve = async {
+                match kind {
+                    Kind::Proxy => front::serve(st, io, peer, watch.clone()).await,
+                    Kind::DirectTls => direct::serve_tls(st, io, peer, watch.clone()).await,
+                    Kind::DirectHttp => direct::serve_http(st, io, peer, watch.clone()).await,
+                }
+            };
+            tokio::select! {
+                _ = serve => {}
+                why = watch.expired() => {
+                    tracing::debug!(?kind, %peer, ?why, "connection closed by its time bounds");
+                }
             }
         });
     }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
+use super::watch::Bounds;
 use super::ProxyError;
 use crate::router::Router;
 use crate::status::Status;
@@ -31,8 +32,10 @@ pub(crate) struct State {
     pub(crate) h2_relay: bool,
     /// Byte tunnels: the cap on open ones and their timeouts.
     pub(crate) tunnels: Tunnels,
-    /// Bound on an HTTP/1.1 request head on the listeners raw clients reach.
+    /// Bound on an HTTP/1.1 request head, on every door.
     pub(crate) head_timeout: Duration,
+    /// Every connection's time bounds (see [`super::watch`]).
+    pub(crate) bounds: Bounds,
 }
 
 /// The open byte tunnels, capped; the "cap reached" warning is rate-limited.

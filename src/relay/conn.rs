@@ -145,6 +145,12 @@ pub(crate) struct Relay {
     pub(super) closing: bool,
     pub(super) keep_alive: Pin<Box<Sleep>>,
     pub(super) released: Vec<Credit>,
+    /// The origin is dialled for the first passthrough stream, not before.
+    pub(super) dialled: bool,
+    /// Told of every stream the client opens (the front door's head deadline).
+    pub(super) on_stream: Option<Box<dyn FnMut() + Send>>,
+    /// Bytes read from the client while it was held back, not yet parsed.
+    pub(super) probed: bool,
 }
 
 impl Relay {
@@ -152,7 +158,7 @@ impl Relay {
         Relay::with_limits(client, setup, Limits::default())
     }
 
-    pub(crate) fn with_limits(client: BoxIo, mut setup: Setup, limits: Limits) -> Self {
+    pub(crate) fn with_limits(client: BoxIo, setup: Setup, limits: Limits) -> Self {
         let mut client = Peer::new(Some(client), Encoding::Raw);
         frame::put_settings(
             &mut client.out,
@@ -176,7 +182,7 @@ impl Relay {
             passthrough: setup.passthrough,
             make_internal: setup.internal,
             stopping: Some(setup.stopping),
-            dial: Some((setup.dial)()),
+            dial: None,
             dialer: setup.dial,
             may_redial: false,
             redials: 0,
@@ -198,6 +204,23 @@ impl Relay {
             closing: false,
             keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
             released: Vec::new(),
+            dialled: false,
+            on_stream: None,
+            probed: false,
+        }
+    }
+
+    /// Call `f` for every stream the client opens.
+    pub(crate) fn on_stream(mut self, f: Box<dyn FnMut() + Send>) -> Self {
+        self.on_stream = Some(f);
+        self
+    }
+
+    /// Start the first dial of the origin, once a passthrough stream needs it.
+    pub(super) fn dial_first(&mut self) {
+        if !self.dialled {
+            self.dialled = true;
+            self.dial = Some((self.dialer)());
         }
     }
 
@@ -232,6 +255,16 @@ impl Relay {
             if let Some(server) = self.internal_server.as_mut() {
                 if Pin::new(server).poll(cx).is_ready() {
                     self.internal_server = None;
+                }
+            }
+            if !self.closing && !self.may_read(Side::Client) {
+                // Held back, the client is still watched for leaving.
+                match self.probe_client(cx) {
+                    Ok(p) => progress |= p,
+                    Err(why) => {
+                        tracing::debug!(%why, "client connection ended while held back");
+                        return Poll::Ready(());
+                    }
                 }
             }
             if !self.closing && self.may_read(Side::Client) {
@@ -436,8 +469,36 @@ impl Relay {
         upstream.active = false;
     }
 
+    /// While the client is not read (backpressure), read on into its buffer without parsing,
+    /// up to `limits.max_probe` (what a client that keeps to our windows can still send), so
+    /// its leaving (EOF or an error) ends the connection instead of holding it. `Ok(true)` if
+    /// bytes came.
+    fn probe_client(&mut self, cx: &mut Context<'_>) -> Result<bool, Fault> {
+        let peer = &mut self.client;
+        let Some(io) = peer.io.as_mut() else {
+            return Ok(false);
+        };
+        if peer.rbuf.len() >= self.limits.max_probe {
+            return Ok(false);
+        }
+        if peer.rbuf.capacity() - peer.rbuf.len() < 4096 {
+            peer.rbuf.reserve(READ_CHUNK);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut peer.rbuf) {
+            Poll::Pending => Ok(false),
+            Poll::Ready(Ok(0)) => Err(Fault::Closed("closed by the peer".into())),
+            Poll::Ready(Ok(_)) => {
+                self.probed = true;
+                Ok(true)
+            }
+            Poll::Ready(Err(e)) => Err(io_fault(&e)),
+        }
+    }
+
     /// Read once from `side` and handle every whole frame; `Ok(true)` if anything came.
     pub(super) fn read(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
+        // Bytes a probe left unparsed are handled even if the socket has nothing new.
+        let probed = side == Side::Client && std::mem::take(&mut self.probed);
         let Some(peer) = self.peer(side) else {
             return Ok(false);
         };
@@ -448,6 +509,7 @@ impl Relay {
             peer.rbuf.reserve(READ_CHUNK);
         }
         match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut peer.rbuf) {
+            Poll::Pending if probed => {}
             Poll::Pending => return Ok(false),
             Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed by the peer".into())),
             Poll::Ready(Ok(_)) => {}

@@ -83,6 +83,9 @@ impl Relay {
             return Err(ConnError::protocol("an even stream id from the client"));
         }
         self.last_stream = id;
+        if let Some(on_stream) = self.on_stream.as_mut() {
+            on_stream();
+        }
         let target = self.target_for(&block.headers);
         let room = self.streams.len() < self.limits.max_streams;
         let Some(target) = target.filter(|_| !self.draining && room) else {
@@ -140,6 +143,7 @@ impl Relay {
             })
             && path.is_some_and(|p| self.passes_through(p));
         if plain {
+            self.dial_first();
             self.redial_if_idle_closed();
         }
         if plain && self.upstream.as_ref().is_some_and(Peer::usable) {

@@ -52,6 +52,10 @@ pub(crate) struct Limits {
     /// 16 (an origin that idles out every few minutes; one that closes at once is not
     /// redialled forever).
     pub(crate) max_redials: u32,
+    /// Unparsed bytes read from a client while it is held back, only to see it leave:
+    /// 4 MiB + 64 KiB, the connection window we grant plus room for its control frames, so a
+    /// client that keeps to our windows has sent its EOF by then.
+    pub(crate) max_probe: usize,
 }
 
 impl Default for Limits {
@@ -70,6 +74,7 @@ impl Default for Limits {
             reencode_per_block: 256,
             reencode_slack: 64 * 1024,
             max_redials: 16,
+            max_probe: 4 * 1024 * 1024 + 64 * 1024,
         }
     }
 }
