@@ -7,6 +7,7 @@ pub mod fake_cursor;
 pub mod fake_provider;
 pub mod logs;
 pub mod proxy_process;
+pub mod skip;
 
 use std::net::SocketAddr;
 
