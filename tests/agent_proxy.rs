@@ -210,8 +210,11 @@ async fn run_sse_opened_after_the_first_append() {
     let bidi = Bidi::new(&h.connect_door(), "req-late-sse");
     bidi.send(&run_request(OURS, "conv-late", "Say hello", true))
         .await;
-    // The run has started (and may have finished) before anyone reads it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The run has started (its provider call is out) before anyone reads it.
+    assert!(
+        common::wait_until(Duration::from_secs(5), || h.provider.requests().len() == 1).await,
+        "the run did not start"
+    );
     let mut stream = bidi.open_sse().await;
     let t = play(&mut stream, Sink::Bidi(&bidi), &store).await;
     assert_text_turn(&t, &store);

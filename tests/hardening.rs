@@ -537,6 +537,8 @@ async fn unfinished_request_heads_are_closed() {
 async fn connections_beyond_the_cap_are_closed() {
     let h = harness(vec![], |c| c.limits.max_connections = 4).await;
     let proxy = h.server.proxy_addr();
+    // Each accepted connection is a task of this runtime: the count shows what the proxy holds.
+    let idle = common::alive_tasks();
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
@@ -545,8 +547,11 @@ async fn connections_beyond_the_cap_are_closed() {
             .unwrap();
         held.push(s);
     }
-    // Let the accept loop take all four before the fifth arrives.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The accept loop has taken all four before the fifth arrives.
+    assert!(
+        common::wait_until(Duration::from_secs(5), || common::alive_tasks() >= idle + 4).await,
+        "the proxy did not take the four connections"
+    );
     let mut extra = tokio::net::TcpStream::connect(proxy).await.unwrap();
     let mut buf = [0u8; 64];
     let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf)).await;
@@ -568,7 +573,10 @@ async fn connections_beyond_the_cap_are_closed() {
     );
     drop(held);
     // The permits come back as the connection tasks see the close.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        common::wait_until(Duration::from_secs(5), || common::alive_tasks() <= idle).await,
+        "the held connections' tasks did not end"
+    );
     h.normal_run_succeeds("after-cap").await;
 }
 
@@ -778,9 +786,11 @@ async fn head_flood_returns_memory_and_fds_to_baseline() {
             .unwrap();
         let head = common::client::read_head(&mut s).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        // To the proxy's close (`Connection: close`): its descriptor is gone after this.
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
     };
     status_ok().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let (rss0, fds0) = (harness::proc_status(&pid, "VmRSS:"), fd_count(&pid));
 
     let mut pad = b"GET http://x/ HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
@@ -827,7 +837,8 @@ async fn head_flood_returns_memory_and_fds_to_baseline() {
     }
     let closed_after = started.elapsed();
     drop(held);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The proxy lets go of the descriptors as it sees the closes.
+    common::wait_until(Duration::from_secs(5), || fd_count(&pid) <= fds0 + 10).await;
     let (rss2, fds2) = (harness::proc_status(&pid, "VmRSS:"), fd_count(&pid));
     outcome(
         &format!("{CONNS} unfinished {kib} KiB heads (timeout 10 s)"),

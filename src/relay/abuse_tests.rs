@@ -711,7 +711,7 @@ async fn our_error_answer_resets_the_upload() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_origin_that_closed_while_idle_is_redialled() {
     let idles_out = Behaviour {
         close_after: Some(1),
