@@ -17,6 +17,7 @@ use common::fake_cursor::FakeCursor;
 use common::fake_provider::{text_sse, tool_sse, FakeProvider, Reply};
 use cursor_byok::connect::EndStream;
 use cursor_byok::proto::agent::v1 as pb;
+use cursor_byok::proxy::DEFAULT_GRACE;
 use cursor_byok::status::StatusSnapshot;
 use pb::exec_server_message::Message as X;
 use pb::interaction_update::Message as Update;
@@ -26,8 +27,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 const OURS: &str = "byok-fake-model";
 const PROVIDER_KEY: &str = "sk-e2e-not-a-real-key";
 /// What the binary may take to exit after SIGTERM: its grace for live streams
-/// (`proxy::DEFAULT_GRACE`) plus room for a loaded machine.
-const EXIT_WITHIN: Duration = Duration::from_secs(15);
+/// ([`DEFAULT_GRACE`]) plus room for a loaded machine.
+const EXIT_WITHIN: Duration = Duration::from_secs(DEFAULT_GRACE.as_secs() + 5);
 
 struct Binary {
     child: tokio::process::Child,
@@ -160,8 +161,8 @@ impl Binary {
         serde_json::from_str(body).unwrap_or_else(|e| panic!("status.json: {e}: {body}"))
     }
 
-    /// SIGTERM, then the exit status within [`EXIT_WITHIN`].
-    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
+    /// Send SIGTERM.
+    async fn sigterm(&self) {
         let pid = self.child.id().expect("still running").to_string();
         let sent = tokio::process::Command::new("kill")
             .args(["-TERM", &pid])
@@ -169,12 +170,25 @@ impl Binary {
             .await
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {pid}");
+    }
+
+    /// The exit status, which must come within [`EXIT_WITHIN`], and what went to stderr.
+    async fn exit(mut self) -> (std::process::ExitStatus, String) {
         let exit = tokio::time::timeout(EXIT_WITHIN, self.child.wait()).await;
+        // The reader of stderr sees its end when the process is gone.
+        let mut rx = self.stderr.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|_| false)).await;
         let stderr = self.stderr();
         match exit {
             Ok(status) => (status.unwrap(), stderr),
             Err(_) => panic!("no exit within {EXIT_WITHIN:?} of SIGTERM; stderr:\n{stderr}"),
         }
+    }
+
+    /// SIGTERM, then [`Binary::exit`].
+    async fn terminate(self) -> (std::process::ExitStatus, String) {
+        self.sigterm().await;
+        self.exit().await
     }
 }
 
@@ -383,5 +397,73 @@ async fn the_binary_runs_a_tool_round_on_both_transports_and_exits_on_sigterm() 
         "stderr:\n{stderr}"
     );
     // The key never reached the log.
+    assert!(!stderr.contains(PROVIDER_KEY), "stderr:\n{stderr}");
+}
+
+/// A stream that is still answering when SIGTERM comes finishes within the grace, whole, and
+/// then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_live_run_finish_then_exits() {
+    // Ten text deltas of one size, written one at a time 100 ms apart.
+    let words: Vec<String> = (0..10).map(|i| format!("w{i} ")).collect();
+    let event = |text: &str| {
+        let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"content":text}}]});
+        format!("data: {delta}\n\n")
+    };
+    let piece = event(&words[0]).len();
+    let mut body: String = words.iter().map(|w| event(w)).collect();
+    body += &text_sse("");
+    let upstream = FakeUpstream::start(&[API]).await;
+    let provider = FakeProvider::start(vec![Reply::sse(body)
+        .chunked(piece)
+        .delay(Duration::from_millis(100))])
+    .await;
+    let bin = start(&provider, &upstream).await;
+
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-e2e-term", "count", true);
+    let (mut stream, sink) = open(&bin.door, Transport::H2, "req-e2e-term", &first).await;
+    // Read to the first text, then SIGTERM while the rest is still coming.
+    let mut messages = Vec::new();
+    while text_of(&messages).is_empty() {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+            Ok(Some(Received::Message(m))) => messages.push(*m),
+            other => panic!(
+                "no text before the end: {other:?}; stderr:\n{}",
+                bin.stderr()
+            ),
+        }
+    }
+    assert!(
+        text_of(&messages).len() < words.concat().len(),
+        "{messages:?}"
+    );
+    bin.sigterm().await;
+    let termed = std::time::Instant::now();
+
+    let (rest, end) = tokio::time::timeout(EXIT_WITHIN, play(&mut stream, &sink, &mut client))
+        .await
+        .unwrap_or_else(|_| panic!("the live run did not finish; stderr:\n{}", bin.stderr()));
+    assert!(end.error.is_none(), "{:?}", end.error);
+    messages.extend(rest);
+    assert_eq!(text_of(&messages), words.concat());
+    assert!(
+        updates(&messages)
+            .iter()
+            .any(|u| matches!(u, Update::TurnEnded(_))),
+        "{messages:?}"
+    );
+
+    // The client lets go of its connection: nothing is live, so the exit does not wait for the
+    // rest of the grace.
+    drop((stream, sink));
+    let (status, stderr) = bin.exit().await;
+    assert!(status.success(), "exit {status:?}; stderr:\n{stderr}");
+    assert!(
+        termed.elapsed() < DEFAULT_GRACE,
+        "exit {:?} after SIGTERM; stderr:\n{stderr}",
+        termed.elapsed()
+    );
     assert!(!stderr.contains(PROVIDER_KEY), "stderr:\n{stderr}");
 }
