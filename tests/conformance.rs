@@ -131,11 +131,11 @@ fn install_sdk(dir: &Path) -> Result<(), String> {
             {
                 use std::io::Write;
                 // Straight to stderr (not captured): the first test takes a while, say why.
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "installing Cursor's SDK for the conformance tests: npm ci in {}",
+                let line = format!(
+                    "\ninstalling Cursor's SDK for the conformance tests: npm ci in {}\n",
                     dir.display()
                 );
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
             }
             let npm = |args: &[&str]| {
                 std::process::Command::new("npm")

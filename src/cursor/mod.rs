@@ -448,14 +448,14 @@ pub(crate) mod test_support {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../shared/protocol/captures/yelixir-native-cli-20260825-models.gzip.b64");
         let Ok(b64) = std::fs::read_to_string(&path) else {
-            // Straight to the stderr handle: the test harness captures `eprintln!`, and a
-            // skip must show in a plain `cargo test`.
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "SKIPPED {test}: {} not found (no licence to keep a copy in the repository; \
-                 CI has ../shared)",
+            // Straight to the stderr handle in one write on a line of its own: the test
+            // harness captures `eprintln!`, and a skip must show in a plain `cargo test`.
+            let line = format!(
+                "\nSKIPPED {test}: {} not found (no licence to keep a copy in the repository; \
+                 CI has ../shared)\n",
                 path.display()
             );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
             return None;
         };
         let gz = base64::engine::general_purpose::STANDARD
