@@ -666,7 +666,16 @@ async fn finished_runs_reach_the_status_registry() {
     let mut run = agent.start_run(run_request("hi", true), "req-s2".into());
     drive(&mut run).await;
     // The supervisor records the outcome just before the end frame goes out.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let both_recorded = || {
+        let snap = agent.status().snapshot();
+        ["req-s1", "req-s2"]
+            .iter()
+            .all(|id| snap.recent.iter().any(|r| r.request_id == *id))
+    };
+    assert!(
+        common::wait_until(Duration::from_secs(5), both_recorded).await,
+        "the runs were not recorded"
+    );
     let snap = agent.status().snapshot();
     assert!(snap.active.is_empty());
     let ok = snap
@@ -981,8 +990,11 @@ async fn a_conversation_stays_on_the_target_that_served_it() {
     let (_, end, record) = run_in(&agent, "req-a", "conv-a").await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));
-    // The primary's cool-down is over, but conv-a stays where its caches are.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // The primary's cool-down is over, but conv-a stays where its caches are. Time passes on
+    // the paused clock, between runs (no I/O is in flight while it moves).
+    tokio::time::pause();
+    tokio::time::advance(std::time::Duration::from_millis(1100)).await;
+    tokio::time::resume();
     let (_, end, record) = run_in(&agent, "req-a2", "conv-a").await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert_eq!(record.target.as_deref(), Some("backup/gpt-backup"));

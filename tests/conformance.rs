@@ -16,13 +16,17 @@
 //! Everything that is not an agent run goes through the proxy to a fake Cursor upstream
 //! (`conformance/sdk_upstream.rs`) behind `upstream.resolve`.
 //!
-//! Without `tests/conformance/node_modules` (run `npm ci` there; see its README) the tests skip
-//! with a message, unless `CONFORMANCE_REQUIRED=1` (CI), which makes that a failure.
+//! Without `tests/conformance/node_modules` the first test runs `npm ci` there (once, under a
+//! lock; `CONFORMANCE_NO_INSTALL=1` turns that off). Where the SDK still cannot run (no npm, no
+//! registry) the tests print `SKIPPED …` in the run's output, unless `CONFORMANCE_REQUIRED=1`
+//! (CI), which makes that a failure.
 
 #[path = "common/fake_provider.rs"]
 mod fake_provider;
 #[path = "conformance/sdk_upstream.rs"]
 mod sdk_upstream;
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -91,32 +95,119 @@ fn find_node(dir: &Path) -> Result<PathBuf, String> {
     ))
 }
 
-/// The SDK and a Node to run it, or `None` (skip) when they are not installed. With
-/// `CONFORMANCE_REQUIRED=1`, missing pieces fail the test instead.
+/// The installed SDK's version, if any.
+fn installed_sdk(dir: &Path) -> Option<String> {
+    let manifest = dir.join("node_modules/@cursor/sdk/package.json");
+    let text = std::fs::read_to_string(manifest).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    Some(v["version"].as_str().unwrap_or_default().to_string())
+}
+
+/// `npm ci` in `dir`, once per test binary (the tests of this file run in parallel) and under
+/// an exclusive lock on a file beside it (another `cargo test` may be installing too).
+fn install_sdk(dir: &Path) -> Result<(), String> {
+    static INSTALL: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    INSTALL
+        .get_or_init(|| {
+            let npm = std::process::Command::new("npm")
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !matches!(npm, Ok(s) if s.success()) {
+                return Err("npm is not installed, so the SDK cannot be installed".into());
+            }
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(".npm-ci.lock"))
+                .map_err(|e| format!("cannot open the install lock: {e}"))?;
+            lock_exclusive(&lock)?;
+            // Another process may have installed it while this one waited.
+            if installed_sdk(dir).as_deref() == Some(SDK_VERSION) {
+                return Ok(());
+            }
+            {
+                use std::io::Write;
+                // Straight to stderr (not captured): the first test takes a while, say why.
+                let line = format!(
+                    "\ninstalling Cursor's SDK for the conformance tests: npm ci in {}\n",
+                    dir.display()
+                );
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            }
+            let npm = |args: &[&str]| {
+                std::process::Command::new("npm")
+                    .args(args)
+                    .args(["--no-audit", "--no-fund", "--loglevel=error"])
+                    .current_dir(dir)
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("cannot run npm {}: {e}", args[0]))
+            };
+            let mut out = npm(&["ci"])?;
+            if !out.status.success() {
+                // The lockfile lists only the platform packages the registry had (see the README
+                // there), which npm ci refuses; install its exact versions without saving.
+                out = npm(&["install", "--no-save"])?;
+            }
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let tail: Vec<&str> = err.lines().rev().take(5).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(format!(
+                    "npm could not install the SDK ({}): {}",
+                    out.status,
+                    tail.join(" | ")
+                ));
+            }
+            Ok(())
+        })
+        .clone()
+}
+
+/// Block until this process holds `file`'s exclusive lock (released when the file closes, or
+/// when the process dies: no stale lock).
+#[cfg(unix)]
+fn lock_exclusive(file: &std::fs::File) -> Result<(), String> {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("cannot take the install lock: {e}"))
+}
+
+#[cfg(not(unix))]
+fn lock_exclusive(_file: &std::fs::File) -> Result<(), String> {
+    Ok(())
+}
+
+/// The SDK and a Node to run it, installing the pinned SDK first when it is missing or another
+/// version; `None` (reported as skipped) when it still cannot run. With
+/// `CONFORMANCE_REQUIRED=1`, that is a failure instead.
 fn sdk_or_skip(test: &str) -> Option<Sdk> {
     let dir = conformance_dir();
-    let manifest = dir.join("node_modules/@cursor/sdk/package.json");
-    let found = if manifest.is_file() {
-        let installed = std::fs::read_to_string(&manifest)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["version"].as_str().map(str::to_string))
-            .unwrap_or_default();
-        if installed == SDK_VERSION {
-            find_node(&dir).map(|node| Sdk {
-                node,
-                client: dir.join("client.mjs"),
-            })
-        } else {
-            Err(format!(
-                "@cursor/sdk {installed} is installed, the lockfile pins {SDK_VERSION}; run `npm ci`"
-            ))
+    let mut installed = installed_sdk(&dir);
+    let mut install_error = None;
+    if installed.as_deref() != Some(SDK_VERSION)
+        && std::env::var("CONFORMANCE_NO_INSTALL").as_deref() != Ok("1")
+    {
+        if let Err(e) = install_sdk(&dir) {
+            install_error = Some(e);
         }
-    } else {
-        Err(format!(
+        installed = installed_sdk(&dir);
+    }
+    let found = match (installed, install_error) {
+        (Some(v), _) if v == SDK_VERSION => find_node(&dir).map(|node| Sdk {
+            node,
+            client: dir.join("client.mjs"),
+        }),
+        (_, Some(e)) => Err(e),
+        (Some(v), None) => Err(format!(
+            "@cursor/sdk {v} is installed, the lockfile pins {SDK_VERSION}; run `npm ci`"
+        )),
+        (None, None) => Err(format!(
             "{} is missing; run `npm ci` in tests/conformance",
             dir.join("node_modules/@cursor/sdk").display()
-        ))
+        )),
     };
     match found {
         Ok(sdk) => Some(sdk),
@@ -124,7 +215,10 @@ fn sdk_or_skip(test: &str) -> Option<Sdk> {
             panic!("{test}: CONFORMANCE_REQUIRED=1 but the SDK cannot run: {why}")
         }
         Err(why) => {
-            eprintln!("SKIPPED {test}: Cursor's SDK is not installed ({why}). See tests/conformance/README.md.");
+            skip::skipped(
+                test,
+                &format!("Cursor's SDK cannot run ({why}). See tests/conformance/README.md."),
+            );
             None
         }
     }

@@ -1,8 +1,8 @@
 //! The Connect codec against real and hand-made end-of-stream frames.
 //!
 //! - `tests/fixtures/connect/endstream-error.json` (ours): always runs.
-//! - `../shared/protocol/captures/qiaozhi-phase-7m-endstream-frames.log` (real api2.cursor.sh
-//!   answers): skipped with a message when `../shared` is absent.
+//! - `tests/fixtures/protocol/captures/qiaozhi-phase-7m-endstream-frames.log` (real
+//!   api2.cursor.sh answers, copied with its source note): always runs.
 //!
 //! Each `aiserver.v1.ErrorDetails` detail is decoded from its base64 `value` and compared with
 //! the `debug` JSON the server put next to it. The JSON is converted to an `ErrorDetails` by a
@@ -176,11 +176,8 @@ fn own_fixture_end_stream_error() {
 
 #[test]
 fn real_capture_end_stream_frames() {
-    let path = manifest_path("../shared/protocol/captures/qiaozhi-phase-7m-endstream-frames.log");
-    if !manifest_path("../shared").is_dir() {
-        eprintln!("skipping: ../shared not found ({})", path.display());
-        return;
-    }
+    let path =
+        manifest_path("tests/fixtures/protocol/captures/qiaozhi-phase-7m-endstream-frames.log");
     let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 
     let mut ends = Vec::new();

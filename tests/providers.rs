@@ -1,7 +1,7 @@
 //! Provider clients against recorded fixtures and a fake provider.
 //!
-//! Fixtures: our own in `tests/fixtures/providers/` (always), the recorded ones in
-//! `../shared/fixtures/providers/` (skipped with a note when absent). Gemini's native stream
+//! Fixtures: our own in `tests/fixtures/providers/` and real recordings in
+//! `tests/fixtures/recorded/providers/` (each with its source note). Gemini's native stream
 //! format is not implemented, so its fixtures are not decoded here.
 
 mod common;
@@ -21,14 +21,9 @@ const ORIGIN: &str = "http://fixture.test";
 
 // ---------- fixture plumbing ----------
 
-fn shared_dir() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/providers");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/fixtures/providers not found");
-        None
-    }
+/// The recorded provider streams kept in the repository (see their README for the sources).
+fn recorded_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recorded/providers")
 }
 
 fn own(rel: &str) -> PathBuf {
@@ -70,12 +65,10 @@ fn bodies(path: &Path) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Every stream fixture we can decode: ours, plus the shared ones when present.
+/// Every stream fixture we can decode: ours and the recorded ones.
 fn all_fixtures() -> Vec<(PathBuf, ProviderKind)> {
     let mut dirs = vec![own("")];
-    if let Some(d) = shared_dir() {
-        dirs.push(d);
-    }
+    dirs.push(recorded_dir());
     let mut out = Vec::new();
     for root in dirs {
         for sub in std::fs::read_dir(&root).unwrap().flatten() {
@@ -316,11 +309,11 @@ fn own_gemini_thoughts_and_parallel_calls() {
     assert_eq!(t.finish, Some(FinishReason::ToolCalls));
 }
 
-// ---------- shared recorded fixtures ----------
+// ---------- recorded fixtures ----------
 
 #[test]
-fn shared_gemini_fixtures() {
-    let Some(d) = shared_dir() else { return };
+fn recorded_gemini_fixtures() {
+    let d = recorded_dir();
     let t = turn(&d.join("gemini/text-thought-signature.jsonl"));
     assert_eq!(
         t.text(),
@@ -357,8 +350,8 @@ fn shared_gemini_fixtures() {
 }
 
 #[test]
-fn shared_openai_chat_fixtures() {
-    let Some(d) = shared_dir() else { return };
+fn recorded_openai_chat_fixtures() {
+    let d = recorded_dir();
     let t = turn(&d.join("openai-chat/text-with-usage.sse"));
     assert_eq!(
         t.text(),
@@ -412,8 +405,8 @@ fn shared_openai_chat_fixtures() {
 }
 
 #[test]
-fn shared_deepseek_fixtures() {
-    let Some(d) = shared_dir() else { return };
+fn recorded_deepseek_fixtures() {
+    let d = recorded_dir();
     let t = turn(&d.join("openai-compatible/deepseek-reasoner-reasoning.jsonl"));
     assert!(t
         .reasoning()
@@ -450,8 +443,8 @@ fn shared_deepseek_fixtures() {
 }
 
 #[test]
-fn shared_responses_fixtures() {
-    let Some(d) = shared_dir() else { return };
+fn recorded_responses_fixtures() {
+    let d = recorded_dir();
     let steps =
         turns(&d.join("openai-responses/reasoning-summary-and-function-calls-4-turns.jsonl"));
     assert_eq!(steps.len(), 4);
@@ -511,8 +504,8 @@ fn shared_responses_fixtures() {
 }
 
 #[test]
-fn shared_anthropic_fixtures() {
-    let Some(d) = shared_dir() else { return };
+fn recorded_anthropic_fixtures() {
+    let d = recorded_dir();
     let t = turn(&d.join("anthropic/basic-text.sse"));
     assert_eq!(t.text(), "Hello there!");
     assert_eq!(t.usage, Some(usage(11, 6, 0, 0, 0)));
@@ -818,8 +811,8 @@ async fn auth_error_has_the_provider_message_and_never_the_key() {
 }
 
 #[tokio::test]
-async fn shared_error_bodies_become_typed_errors() {
-    let Some(d) = shared_dir() else { return };
+async fn recorded_error_bodies_become_typed_errors() {
+    let d = recorded_dir();
     let read = |f: &str| std::fs::read(d.join("errors").join(f)).unwrap();
     let cases = [
         (
@@ -868,7 +861,7 @@ async fn shared_error_bodies_become_typed_errors() {
 
 #[tokio::test]
 async fn responses_error_inside_a_200_stream() {
-    let Some(d) = shared_dir() else { return };
+    let d = recorded_dir();
     let fake = FakeProvider::start(vec![Reply::fixture(
         &d.join("openai-responses/error-insufficient-quota.jsonl"),
     )])
@@ -1620,7 +1613,7 @@ async fn gemini_tool_round_trip_replays_signatures_exactly() {
 /// The recorded Gemini 3 call (a real signature) goes back exactly as received.
 #[tokio::test]
 async fn gemini_recorded_signature_replays_byte_for_byte() {
-    let Some(d) = shared_dir() else { return };
+    let d = recorded_dir();
     let path = d.join("gemini/tool-call.jsonl");
     let recorded: Value = serde_json::from_str(
         std::fs::read_to_string(&path)
@@ -1727,7 +1720,7 @@ async fn tool_names_are_renamed_on_the_wire_and_mapped_back() {
 /// beyond `max_retry_after`); a 400 body keeps Gemini's own message.
 #[tokio::test]
 async fn gemini_error_bodies_become_typed_errors() {
-    let Some(d) = shared_dir() else { return };
+    let d = recorded_dir();
     let body = std::fs::read(d.join("errors/gemini-429-retry-info.json")).unwrap();
     let fake = FakeProvider::start(vec![Reply::json(429, body)]).await;
     let events = collect(

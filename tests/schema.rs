@@ -1,25 +1,41 @@
-//! The generated schema against the wire tables and real captures in `../shared/protocol`.
+//! The generated schema against the wire tables (`tests/fixtures/protocol`, gzipped copies of
+//! `../shared/protocol/*.tsv`) and real captures.
 //!
-//! `../shared` is beside the checkout here and in CI but not in a user's clone: the tests that
-//! need it say so and skip. The self-contained checks at the bottom always run.
+//! Two captures (`yelixir-*`) state no licence, so the repository keeps no copy: the tests on
+//! them read `../shared/protocol/captures` (beside the checkout in CI) and report `SKIPPED` where
+//! it is absent. Everything else runs everywhere.
+
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use cursor_byok::proto::{agent::v1 as agent, aiserver::v1 as aiserver, DESCRIPTOR_SET};
 use prost::Message;
 use prost_reflect::{Cardinality, DescriptorPool, Kind, MessageDescriptor};
 
-fn shared_protocol() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/protocol");
-    if dir.is_dir() {
-        Some(dir)
+/// The wire tables kept in the repository (see the README there for their source).
+fn tables() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/protocol")
+}
+
+/// A capture only `../shared` holds, or `None` after reporting `test` as skipped.
+fn shared_capture(test: &str, file: &str) -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/protocol/captures")
+        .join(file);
+    if path.is_file() {
+        Some(path)
     } else {
-        eprintln!(
-            "skipping: {} not found (it exists beside the checkout in CI)",
-            dir.display()
+        skip::skipped(
+            test,
+            &format!(
+                "{} not found (no licence to keep a copy in the repository; CI has ../shared)",
+                path.display()
+            ),
         );
         None
     }
@@ -29,8 +45,18 @@ fn pool() -> DescriptorPool {
     DescriptorPool::decode(DESCRIPTOR_SET).expect("descriptor set decodes")
 }
 
+/// A table's rows as column → value; `.gz` files are gunzipped first.
 fn tsv(path: PathBuf) -> Vec<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut text)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text
+    } else {
+        String::from_utf8(bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
     lines
@@ -97,7 +123,7 @@ fn describe_field(field: &prost_reflect::FieldDescriptor) -> FieldRow {
 
 #[test]
 fn descriptors_match_the_high_confidence_tables() {
-    let Some(dir) = shared_protocol() else { return };
+    let dir = tables();
     let pool = pool();
 
     let mut want: BTreeMap<String, BTreeMap<String, FieldRow>> = BTreeMap::new();
@@ -106,7 +132,7 @@ fn descriptors_match_the_high_confidence_tables() {
     // that the read-only shared tables do not list yet. The generator reads the same file.
     let local = tsv(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/schema-local.tsv"));
     assert_eq!(local.len(), 2, "local additions: {local:?}");
-    let shared = tsv(dir.join("schema.tsv"));
+    let shared = tsv(dir.join("schema.tsv.gz"));
     for row in &local {
         assert!(
             !shared.iter().any(|r| r["message"] == row["message"]
@@ -187,10 +213,10 @@ fn descriptors_match_the_high_confidence_tables() {
 
 #[test]
 fn enums_match_the_high_confidence_tables() {
-    let Some(dir) = shared_protocol() else { return };
+    let dir = tables();
     let pool = pool();
     let mut want: BTreeMap<String, BTreeSet<(String, i32)>> = BTreeMap::new();
-    for row in tsv(dir.join("enums.tsv"))
+    for row in tsv(dir.join("enums.tsv.gz"))
         .into_iter()
         .filter(|r| r["confidence"] == "high")
     {
@@ -225,10 +251,13 @@ fn enums_match_the_high_confidence_tables() {
 
 #[test]
 fn available_models_capture_round_trips_byte_identically() {
-    let Some(dir) = shared_protocol() else { return };
-    let b64 =
-        std::fs::read_to_string(dir.join("captures/yelixir-native-cli-20260825-models.gzip.b64"))
-            .unwrap();
+    let Some(path) = shared_capture(
+        "available_models_capture_round_trips_byte_identically",
+        "yelixir-native-cli-20260825-models.gzip.b64",
+    ) else {
+        return;
+    };
+    let b64 = std::fs::read_to_string(path).unwrap();
     let gz = base64::engine::general_purpose::STANDARD
         .decode(b64.split_whitespace().collect::<String>())
         .unwrap();
@@ -356,7 +385,6 @@ fn camel(name: &str) -> String {
 
 #[test]
 fn run_request_capture_field_names_exist() {
-    let Some(dir) = shared_protocol() else { return };
     let desc = pool()
         .get_message_by_name("agent.v1.AgentClientMessage")
         .unwrap();
@@ -365,7 +393,10 @@ fn run_request_capture_field_names_exist() {
         "yelixir-native-cli-20260825-chat.ndjson",
         "yelixir-native-tool-parallel-run-request.ndjson",
     ] {
-        let text = std::fs::read_to_string(dir.join("captures").join(file)).unwrap();
+        let Some(path) = shared_capture("run_request_capture_field_names_exist", file) else {
+            return;
+        };
+        let text = std::fs::read_to_string(path).unwrap();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let record: serde_json::Value = serde_json::from_str(line).unwrap();
             let fields = &record["decoded_fields"];
@@ -382,7 +413,7 @@ fn run_request_capture_field_names_exist() {
     assert_eq!(frames, 3);
 }
 
-// Self-contained checks: run everywhere, even without ../shared.
+// Self-contained checks.
 
 #[test]
 fn core_agent_messages_round_trip() {

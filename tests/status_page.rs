@@ -6,6 +6,9 @@
 //! `STATUS_PAGE_REQUIRED=1` (set by `.ci/run`, which installs Chromium). With
 //! `STATUS_PAGE_SCREENSHOT=<file.png>` it also saves a screenshot (the README's picture).
 
+#[path = "common/skip.rs"]
+mod skip;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -136,7 +139,8 @@ async fn populate(status: &Status, pace: Duration) -> Vec<RunTicket> {
     vec![active]
 }
 
-fn chromium() -> Option<PathBuf> {
+/// Chromium, or `None` after reporting `test` as skipped.
+fn chromium(test: &str) -> Option<PathBuf> {
     let path = PathBuf::from(CHROMIUM);
     if path.is_file() {
         return Some(path);
@@ -144,7 +148,10 @@ fn chromium() -> Option<PathBuf> {
     if std::env::var("STATUS_PAGE_REQUIRED").as_deref() == Ok("1") {
         panic!("{CHROMIUM} is missing and STATUS_PAGE_REQUIRED=1 (`.ci/run` installs it)");
     }
-    eprintln!("skipping the browser test: {CHROMIUM} is not installed (apt-get install chromium)");
+    skip::skipped(
+        test,
+        &format!("{CHROMIUM} is not installed (apt-get install chromium)"),
+    );
     None
 }
 
@@ -206,7 +213,7 @@ fn row<'a>(dom: &'a str, request_id: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_shows_the_active_run() {
-    let Some(browser) = chromium() else {
+    let Some(browser) = chromium("browser_shows_the_active_run") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -351,7 +351,9 @@ mod tests {
 
     #[test]
     fn merge_appends_to_the_real_capture_and_keeps_upstream_intact() {
-        let Some(raw) = capture_models_raw() else {
+        let Some(raw) =
+            capture_models_raw("merge_appends_to_the_real_capture_and_keeps_upstream_intact")
+        else {
             return;
         };
         let original = ai::AvailableModelsResponse::decode(&raw[..]).expect("capture decodes");

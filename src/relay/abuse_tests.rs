@@ -689,7 +689,7 @@ async fn never_indexed_fields_stay_never_indexed() {
     assert_eq!(h.origin.auth_never.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn our_error_answer_resets_the_upload() {
     let mut h = harness(Dial::Fails, Limits::default());
     h.hello().await;
@@ -715,7 +715,7 @@ async fn our_error_answer_resets_the_upload() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_origin_that_closed_while_idle_is_redialled() {
     let idles_out = Behaviour {
         close_after: Some(1),

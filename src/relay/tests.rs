@@ -1,5 +1,7 @@
 //! The relay between real hyper HTTP/2 peers on in-memory connections: a client, an origin
-//! and our own server, each answering with where it is and what headers it saw.
+//! and our own server, each answering with where it is and what headers it saw. On tokio's
+//! paused clock: every task runs until it waits before time moves, so a sleep here orders
+//! events exactly (the late answer at 200 ms comes after the client's 50 ms give-up).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -266,7 +268,7 @@ impl Fixture {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn passthrough_and_our_streams_interleave_with_headers_intact() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     for round in 0..3 {
@@ -303,7 +305,7 @@ async fn passthrough_and_our_streams_interleave_with_headers_intact() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn answers_for_streams_the_client_dropped_keep_the_tables_in_step() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     f.round_trip("/echo", "warm", "origin").await;
@@ -320,7 +322,7 @@ async fn answers_for_streams_the_client_dropped_keep_the_tables_in_step() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn small_client_windows_hold_data_back_until_read() {
     let mut f = start(Origin::Serves, (65_535, 65_535)).await;
     // The origin answers without reading the request, then resets the stream (NO_ERROR):
@@ -349,7 +351,7 @@ async fn small_client_windows_hold_data_back_until_read() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unreachable_origin_answers_502_then_our_server_takes_over() {
     let mut f = start(Origin::Refuses, (1 << 20, 1 << 20)).await;
     let resp = f.send("/echo", "first").await;
@@ -367,7 +369,7 @@ async fn an_unreachable_origin_answers_502_then_our_server_takes_over() {
     f.round_trip("/echo", "second", "internal").await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_origin_that_dies_ends_its_streams_with_errors_not_hangs() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     f.round_trip("/echo", "warm", "origin").await;
@@ -393,7 +395,7 @@ async fn an_origin_that_dies_ends_its_streams_with_errors_not_hangs() {
     f.round_trip("/echo", "after", "internal").await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_origin_that_closes_while_idle_is_redialled() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     f.round_trip("/echo", "before", "origin").await;
@@ -413,7 +415,7 @@ async fn an_origin_that_closes_while_idle_is_redialled() {
     assert_eq!(f.dials.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn graceful_stop_finishes_live_streams_then_closes() {
     let mut f = start(Origin::Serves, (1 << 20, 1 << 20)).await;
     let resp = f.send("/hold", "held").await;
@@ -451,7 +453,7 @@ async fn graceful_stop_finishes_live_streams_then_closes() {
         .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_client_that_is_not_http2_gets_goaway() {
     let (mut client, relay_io) = tokio::io::duplex(64 * 1024);
     let setup = Setup {

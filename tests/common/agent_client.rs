@@ -305,15 +305,83 @@ impl Bidi {
         ServerStream::new(resp, Some(conn))
     }
 
+    /// Open a RunSSE reader in a task; the receiver fires once the proxy has begun reading the
+    /// request (its `100 Continue`, asked for with `Expect: 100-continue`, which hyper sends
+    /// when the handler first reads the body), so whatever the test sends next comes after it.
+    pub fn spawn_sse_announced(
+        &self,
+    ) -> (
+        tokio::task::JoinHandle<ServerStream>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let tx = Mutex::new(Some(tx));
+        let b = self.clone();
+        let task = tokio::spawn(async move {
+            let body = frame(&ai::BidiRequestId {
+                request_id: b.request_id.clone(),
+            });
+            let mut conn = b.door.connect(Alpn::H1).await;
+            let mut req = connect_request(
+                RUN_SSE,
+                "application/connect+proto",
+                &b.request_id,
+                chunked(body),
+            );
+            req.headers_mut().insert(
+                http::header::EXPECT,
+                http::HeaderValue::from_static("100-continue"),
+            );
+            hyper::ext::on_informational(&mut req, move |res| {
+                if res.status() == StatusCode::CONTINUE {
+                    if let Some(tx) = tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+            let authority = b.door.authority();
+            let resp = tokio::time::timeout(STEP, conn.send(&authority, req))
+                .await
+                .expect("the RunSSE answer's head within the step timeout")
+                .expect("RunSSE is answered");
+            ServerStream::new(resp, Some(conn))
+        });
+        (task, rx)
+    }
+
     /// `POST BidiAppend` with a raw unary body.
     pub async fn append_body(&self, body: Bytes) -> Answer {
+        self.append_body_announced(body, None).await
+    }
+
+    /// [`Bidi::append_body`]; with `reading`, asks for `100 Continue` and fires `reading` when it
+    /// comes (the proxy has begun reading the append).
+    pub async fn append_body_announced(
+        &self,
+        body: Bytes,
+        reading: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Answer {
         let mut conn = self.conn().await;
-        let req = connect_request(
+        let mut req = connect_request(
             BIDI_APPEND,
             "application/proto",
             &self.request_id,
             chunked(body),
         );
+        if let Some(tx) = reading {
+            req.headers_mut().insert(
+                http::header::EXPECT,
+                http::HeaderValue::from_static("100-continue"),
+            );
+            let tx = Mutex::new(Some(tx));
+            hyper::ext::on_informational(&mut req, move |res| {
+                if res.status() == StatusCode::CONTINUE {
+                    if let Some(tx) = tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+        }
         let resp = tokio::time::timeout(STEP, conn.send(&self.door.authority(), req))
             .await
             .expect("the append is answered within the step timeout")
@@ -358,6 +426,32 @@ impl Bidi {
     ) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move { this.append(seqno, &msg).await })
+    }
+
+    /// [`Bidi::spawn_append`], and a receiver that fires once the proxy has begun reading the
+    /// append (see [`Bidi::spawn_sse_announced`]): it is in flight, not just sent.
+    pub fn spawn_append_announced(
+        &self,
+        seqno: i64,
+        msg: pb::AgentClientMessage,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let answer = this
+                .append_body_announced(this.append_bytes(seqno, &msg), Some(tx))
+                .await;
+            assert_eq!(
+                answer.status,
+                StatusCode::OK,
+                "append {seqno}: {:?}",
+                answer.body
+            );
+        });
+        (task, rx)
     }
 
     /// Append `msg` at the next sequence number.

@@ -7,6 +7,7 @@ pub mod fake_cursor;
 pub mod fake_provider;
 pub mod logs;
 pub mod proxy_process;
+pub mod skip;
 
 use std::net::SocketAddr;
 
@@ -29,4 +30,30 @@ pub fn closed_port() -> ClosedPort {
         addr: socket.local_addr().expect("bound address"),
         _held: socket,
     }
+}
+
+/// Wait until `cond` holds, checking every few milliseconds; false if `timeout` passes first.
+/// For a state no event announces (a count kept by another task, another process's
+/// descriptors); where an event exists, wait on it instead.
+#[allow(dead_code)]
+pub async fn wait_until(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Tasks alive in the current runtime: an in-process server's connection tasks among them, so
+/// a test can see that it accepted or let go of connections.
+#[allow(dead_code)]
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
 }
