@@ -2,6 +2,10 @@
 //! our model entries, loop detection through the proxy, Remote-SSH settings, transcripts.
 //! These are checked against crafted client messages: the SDK sends none of them.
 
+mod common;
+#[path = "common/harness.rs"]
+mod shared;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,6 +21,11 @@ use cursor_byok::http::{full, Body, Door, RequestContext};
 use cursor_byok::proto::agent::v1 as ag;
 use cursor_byok::proto::aiserver::v1 as ai;
 use cursor_byok::upstream::Upstream;
+
+use common::agent_client::{frame, run_request, text_of, H2Run, Received};
+use common::fake_cursor::FakeCursor;
+use common::fake_provider::{self, Reply};
+use shared::{Harness, OURS};
 
 const MODELS: &str = r#"
 [providers.anthropic]
@@ -135,4 +144,113 @@ async fn usable_models_carry_display_names_and_no_credentials() {
         assert!(m.aliases.is_empty());
         assert!(m.credentials.is_none(), "the key never leaves the proxy");
     }
+}
+
+// ---- a model stuck in a loop ----
+
+/// One turn over HTTP/2 `Run`, `client` answering every exec, to the end frame.
+async fn turn(
+    h: &Harness,
+    request_id: &str,
+    first: &ag::AgentClientMessage,
+    client: &mut FakeCursor,
+) -> (Vec<ag::AgentServerMessage>, cursor_byok::connect::EndStream) {
+    let H2Run { tx, mut stream } = H2Run::open(&h.connect_door(), request_id, first).await;
+    let mut messages = Vec::new();
+    loop {
+        match stream.next().await {
+            None => panic!("the stream ended without an end frame"),
+            Some(Received::End(end)) => return (messages, end),
+            Some(Received::Message(m)) => {
+                for answer in client.respond(&m) {
+                    // The run may have ended (the request body gone): nothing to answer.
+                    let _ = tx.send(frame(&answer)).await;
+                }
+                messages.push(*m);
+            }
+        }
+    }
+}
+
+/// A provider that asks for the same read of the same file for ever.
+async fn stuck_harness(tweak: impl FnOnce(&mut Config)) -> Harness {
+    let h = shared::harness_keyed(Vec::new(), "sk-test-desktop", tweak).await;
+    h.provider.respond_with(|_| {
+        Some(Reply::sse(fake_provider::tool_sse(&[(
+            "call_same",
+            "read_file",
+            r#"{"path":"a.txt"}"#,
+        )])))
+    });
+    h
+}
+
+/// The `tool` messages of the provider's `n`-th request.
+fn tool_results(h: &Harness, n: usize) -> Vec<String> {
+    fake_provider::tool_results(&h.provider, n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_repeating_one_call_is_warned_at_the_third_and_stopped_at_the_fifth() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").expect("write");
+    let h = stuck_harness(|_| {}).await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-loop", "read a.txt", false);
+    let (messages, end) = turn(&h, "req-loop", &first, &mut client).await;
+    assert!(
+        end.error.is_none(),
+        "a loop ends the turn, not the run: {:?}",
+        end.error
+    );
+
+    // Five rounds: the model was asked five times and no more (not the 50 of max_tool_rounds).
+    assert_eq!(h.provider.requests().len(), 5);
+    // Request i carries the results of the i calls before it.
+    let second = tool_results(&h, 2);
+    assert!(
+        second.iter().all(|r| !r.contains("cursor-byok:")),
+        "{second:?}"
+    );
+    let third = tool_results(&h, 3);
+    let warned = third.last().expect("three results");
+    assert!(warned.contains("alpha"), "the real result stays: {warned}");
+    assert!(
+        warned.contains("3 times in a row") && warned.contains("Change approach"),
+        "{warned}"
+    );
+    let text = text_of(&messages);
+    assert!(
+        text.contains("Stopped: the model made the same call with the same arguments 5 times"),
+        "{text}"
+    );
+    assert!(text.contains("Send a message to continue"), "{text}");
+    assert!(
+        messages.iter().any(|m| matches!(
+            &m.message,
+            Some(ag::agent_server_message::Message::InteractionUpdate(u))
+                if matches!(u.message, Some(ag::interaction_update::Message::TurnEnded(_)))
+        )),
+        "the turn ends as a turn"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_loop_detection_off_the_round_limit_is_what_stops_it() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").expect("write");
+    let h = stuck_harness(|c| {
+        c.agent.detect_loops = false;
+        c.agent.max_tool_rounds = 7;
+    })
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = run_request(OURS, "conv-loop-off", "read a.txt", false);
+    let (messages, end) = turn(&h, "req-loop-off", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(h.provider.requests().len(), 7);
+    assert!(tool_results(&h, 6)
+        .iter()
+        .all(|r| !r.contains("cursor-byok:")));
+    assert!(text_of(&messages).contains("Stopped after 7 tool rounds"));
 }

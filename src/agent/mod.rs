@@ -334,6 +334,7 @@ impl Agent {
                 shell_block_ms: u32::try_from(config.agent.shell_block_secs.saturating_mul(1000))
                     .unwrap_or(u32::MAX),
                 max_parallel_subagents: config.agent.max_parallel_subagents.max(1),
+                detect_loops: config.agent.detect_loops,
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

@@ -12,6 +12,7 @@ mod error;
 mod exec;
 mod kv;
 mod pending;
+mod repeats;
 mod steer;
 mod tooling;
 mod turn;
@@ -58,6 +59,8 @@ pub struct RunSettings {
     pub shell_block_ms: u32,
     /// Subagent calls of one model turn that run at the same time.
     pub max_parallel_subagents: u32,
+    /// Notice a model stuck repeating its calls (see `repeats`).
+    pub detect_loops: bool,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).

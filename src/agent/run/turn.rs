@@ -4,6 +4,7 @@
 use tracing::{debug, warn};
 
 use super::action::{self, Begin, TurnInput};
+use super::repeats::{RepeatDetector, Verdict};
 use super::{pending, steer, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::state::{
@@ -174,6 +175,10 @@ impl RunState {
         let background = state::background_subagents(&prev_state);
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
+        let mut repeats = RepeatDetector::new(
+            self.run.settings.detect_loops,
+            tool_ctx.terminals_folder.clone(),
+        );
         loop {
             for text in self.deliver_injections(&mut messages).await? {
                 steps.push(StepRecord::UserContext { text });
@@ -253,7 +258,13 @@ impl RunState {
                 }
                 Err(e) => return Err(e),
             };
-            for ((id, name, arguments, extra), outcome) in calls.into_iter().zip(results) {
+            let mut stuck = None;
+            for ((id, name, arguments, extra), mut outcome) in calls.into_iter().zip(results) {
+                match repeats.observe(&name, &arguments.to_string(), &outcome.content) {
+                    Verdict::Go => {}
+                    Verdict::Warn(note) => outcome.content.push_str(&note),
+                    Verdict::Stop(why) => stuck = stuck.or(Some(why)),
+                }
                 messages.push(Message::ToolResult {
                     call_id: id.clone(),
                     name: name.clone(),
@@ -269,6 +280,12 @@ impl RunState {
                     is_error: outcome.is_error,
                     extra,
                 });
+            }
+            if let Some(why) = stuck {
+                let note = format!("\n\n{why}");
+                self.out.send(msg::notice(note.clone())).await?;
+                steps.push(StepRecord::Assistant { text: note });
+                break;
             }
             if rounds >= self.run.settings.max_tool_rounds {
                 let note = format!(
