@@ -254,3 +254,223 @@ async fn with_loop_detection_off_the_round_limit_is_what_stops_it() {
         .all(|r| !r.contains("cursor-byok:")));
     assert!(text_of(&messages).contains("Stopped after 7 tool rounds"));
 }
+
+// ---- past chats and transcripts ----
+
+/// A run request whose inline request context names `transcripts` as Cursor's transcripts
+/// folder, continuing from `state`, optionally @-mentioning past chats.
+fn transcript_request(
+    conversation: &str,
+    text: &str,
+    transcripts: &std::path::Path,
+    workspace: &std::path::Path,
+    state: Option<ag::ConversationStateStructure>,
+    past_chats: &[&str],
+) -> ag::AgentClientMessage {
+    let mut first = run_request(OURS, conversation, text, true);
+    let Some(ag::agent_client_message::Message::RunRequest(run)) = &mut first.message else {
+        unreachable!("run_request makes a run request")
+    };
+    if let Some(state) = state {
+        run.conversation_state = Some(state);
+    }
+    let Some(ag::conversation_action::Action::UserMessageAction(a)) =
+        run.action.as_mut().and_then(|a| a.action.as_mut())
+    else {
+        unreachable!("run_request makes a user message action")
+    };
+    let env = a
+        .request_context
+        .as_mut()
+        .and_then(|c| c.env.as_mut())
+        .expect("inline context");
+    env.agent_transcripts_folder = transcripts.display().to_string();
+    env.workspace_paths = vec![workspace.display().to_string()];
+    if let Some(user) = a.user_message.as_mut() {
+        user.message_id = format!("msg-{conversation}-{}", text.len());
+        if !past_chats.is_empty() {
+            user.selected_context = Some(ag::SelectedContext {
+                past_chats: past_chats
+                    .iter()
+                    .map(|id| ag::SelectedPastChat {
+                        agent_id: (*id).into(),
+                        name: "Earlier chat".into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+    }
+    first
+}
+
+fn jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model() {
+    use serde_json::json;
+    let ws = tempfile::tempdir().expect("tempdir");
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").expect("write");
+    let transcripts = tempfile::tempdir().expect("tempdir");
+    // Cursor's own status line for the conversation is there already.
+    let file = transcripts.path().join("conv-a/conv-a.jsonl");
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&file, "{\"type\":\"status\",\"status\":\"running\"}\n").expect("write");
+
+    let h = shared::harness_keyed(
+        vec![
+            Reply::sse(fake_provider::tool_sse(&[(
+                "c1",
+                "read_file",
+                r#"{"path":"a.txt"}"#,
+            )])),
+            Reply::sse(fake_provider::text_sse("It says alpha.")),
+            Reply::sse(fake_provider::text_sse("Blue, as you said.")),
+            Reply::sse(fake_provider::text_sse("You asked about a.txt.")),
+        ],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+
+    let first = transcript_request(
+        "conv-a",
+        "What does a.txt say?",
+        transcripts.path(),
+        ws.path(),
+        None,
+        &[],
+    );
+    let (_, end) = turn(&h, "req-t1", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let lines = jsonl(&file);
+    assert_eq!(
+        lines,
+        [
+            json!({"type":"status","status":"running"}),
+            json!({"role":"user","message":{"content":[{"type":"text","text":"What does a.txt say?"}]}}),
+            json!({"role":"assistant","message":{"content":[
+                {"type":"tool_use","name":"read_file","input":{"path":"a.txt"}},
+                {"type":"text","text":"It says alpha."},
+            ]}}),
+        ]
+    );
+
+    let second = transcript_request(
+        "conv-a",
+        "My favourite colour is blue.",
+        transcripts.path(),
+        ws.path(),
+        client.checkpoint.clone(),
+        &[],
+    );
+    let (_, end) = turn(&h, "req-t2", &second, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let lines = jsonl(&file);
+    assert_eq!(lines.len(), 5, "two lines more: {lines:?}");
+    assert_eq!(
+        lines[3],
+        json!({"role":"user","message":{"content":[{"type":"text","text":"My favourite colour is blue."}]}})
+    );
+    assert_eq!(
+        lines[4],
+        json!({"role":"assistant","message":{"content":[{"type":"text","text":"Blue, as you said."}]}})
+    );
+
+    // A new chat @-mentions the first: the model gets what was said there.
+    let mut other = FakeCursor::new(ws.path());
+    let third = transcript_request(
+        "conv-b",
+        "What did I ask in that chat?",
+        transcripts.path(),
+        ws.path(),
+        None,
+        &["conv-a"],
+    );
+    let (_, end) = turn(&h, "req-t3", &third, &mut other).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let request = h.provider.requests()[3].json();
+    let user = request["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .map(|m| m["content"].to_string())
+        .expect("a user message");
+    for said in [
+        "What does a.txt say?",
+        "It says alpha.",
+        "(used read_file)",
+        "My favourite colour is blue.",
+        "Blue, as you said.",
+    ] {
+        assert!(user.contains(said), "{said} missing from {user}");
+    }
+    assert!(user.contains("past_chat"), "{user}");
+    assert!(
+        !user.contains("running"),
+        "Cursor's status lines stay out: {user}"
+    );
+    // The new chat got its own transcript; the first one is unchanged.
+    assert_eq!(
+        jsonl(&transcripts.path().join("conv-b/conv-b.jsonl")).len(),
+        2
+    );
+    assert_eq!(jsonl(&file).len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canceled_turn_adds_nothing_to_the_transcript() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let transcripts = tempfile::tempdir().expect("tempdir");
+    let h = shared::harness_keyed(
+        vec![Reply::sse(shared::partial("Half an ans")).then(common::fake_provider::After::Stall)],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = transcript_request(
+        "conv-c",
+        "Tell me a story",
+        transcripts.path(),
+        ws.path(),
+        None,
+        &[],
+    );
+    let H2Run { tx, mut stream } = H2Run::open(&h.connect_door(), "req-c", &first).await;
+    let mut messages = Vec::new();
+    let mut canceled = false;
+    let end = loop {
+        match stream.next().await {
+            None => panic!("the stream ended without an end frame"),
+            Some(Received::End(end)) => break end,
+            Some(Received::Message(m)) => {
+                for answer in client.respond(&m) {
+                    let _ = tx.send(frame(&answer)).await;
+                }
+                messages.push(*m);
+                // Midway through the answer, the user stops the turn.
+                if !canceled && text_of(&messages).contains("Half") {
+                    canceled = true;
+                    let _ = tx.send(frame(&common::agent_client::cancel())).await;
+                }
+            }
+        }
+    };
+    assert!(canceled, "the answer started");
+    let _ = end;
+    let conv = transcripts.path().join("conv-c");
+    assert!(
+        !conv.exists() || jsonl(&conv.join("conv-c.jsonl")).is_empty(),
+        "nothing of the canceled turn was written"
+    );
+}

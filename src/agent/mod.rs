@@ -14,6 +14,7 @@ mod run;
 pub mod state;
 pub mod subagents;
 pub mod tools;
+pub mod transcript;
 pub mod transport;
 
 use std::collections::HashMap;

@@ -10,7 +10,7 @@ use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
 };
-use crate::agent::{context, prompt, tools};
+use crate::agent::{context, prompt, tools, transcript};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, ProviderRequest};
 
@@ -28,6 +28,25 @@ fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
         .cloned()
         .or_else(|| env.process_working_directory.clone())
         .filter(|p| !p.is_empty())
+}
+
+/// Where Cursor keeps its agent transcripts, when it said.
+fn transcripts_folder(ctx: Option<&pb::RequestContext>) -> Option<String> {
+    Some(ctx?.env.as_ref()?.agent_transcripts_folder.clone()).filter(|f| !f.is_empty())
+}
+
+/// The transcripts of the past chats the user attached, as far as they are on this machine.
+async fn read_past_chats(folder: &str, user: &pb::UserMessage, blobs: &mut context::Blobs) {
+    let chats = user
+        .selected_context
+        .as_ref()
+        .map_or(&[][..], |s| s.past_chats.as_slice());
+    // A few chats at most: each is capped, and the message has its own budget besides.
+    for chat in chats.iter().take(4) {
+        if let Some(text) = transcript::read(folder, &chat.agent_id).await {
+            blobs.insert_past_chat(chat.agent_id.clone(), text);
+        }
+    }
 }
 
 /// Where the client writes background shells' output.
@@ -83,8 +102,12 @@ impl RunState {
             None => self.fetch_request_context().await?,
         };
         let parts = context::parts(&req);
-        let blobs = self.context_blobs(&req, Some(&input.user)).await?;
+        let mut blobs = self.context_blobs(&req, Some(&input.user)).await?;
         let request_context = context::merge_parts(request_context, parts, &blobs);
+        let transcripts = transcripts_folder(request_context.as_ref());
+        if let Some(folder) = &transcripts {
+            read_past_chats(folder, &input.user, &mut blobs).await;
+        }
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
@@ -303,8 +326,17 @@ impl RunState {
             steps.push(StepRecord::UserContext { text });
         }
         self.plan_entry = input.plan_id.take();
+        let transcript = transcript::turn_lines(&user.text, &steps);
         self.write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, summary)
             .await?;
+        // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
+        if let (Some(folder), Some(conversation), None) =
+            (&transcripts, &req.conversation_id, &self.run.child)
+        {
+            if let Err(e) = transcript::append(folder, conversation, transcript).await {
+                warn!("the turn was not added to Cursor's transcript: {e}");
+            }
+        }
         self.out.send(msg::turn_ended(&self.usage)).await
     }
 
