@@ -336,6 +336,14 @@ impl Agent {
                     .unwrap_or(u32::MAX),
                 max_parallel_subagents: config.agent.max_parallel_subagents.max(1),
                 detect_loops: config.agent.detect_loops,
+                model_names: config
+                    .usable_models()
+                    .flat_map(|m| {
+                        let id = m.cursor_id();
+                        [m.display_name().to_string(), m.id.clone(), id.clone()]
+                            .map(|name| (name, id.clone()))
+                    })
+                    .collect(),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

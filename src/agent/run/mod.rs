@@ -61,6 +61,9 @@ pub struct RunSettings {
     pub max_parallel_subagents: u32,
     /// Notice a model stuck repeating its calls (see `repeats`).
     pub detect_loops: bool,
+    /// Our models by display name, short id and Cursor id, each with its Cursor id (a
+    /// subagent definition may name its model any of these ways).
+    pub model_names: Vec<(String, String)>,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).

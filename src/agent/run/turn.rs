@@ -923,6 +923,7 @@ impl RunState {
                 .collect(),
             parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
             selected_context,
+            model_names: self.run.settings.model_names.clone(),
         }
     }
 
