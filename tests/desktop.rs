@@ -474,3 +474,237 @@ async fn a_canceled_turn_adds_nothing_to_the_transcript() {
         "nothing of the canceled turn was written"
     );
 }
+
+// ---- subagents as 3.23–3.24 send them (agent-level: the test plays Cursor's client) ----
+
+mod subagents {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::common::fake_cursor::{user_message_action, FakeCursor};
+    use super::common::fake_provider::{text_sse, tool_sse, After, FakeProvider, Reply};
+    use cursor_byok::agent::{Agent, RunHandle, RunOutput};
+    use cursor_byok::config::Config;
+    use cursor_byok::connect::EndStream;
+    use cursor_byok::proto::agent::v1 as pb;
+    use pb::agent_server_message::Message as Server;
+    use pb::exec_server_message::Message as Exec;
+
+    fn config(parent: &str, child: &str) -> Arc<Config> {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        let text = format!(
+            "data_dir = \"{}\"\n[agent]\nkv_timeout_secs = 5\nprovider_max_retries = 0\n\
+             [providers.parent]\nkind = \"openai-chat\"\nbase_url = \"{parent}\"\napi_key = \"sk-test-parent\"\n\
+             [providers.child]\nkind = \"openai-chat\"\nbase_url = \"{child}\"\napi_key = \"sk-test-child\"\n\
+             [[models]]\nid = \"parent-model\"\nprovider = \"parent\"\nmodel = \"gpt-parent\"\n\
+             [[models]]\nid = \"child-model\"\ndisplay_name = \"Child Model\"\nprovider = \"child\"\nmodel = \"gpt-child\"\n",
+            dir.display()
+        );
+        Arc::new(Config::from_toml(&text, "test").expect("config"))
+    }
+
+    /// A parent turn whose model asks for an explore subagent on "Child Model" (by its
+    /// display name, as a `.cursor/agents/*.md` file would say it).
+    fn parent_request() -> pb::AgentRunRequest {
+        pb::AgentRunRequest {
+            conversation_id: Some("conv-parent".into()),
+            requested_model: Some(pb::RequestedModel {
+                model_id: "byok-parent-model".into(),
+                ..Default::default()
+            }),
+            selected_subagent_models: vec![pb::RequestedModel {
+                model_id: "byok-child-model".into(),
+                ..Default::default()
+            }],
+            action: Some(user_message_action("Look it up", None)),
+            ..Default::default()
+        }
+    }
+
+    const CALL: &str =
+        r#"{"prompt":"Find the answer.","subagent_type":"explore","model":"Child Model"}"#;
+
+    /// The run the desktop starts for `a`: a new conversation, the prompt as its user message
+    /// with no `message_id` (as 3.23–3.24 send it), the model in `model_details`.
+    fn child_request(a: &pb::SubagentArgs) -> pb::AgentRunRequest {
+        let mut action = user_message_action(&a.prompt, None);
+        if let Some(pb::conversation_action::Action::UserMessageAction(u)) = &mut action.action {
+            if let Some(m) = u.user_message.as_mut() {
+                m.message_id.clear();
+            }
+        }
+        pb::AgentRunRequest {
+            conversation_id: Some("conv-child".into()),
+            model_details: Some(pb::ModelDetails {
+                model_id: a.model_id.clone(),
+                ..Default::default()
+            }),
+            action: Some(action),
+            ..Default::default()
+        }
+    }
+
+    async fn next(handle: &mut RunHandle) -> RunOutput {
+        tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
+            .await
+            .expect("the run must not hang")
+            .expect("the run must end with an End")
+    }
+
+    /// Plays the client for `handle` until its first `subagent_args`.
+    async fn first_subagent_args(
+        handle: &mut RunHandle,
+        client: &mut FakeCursor,
+    ) -> pb::SubagentArgs {
+        loop {
+            let m = match next(handle).await {
+                RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+                RunOutput::End(end) => panic!("ended first: {:?}", end.error),
+            };
+            if let Some(Server::ExecServerMessage(pb::ExecServerMessage {
+                message: Some(Exec::SubagentArgs(a)),
+                ..
+            })) = &m.message
+            {
+                return a.clone();
+            }
+            for reply in client.respond(&m) {
+                let _ = handle.input.send(Box::new(reply)).await;
+            }
+        }
+    }
+
+    /// Plays the client for `handle` to its end.
+    async fn to_end(handle: &mut RunHandle, client: &mut FakeCursor) -> EndStream {
+        loop {
+            match next(handle).await {
+                RunOutput::End(end) => return end,
+                RunOutput::Message(m) | RunOutput::Encoded(m, _) => {
+                    for reply in client.respond(&m) {
+                        let _ = handle.input.send(Box::new(reply)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn cancel() -> Box<pb::AgentClientMessage> {
+        Box::new(pb::AgentClientMessage {
+            message: Some(pb::agent_client_message::Message::ConversationAction(
+                pb::ConversationAction {
+                    action: Some(pb::conversation_action::Action::CancelAction(
+                        Default::default(),
+                    )),
+                    ..Default::default()
+                },
+            )),
+        })
+    }
+
+    fn tool_names(req: &serde_json::Value) -> Vec<String> {
+        req["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn a_child_named_by_display_name_and_without_message_id_is_recognised_and_stored() {
+        let parent =
+            FakeProvider::start(vec![Reply::sse(tool_sse(&[("call_t", "task", CALL)]))]).await;
+        let child = FakeProvider::start(vec![Reply::sse(text_sse("It is 42."))]).await;
+        let agent = Agent::new(config(&parent.base_url(), &child.base_url())).expect("agent");
+        let ws = tempfile::tempdir().expect("tempdir");
+        let mut client = FakeCursor::new(ws.path());
+        let mut run = agent.start_run(parent_request(), "req-parent".into());
+        let a = first_subagent_args(&mut run, &mut client).await;
+        assert_eq!(
+            a.model_id, "byok-child-model",
+            "the display name maps to our id"
+        );
+
+        let mut child_client = FakeCursor::new(ws.path());
+        let mut child_run = agent.start_run(child_request(&a), "req-child".into());
+        let end = to_end(&mut child_run, &mut child_client).await;
+        assert!(end.error.is_none(), "{:?}", end.error);
+        let names = tool_names(&child.requests()[0].json());
+        assert!(
+            names.contains(&"read_file".to_string()) && !names.contains(&"write".to_string()),
+            "recognised as the explore child (read-only): {names:?}"
+        );
+        let stored = child_client.checkpoint.expect("a checkpoint");
+        assert_eq!(stored.turns.len(), 1, "the child's turn is stored");
+    }
+
+    #[tokio::test]
+    async fn stopping_the_parent_stops_its_running_child() {
+        let parent =
+            FakeProvider::start(vec![Reply::sse(tool_sse(&[("call_t", "task", CALL)]))]).await;
+        let child = Arc::new(FakeProvider::start(vec![Reply::sse("").then(After::Stall)]).await);
+        let called = Arc::new(tokio::sync::Notify::new());
+        let signal = called.clone();
+        child.respond_with(move |_| {
+            // A stored permit: the waiter may come later.
+            signal.notify_one();
+            None
+        });
+        let agent = Agent::new(config(&parent.base_url(), &child.base_url())).expect("agent");
+        let ws = tempfile::tempdir().expect("tempdir");
+        let mut client = FakeCursor::new(ws.path());
+        let mut run = agent.start_run(parent_request(), "req-parent-stop".into());
+        let a = first_subagent_args(&mut run, &mut client).await;
+        let mut child_client = FakeCursor::new(ws.path());
+        let mut child_run = agent.start_run(child_request(&a), "req-child-stop".into());
+        let child_end =
+            tokio::spawn(async move { to_end(&mut child_run, &mut child_client).await });
+        // Once the child's model call is under way, the user presses Stop on the parent (the
+        // desktop never delivers a Stop for the subagent itself).
+        tokio::time::timeout(Duration::from_secs(20), called.notified())
+            .await
+            .expect("the child's model call started");
+        run.input.send(cancel()).await.expect("the parent listens");
+        let _ = to_end(&mut run, &mut client).await;
+        let end = tokio::time::timeout(Duration::from_secs(20), child_end)
+            .await
+            .expect("the child ends with its parent")
+            .expect("joined");
+        assert_eq!(
+            end.error.map(|e| e.code),
+            Some(cursor_byok::connect::Code::Canceled)
+        );
+        assert!(
+            child.wait_hangups(1, Duration::from_secs(5)).await,
+            "the child's model call stopped"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_whose_parent_ended_before_it_started_ends_at_once() {
+        let parent =
+            FakeProvider::start(vec![Reply::sse(tool_sse(&[("call_t", "task", CALL)]))]).await;
+        let child = FakeProvider::start(vec![Reply::sse(text_sse("Too late."))]).await;
+        let agent = Agent::new(config(&parent.base_url(), &child.base_url())).expect("agent");
+        let ws = tempfile::tempdir().expect("tempdir");
+        let mut client = FakeCursor::new(ws.path());
+        let mut run = agent.start_run(parent_request(), "req-parent-gone".into());
+        let a = first_subagent_args(&mut run, &mut client).await;
+        run.input.send(cancel()).await.expect("the parent listens");
+        let _ = to_end(&mut run, &mut client).await;
+
+        let mut child_client = FakeCursor::new(ws.path());
+        let mut child_run = agent.start_run(child_request(&a), "req-child-late".into());
+        let end = to_end(&mut child_run, &mut child_client).await;
+        assert_eq!(
+            end.error.map(|e| e.code),
+            Some(cursor_byok::connect::Code::Canceled)
+        );
+        assert!(
+            child.requests().is_empty(),
+            "the orphan never called its model"
+        );
+    }
+}

@@ -190,7 +190,9 @@ impl Run {
             .as_ref()
             .map(|c| c.conversation_id.clone())
             .unwrap_or_default();
-        registry.track(&subagent_id, cancel.clone());
+        registry.track_child(&subagent_id, self.child.as_ref(), cancel.clone());
+        let parent_key = self.request_id.clone();
+        let stopped = cancel.clone();
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -227,6 +229,9 @@ impl Run {
             async move {
                 let result = work.await;
                 registry.untrack(&subagent_id);
+                // The client never delivers a subagent's Stop: a parent's end reaches its
+                // children here.
+                registry.parent_ended(&parent_key, stopped.is_cancelled());
                 let result = match result {
                     Ok(r) => r,
                     Err(e) if e.is_panic() => {

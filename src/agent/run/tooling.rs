@@ -181,7 +181,8 @@ impl RunState {
             .iter()
             .filter_map(|(e, _)| match e {
                 pb::exec_server_message::Message::SubagentArgs(a) => {
-                    let child = Child::for_call(a, &ctx.subagents.custom, depth);
+                    let mut child = Child::for_call(a, &ctx.subagents.custom, depth);
+                    child.parent_run = self.run.request_id.clone();
                     self.run.subagents.register(a, child);
                     Some(a.tool_call_id.clone())
                 }
