@@ -97,7 +97,7 @@ async fn picker_entries_fill_what_cursors_picker_reads_on_every_plan() {
         assert_eq!(m.supports_agent, Some(true));
         assert_eq!(m.supports_plan_mode, Some(true));
         assert_eq!(m.supports_sandboxing, Some(true));
-        assert_eq!(m.supports_smart_mode_classifier, Some(false));
+        assert_eq!(m.supports_smart_mode_classifier, Some(true));
         assert_eq!(m.supports_non_max_mode, Some(true));
         assert_eq!(m.supports_max_mode, Some(false));
         assert_eq!(m.is_hidden, Some(false));
@@ -707,4 +707,169 @@ mod subagents {
             "the orphan never called its model"
         );
     }
+}
+
+// ---- Auto-review ----
+
+/// A run request with Auto-review on (and the admin deny list), inline context.
+fn review_request(
+    conversation: &str,
+    workspace: &std::path::Path,
+    on: bool,
+) -> ag::AgentClientMessage {
+    let mut first = run_request(OURS, conversation, "Tidy up", true);
+    let Some(ag::agent_client_message::Message::RunRequest(run)) = &mut first.message else {
+        unreachable!("run_request makes a run request")
+    };
+    let Some(ag::conversation_action::Action::UserMessageAction(a)) =
+        run.action.as_mut().and_then(|a| a.action.as_mut())
+    else {
+        unreachable!("run_request makes a user message action")
+    };
+    let ctx = a.request_context.as_mut().expect("inline context");
+    ctx.admin_command_denylist = vec!["rm -rf".into()];
+    let env = ctx.env.as_mut().expect("env");
+    env.workspace_paths = vec![workspace.display().to_string()];
+    env.smart_mode_classifier_auto_mode_enabled = Some(on);
+    first
+}
+
+/// The shell execs the client was sent, in order.
+fn shells(messages: &[ag::AgentServerMessage]) -> Vec<ag::ShellArgs> {
+    use ag::exec_server_message::Message as X;
+    messages
+        .iter()
+        .filter_map(|m| match &m.message {
+            Some(ag::agent_server_message::Message::ExecServerMessage(e)) => match &e.message {
+                Some(X::ShellStreamArgs(s)) | Some(X::ShellArgs(s)) => Some(s.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn turn_usage(messages: &[ag::AgentServerMessage]) -> Option<i64> {
+    messages.iter().find_map(|m| match &m.message {
+        Some(ag::agent_server_message::Message::InteractionUpdate(u)) => match &u.message {
+            Some(ag::interaction_update::Message::TurnEnded(t)) => t.input_tokens,
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_review_allows_with_skip_approval_asks_with_a_reason_and_counts_its_tokens() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let shell = |id: &str, command: &str| {
+        Reply::sse(fake_provider::tool_sse(&[(
+            id,
+            "run_terminal_cmd",
+            &serde_json::json!({ "command": command }).to_string(),
+        )]))
+    };
+    let h = shared::harness_keyed(
+        vec![
+            shell("s1", "echo hi"),
+            Reply::sse(fake_provider::text_sse(
+                r#"{"decision":"allow","reason":"prints a word"}"#,
+            )),
+            shell("s2", "echo bye > out.txt"),
+            Reply::sse(fake_provider::text_sse(
+                r#"{"decision":"ask","reason":"writes a file"}"#,
+            )),
+            shell("s3", "rm -rf build"),
+            Reply::sse(fake_provider::text_sse("Done.")),
+        ],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let first = review_request("conv-review", ws.path(), true);
+    let (messages, end) = turn(&h, "req-review", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let sent = shells(&messages);
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(sent[0].skip_approval && sent[0].smart_mode_approval.is_none());
+    assert!(!sent[1].skip_approval);
+    assert_eq!(
+        sent[1]
+            .smart_mode_approval
+            .as_ref()
+            .map(|a| a.reason.as_str()),
+        Some("writes a file")
+    );
+    // The deny-listed command never reached the model's verdict.
+    let denied = sent[2].smart_mode_approval.as_ref().expect("asks the user");
+    assert!(denied.reason.contains("deny list"), "{}", denied.reason);
+    assert!(!sent[2].skip_approval);
+    let requests = h.provider.requests();
+    assert_eq!(
+        requests.len(),
+        6,
+        "three model calls, two verdicts, the answer"
+    );
+    for verdict in [1, 3] {
+        let body = requests[verdict].json();
+        assert!(body["tools"].as_array().is_none_or(|t| t.is_empty()));
+        assert!(body.to_string().contains("echo"), "{body}");
+    }
+    assert!(!requests.iter().any(|r| {
+        let b = r.json();
+        b["tools"].as_array().is_none_or(|t| t.is_empty()) && b.to_string().contains("rm -rf build")
+    }));
+    // 3 tool turns of 50 input tokens, 2 verdicts and the answer of 80 each.
+    assert_eq!(turn_usage(&messages), Some(3 * 50 + 3 * 80));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_review_off_asks_no_verdict_and_an_unclear_one_asks_the_user() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let call = || {
+        Reply::sse(fake_provider::tool_sse(&[(
+            "s1",
+            "run_terminal_cmd",
+            r#"{"command":"echo hi"}"#,
+        )]))
+    };
+    let h = shared::harness_keyed(
+        vec![call(), Reply::sse(fake_provider::text_sse("Done."))],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let (messages, end) = turn(
+        &h,
+        "req-off",
+        &review_request("conv-off", ws.path(), false),
+        &mut client,
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(h.provider.requests().len(), 2, "no verdict call");
+    let sent = shells(&messages);
+    assert!(!sent[0].skip_approval && sent[0].smart_mode_approval.is_none());
+
+    // On, with a verdict that is not the JSON asked for: the user decides.
+    h.provider.push(call());
+    h.provider
+        .push(Reply::sse(fake_provider::text_sse("Looks fine to me!")));
+    h.provider
+        .push(Reply::sse(fake_provider::text_sse("Done.")));
+    let mut client = FakeCursor::new(ws.path());
+    let (messages, end) = turn(
+        &h,
+        "req-unclear",
+        &review_request("conv-unclear", ws.path(), true),
+        &mut client,
+    )
+    .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let sent = shells(&messages);
+    assert!(!sent[0].skip_approval);
+    let reason = &sent[0].smart_mode_approval.as_ref().expect("asks").reason;
+    assert!(reason.contains("no clear verdict"), "{reason}");
 }

@@ -171,8 +171,8 @@ pub fn available_model(m: &ModelConfig) -> AvailableModel {
         // sends no policy of its own, so the user's setting applies as it does for Cursor's
         // models.
         supports_sandboxing: Some(true),
-        // No Auto-review verdicts are given for these runs: the client must not count on them.
-        supports_smart_mode_classifier: Some(false),
+        // Auto-review verdicts come from the run's own model (agent::run::review).
+        supports_smart_mode_classifier: Some(true),
         // A model the user may pick for any chat, shown in the list, not only on Cmd-K.
         is_chat_only: Some(false),
         is_long_context_only: Some(false),

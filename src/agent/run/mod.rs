@@ -13,6 +13,7 @@ mod exec;
 mod kv;
 mod pending;
 mod repeats;
+mod review;
 mod steer;
 mod tooling;
 mod turn;

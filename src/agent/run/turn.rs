@@ -164,6 +164,14 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.tools.clone())
                 .filter(|t| !t.is_empty()),
+            auto_review: request_context
+                .as_ref()
+                .and_then(|c| c.env.as_ref())
+                .is_some_and(|e| e.smart_mode_classifier_auto_mode_enabled == Some(true)),
+            sandboxed: request_context
+                .as_ref()
+                .and_then(|c| c.env.as_ref())
+                .is_some_and(|e| e.sandbox_enabled),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone();
