@@ -14,6 +14,7 @@ mod run;
 pub mod state;
 pub mod subagents;
 pub mod tools;
+pub mod transcript;
 pub mod transport;
 
 use std::collections::HashMap;
@@ -334,6 +335,15 @@ impl Agent {
                 shell_block_ms: u32::try_from(config.agent.shell_block_secs.saturating_mul(1000))
                     .unwrap_or(u32::MAX),
                 max_parallel_subagents: config.agent.max_parallel_subagents.max(1),
+                detect_loops: config.agent.detect_loops,
+                model_names: config
+                    .usable_models()
+                    .flat_map(|m| {
+                        let id = m.cursor_id();
+                        [m.display_name().to_string(), m.id.clone(), id.clone()]
+                            .map(|name| (name, id.clone()))
+                    })
+                    .collect(),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

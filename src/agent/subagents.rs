@@ -41,6 +41,12 @@ pub struct Child {
     pub instructions: String,
     /// The child run's conversation: Cursor's client uses it as the subagent's id.
     pub conversation_id: String,
+    /// The request id of the parent run that made the call.
+    pub parent_run: String,
+    /// The call runs in the background: it may outlive the parent run's end (not its stop).
+    pub background: bool,
+    /// The parent run ended before this child started: it ends at once.
+    pub orphaned: bool,
 }
 
 impl Child {
@@ -69,6 +75,9 @@ impl Child {
                 .map(|c| c.prompt.trim().to_string())
                 .unwrap_or_default(),
             conversation_id: String::new(),
+            parent_run: String::new(),
+            background: args.run_in_background == Some(true),
+            orphaned: false,
         }
     }
 
@@ -106,7 +115,16 @@ pub struct Registry {
     pending: Arc<Mutex<VecDeque<Pending>>>,
     /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
     /// when it ends, so this holds no more than the runs alive.
-    running: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    running: Arc<Mutex<HashMap<String, Running>>>,
+}
+
+/// A child run running.
+#[derive(Debug)]
+struct Running {
+    cancel: CancellationToken,
+    /// Its parent run's request id (empty when unknown).
+    parent_run: String,
+    background: bool,
 }
 
 impl Registry {
@@ -161,10 +179,58 @@ impl Registry {
 
     /// A child run started: `cancel` stops it. Untracked when it ends.
     pub fn track(&self, subagent_id: &str, cancel: CancellationToken) {
+        self.track_child(subagent_id, None, cancel);
+    }
+
+    /// A child run started, of the call `child` describes: `cancel` stops it, as does its
+    /// parent's stop (and, unless it runs in the background, its parent's end). A child whose
+    /// parent ended before it started is stopped at once.
+    pub fn track_child(&self, subagent_id: &str, child: Option<&Child>, cancel: CancellationToken) {
+        if child.is_some_and(|c| c.orphaned) {
+            tracing::info!(
+                subagent = subagent_id,
+                "the subagent's parent run has ended: stopping it"
+            );
+            cancel.cancel();
+        }
         if subagent_id.is_empty() {
             return;
         }
-        self.running_lock().insert(subagent_id.to_string(), cancel);
+        let running = Running {
+            cancel,
+            parent_run: child.map(|c| c.parent_run.clone()).unwrap_or_default(),
+            background: child.is_some_and(|c| c.background),
+        };
+        self.running_lock().insert(subagent_id.to_string(), running);
+    }
+
+    /// The run `parent_run` ended; `stopped`: the user stopped it (or its client went away).
+    /// The client never delivers a subagent's own Stop, so its children end here: all of them
+    /// when it was stopped, else those in the foreground (nobody waits for their result any
+    /// more); calls whose child has not started yet leave an orphan that ends as it starts.
+    /// Returns how many running children were stopped.
+    pub fn parent_ended(&self, parent_run: &str, stopped: bool) -> usize {
+        if parent_run.is_empty() {
+            return 0;
+        }
+        let ends =
+            |parent: &str, background: bool| parent == parent_run && (stopped || !background);
+        for e in self.lock().iter_mut() {
+            if ends(&e.child.parent_run, e.child.background) {
+                e.child.orphaned = true;
+            }
+        }
+        let mut n = 0;
+        for r in self.running_lock().values() {
+            if ends(&r.parent_run, r.background) && !r.cancel.is_cancelled() {
+                r.cancel.cancel();
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!(children = n, "the parent run ended: its subagents stop too");
+        }
+        n
     }
 
     pub fn untrack(&self, subagent_id: &str) {
@@ -174,15 +240,15 @@ impl Registry {
     /// Cancel the child run `subagent_id`; false when no such run of ours is running.
     pub fn cancel(&self, subagent_id: &str) -> bool {
         match self.running_lock().get(subagent_id) {
-            Some(token) => {
-                token.cancel();
+            Some(r) => {
+                r.cancel.cancel();
                 true
             }
             None => false,
         }
     }
 
-    fn running_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+    fn running_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -311,6 +377,65 @@ mod tests {
         assert!(r.cancel("conv-child") && token.is_cancelled());
         r.untrack("conv-child");
         assert!(!r.cancel("conv-child"));
+    }
+
+    fn call_of(
+        parent_run: &str,
+        call: &str,
+        prompt: &str,
+        background: bool,
+    ) -> (pb::SubagentArgs, Child) {
+        let mut a = args(call, prompt, "m");
+        a.run_in_background = Some(background);
+        let mut child = Child::for_call(&a, &[], 0);
+        child.parent_run = parent_run.into();
+        (a, child)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_parent_stops_all_its_children_an_ended_one_its_foreground_ones() {
+        let r = Registry::default();
+        let mut tokens = Vec::new();
+        for (parent, call, bg) in [("p1", "f", false), ("p1", "b", true), ("p2", "o", false)] {
+            let (a, child) = call_of(parent, call, call, bg);
+            r.register(&a, child);
+            let claimed = r.claim(call, "m", None).expect("claimed");
+            let token = CancellationToken::new();
+            r.track_child(&format!("conv-{call}"), Some(&claimed), token.clone());
+            tokens.push(token);
+        }
+        // p1 ended normally: its foreground child stops, its background child goes on.
+        assert_eq!(r.parent_ended("p1", false), 1);
+        assert!(tokens[0].is_cancelled());
+        assert!(!tokens[1].is_cancelled());
+        assert!(!tokens[2].is_cancelled(), "another parent's child");
+        // p1 stopped: its background child stops too.
+        assert_eq!(r.parent_ended("p1", true), 1);
+        assert!(tokens[1].is_cancelled());
+        assert!(!tokens[2].is_cancelled());
+        assert_eq!(r.parent_ended("", true), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_child_whose_parent_ended_before_it_started_ends_at_once() {
+        let r = Registry::default();
+        let (a, child) = call_of("p1", "late", "Look late", false);
+        r.register(&a, child);
+        let (b, child) = call_of("p1", "bg", "Look in the background", true);
+        r.register(&b, child);
+        r.parent_ended("p1", false);
+        let late = r.claim("Look late", "m", None).expect("still its call");
+        assert!(late.orphaned);
+        let token = CancellationToken::new();
+        r.track_child("conv-late", Some(&late), token.clone());
+        assert!(token.is_cancelled(), "ends as it starts");
+        let bg = r
+            .claim("Look in the background", "m", None)
+            .expect("claimed");
+        assert!(
+            !bg.orphaned,
+            "a background call may outlive its parent's end"
+        );
     }
 
     #[test]

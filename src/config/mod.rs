@@ -193,6 +193,9 @@ pub struct AgentConfig {
     /// Subagent calls of one model turn that run at the same time; the rest wait their turn.
     #[serde(default = "defaults::max_parallel_subagents")]
     pub max_parallel_subagents: u32,
+    /// Notice a model repeating itself: warn it at the 3rd repeat, end the turn at the 5th.
+    #[serde(default = "defaults::yes")]
+    pub detect_loops: bool,
 }
 
 impl Default for AgentConfig {
@@ -205,6 +208,7 @@ impl Default for AgentConfig {
             provider_max_retries: defaults::provider_retries(),
             shell_block_secs: defaults::shell_block_secs(),
             max_parallel_subagents: defaults::max_parallel_subagents(),
+            detect_loops: true,
         }
     }
 }

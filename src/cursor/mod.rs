@@ -35,6 +35,7 @@ pub use models::{
     available_model, available_models_additions, local_available_models,
     local_default_model_for_cli, local_usable_models, merge_available_models, merge_usable_models,
     model_details, parse_variant_string, usable_models_additions, EFFORT_PARAM, THINKING_PARAM,
+    UNSET_PICKER_FIELDS,
 };
 pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
 

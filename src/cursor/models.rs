@@ -11,7 +11,9 @@ use crate::proto::agent::v1 as ag;
 use crate::proto::aiserver::v1 as ai;
 
 use ag::requested_model::ModelParameterValue;
-use ai::available_models_response::{AvailableModel, ModelVariantConfig};
+use ai::available_models_response::{
+    AvailableModel, ModelVariantConfig, ModelVendor, ModelVendorId,
+};
 use ai::model_parameter_definition::{
     boolean_parameter_definition::BooleanParameterValue,
     enum_parameter_definition::EnumParameterValue, BooleanParameterDefinition,
@@ -136,6 +138,7 @@ pub fn available_model(m: &ModelConfig) -> AvailableModel {
     let id = m.cursor_id();
     let display = m.display_name().to_string();
     let params = parameters(m);
+    let (vendor, vendor_name) = vendor_of(&m.model);
     AvailableModel {
         name: id.clone(),
         default_on: true,
@@ -153,7 +156,130 @@ pub fn available_model(m: &ModelConfig) -> AvailableModel {
         tagline: Some(format!("{} via cursor-byok", m.model)),
         parameter_definitions: params.iter().map(|p| p.definition()).collect(),
         variants: variants(&id, &params),
+        // The routed picker view (Free and some Pro plans) lists only Auto and the entries
+        // that set this: without it the user's own models cannot be picked on those plans.
+        visible_in_routed_model_view: Some(true),
+        // The picker groups and labels models by maker.
+        vendor: Some(ModelVendor {
+            id: vendor as i32,
+            display_name: vendor_name.to_string(),
+        }),
+        vendor_name: Some(vendor_name.to_string()),
+        // The run serves Plan mode (create_plan, StartPlanAction, ExecutePlanAction).
+        supports_plan_mode: Some(true),
+        // Shells run on the client, which confines them by its own sandbox settings; the run
+        // sends no policy of its own, so the user's setting applies as it does for Cursor's
+        // models.
+        supports_sandboxing: Some(true),
+        // Auto-review verdicts come from the run's own model (agent::run::review).
+        supports_smart_mode_classifier: Some(true),
+        // A model the user may pick for any chat, shown in the list, not only on Cmd-K.
+        is_chat_only: Some(false),
+        is_long_context_only: Some(false),
+        only_supports_cmd_k: Some(false),
+        is_hidden: Some(false),
+        // The provider keeps whatever the user's account with it says; Cursor stores nothing
+        // of these runs, so its zero-data-retention gate has nothing to block.
+        requires_data_retention: Some(false),
+        // An admin allow-list of Cursor's models says nothing about the user's own ones.
+        default_disabled_in_admin_allowlist: Some(false),
         ..Default::default()
+    }
+}
+
+/// `AvailableModel` fields [`available_model`] leaves unset, each with the reason. A test walks
+/// the schema: a field neither set nor listed here fails it.
+pub const UNSET_PICKER_FIELDS: &[(&str, &str)] = &[
+    (
+        "degradation_status",
+        "no degradation is known; the provider's errors reach the run",
+    ),
+    (
+        "price",
+        "Cursor's price per request; the user pays the provider, the run reports costs itself",
+    ),
+    (
+        "tooltip_data",
+        "the tagline names the provider's model; no second tooltip",
+    ),
+    (
+        "supports_auto_context",
+        "auto context is a Cursor server feature the run does not serve",
+    ),
+    ("auto_context_max_tokens", "auto context is not served"),
+    (
+        "auto_context_extended_max_tokens",
+        "auto context is not served",
+    ),
+    (
+        "context_token_limit_for_max_mode",
+        "no Max mode: one context size",
+    ),
+    ("tooltip_data_for_max_mode", "no Max mode"),
+    (
+        "is_recommended_for_background_composer",
+        "background (cloud) agents run on Cursor's servers, not here",
+    ),
+    (
+        "is_user_added",
+        "not shown that it leaves Cursor's routing of the model unchanged",
+    ),
+    (
+        "background_composer_sort_order",
+        "background (cloud) agents run on Cursor's servers",
+    ),
+    (
+        "cloud_agent_effort_mode",
+        "cloud agents run on Cursor's servers",
+    ),
+    (
+        "cloud_migrate_to_model",
+        "cloud agents run on Cursor's servers",
+    ),
+    (
+        "upgrade_model_id",
+        "no newer model to suggest: the user configures the model",
+    ),
+    ("legacy_slugs", "each variant carries its own legacy slug"),
+    (
+        "id_aliases",
+        "a short alias could shadow one of Cursor's model names",
+    ),
+    (
+        "named_model_section_index",
+        "no named section: the entries follow Cursor's in the list",
+    ),
+    (
+        "cloud_agent_effort_modes",
+        "cloud agents run on Cursor's servers",
+    ),
+    (
+        "reason_for_zdr_consent_block",
+        "requires_data_retention is false: nothing to explain",
+    ),
+];
+
+/// The maker of a provider's model, from its name, as Cursor's picker groups vendors.
+fn vendor_of(model: &str) -> (ModelVendorId, &'static str) {
+    let m = model.to_ascii_lowercase();
+    let m = m.rsplit('/').next().unwrap_or(&m);
+    let starts = |prefixes: &[&str]| prefixes.iter().any(|p| m.starts_with(p));
+    if starts(&["claude"]) {
+        (ModelVendorId::Anthropic, "Anthropic")
+    } else if starts(&["gpt", "o1", "o3", "o4", "codex", "chatgpt"]) {
+        (ModelVendorId::Openai, "OpenAI")
+    } else if starts(&["gemini", "gemma"]) {
+        (ModelVendorId::Google, "Google")
+    } else if starts(&["grok"]) {
+        (ModelVendorId::Xai, "xAI")
+    } else if starts(&["kimi", "moonshot"]) {
+        (ModelVendorId::Moonshot, "Moonshot")
+    } else if starts(&["nemotron", "nvidia"]) {
+        (ModelVendorId::Nvidia, "NVIDIA")
+    } else if starts(&["glm", "zai"]) {
+        (ModelVendorId::Zai, "Z.ai")
+    } else {
+        (ModelVendorId::Unspecified, "cursor-byok")
     }
 }
 
@@ -167,6 +293,10 @@ pub fn model_details(m: &ModelConfig) -> ag::ModelDetails {
         display_model_id: id,
         display_name: display.clone(),
         display_name_short: display,
+        // One context size: no Max mode to switch on.
+        max_mode: Some(false),
+        // No aliases: a short alias could shadow one of Cursor's model names. Credentials stay
+        // unset: the key never leaves the proxy.
         ..Default::default()
     }
 }
@@ -499,6 +629,53 @@ mod tests {
         assert!(gpt.thinking_details.is_some());
         assert!(merged.models.iter().all(|m| m.credentials.is_none()));
         assert_eq!(merge_usable_models(merged.clone(), &config), merged);
+    }
+
+    #[test]
+    fn every_picker_field_is_filled_or_left_unset_with_a_reason() {
+        use prost_reflect::{DescriptorPool, DynamicMessage};
+        let pool = DescriptorPool::decode(crate::proto::DESCRIPTOR_SET).expect("descriptors");
+        let desc = pool
+            .get_message_by_name("aiserver.v1.AvailableModelsResponse.AvailableModel")
+            .expect("in the schema");
+        let config = test_config();
+        let gpt = config.models.iter().find(|m| m.id == "gpt").expect("gpt");
+        let bytes = available_model(gpt).encode_to_vec();
+        let entry = DynamicMessage::decode(desc.clone(), &bytes[..]).expect("decodes");
+        let mut problems = Vec::new();
+        for field in desc.fields() {
+            let set = entry.has_field(&field);
+            let unset_reason = UNSET_PICKER_FIELDS
+                .iter()
+                .find(|(name, _)| *name == field.name());
+            match (set, unset_reason) {
+                (true, Some(_)) => problems.push(format!("{} set and listed unset", field.name())),
+                (false, None) => problems.push(format!("{} neither set nor listed", field.name())),
+                _ => {}
+            }
+        }
+        for (name, why) in UNSET_PICKER_FIELDS {
+            if desc.get_field_by_name(name).is_none() {
+                problems.push(format!("{name} is listed but not in the schema"));
+            }
+            assert!(!why.trim().is_empty(), "{name} needs a reason");
+        }
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn vendors_follow_the_model_maker() {
+        assert_eq!(vendor_of("claude-sonnet-4-5").0, ModelVendorId::Anthropic);
+        assert_eq!(vendor_of("gpt-5").0, ModelVendorId::Openai);
+        assert_eq!(vendor_of("openai/o3-mini").0, ModelVendorId::Openai);
+        assert_eq!(vendor_of("Gemini-2.5-pro").0, ModelVendorId::Google);
+        assert_eq!(vendor_of("grok-4").0, ModelVendorId::Xai);
+        assert_eq!(vendor_of("moonshotai/kimi-k2").0, ModelVendorId::Moonshot);
+        assert_eq!(vendor_of("glm-4.6").0, ModelVendorId::Zai);
+        assert_eq!(
+            vendor_of("qwen3-coder"),
+            (ModelVendorId::Unspecified, "cursor-byok")
+        );
     }
 
     #[test]

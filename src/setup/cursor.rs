@@ -96,7 +96,28 @@ pub fn desired_settings(listen: SocketAddr) -> Vec<(&'static str, Value)> {
         ("http.proxyStrictSSL", json!(true)),
         // Let Cursor's Node side trust certificates from the OS store (where our CA goes).
         ("http.systemCertificates", json!(true)),
+        // A Remote-SSH window inherits `http.proxy`, whose loopback address means nothing on
+        // the remote host; "always" keeps inference on the local client, where we are.
+        (REMOTE_INFERENCE_ROUTE, json!("always")),
     ]
+}
+
+/// The setting that keeps a Remote-SSH window's inference on the local client (3.21.16+).
+pub const REMOTE_INFERENCE_ROUTE: &str = "cursorAgentHost.remoteInferenceRoute";
+
+/// Settings whose value the user chose stays: we only add them when absent.
+pub const USER_KEEPS: &[&str] = &[REMOTE_INFERENCE_ROUTE];
+
+/// `desired` without the keys in [`USER_KEEPS`] that `doc` already sets.
+fn for_document(
+    doc: &Document<'_>,
+    desired: &[(&'static str, Value)],
+) -> Vec<(&'static str, Value)> {
+    desired
+        .iter()
+        .filter(|(k, _)| !(USER_KEEPS.contains(k) && doc.get(k).is_some()))
+        .cloned()
+        .collect()
 }
 
 /// A setting that does not hold the value the proxy needs.
@@ -113,7 +134,7 @@ pub fn mismatches(
     desired: &[(&'static str, Value)],
 ) -> Result<Vec<Mismatch>, ParseError> {
     let doc = Document::parse(text)?;
-    Ok(desired
+    Ok(for_document(&doc, desired)
         .iter()
         .filter(|(k, v)| doc.get(k) != Some(v))
         .map(|(k, v)| Mismatch {
@@ -150,12 +171,12 @@ impl WirePlan {
 /// Read `path` and work out the wired text. Nothing is written.
 pub fn plan(path: &Path, desired: &[(&'static str, Value)]) -> Result<WirePlan, SetupError> {
     let before = read_settings(path)?;
-    let after = match &before {
-        Some(text) => parse(path, text)?.with_values(desired),
-        None => Document::parse("")
-            .map_err(|error| parse_err(path, error))?
-            .with_values(desired),
+    let doc = match &before {
+        Some(text) => parse(path, text)?,
+        None => Document::parse("").map_err(|error| parse_err(path, error))?,
     };
+    let desired = &for_document(&doc, desired)[..];
+    let after = doc.with_values(desired);
     // Defence in depth: never write what we could not read back with the values set.
     match mismatches(&after, desired) {
         Ok(m) if m.is_empty() => {}
@@ -316,7 +337,7 @@ fn wired_from(current: &str, original: Option<&str>) -> bool {
     };
     let desired = desired_settings(listen);
     let rewired = match Document::parse(original.unwrap_or("")) {
-        Ok(d) => d.with_values(&desired),
+        Ok(d) => d.with_values(&for_document(&d, &desired)),
         Err(_) => return false,
     };
     rewired == current
@@ -514,6 +535,36 @@ mod tests {
             fs::read_to_string(&path).unwrap(),
             "{\n    \"http.proxy\": \"http://corp:3128\",\n    \"a\": 2\n}\n"
         );
+    }
+
+    #[test]
+    fn remote_ssh_route_is_added_keeping_the_users_own_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        fs::write(&path, "{\n  \"editor.fontSize\": 13\n}\n").unwrap();
+        apply(&plan(&path, &desired_settings(listen())).unwrap()).unwrap();
+        let wired = fs::read_to_string(&path).unwrap();
+        let doc = Document::parse(&wired).unwrap();
+        assert_eq!(doc.get(REMOTE_INFERENCE_ROUTE), Some(&json!("always")));
+        assert!(matches!(undo(&path).unwrap(), Undo::Restored { .. }));
+        assert!(!fs::read_to_string(&path)
+            .unwrap()
+            .contains(REMOTE_INFERENCE_ROUTE));
+
+        // The user's own value stays, through wiring and undo.
+        let mine = "{\n  \"cursorAgentHost.remoteInferenceRoute\": \"auto\"\n}\n";
+        fs::write(&path, mine).unwrap();
+        let p = plan(&path, &desired_settings(listen())).unwrap();
+        assert!(!p.diff().contains("always"), "{}", p.diff());
+        apply(&p).unwrap();
+        let wired = fs::read_to_string(&path).unwrap();
+        let doc = Document::parse(&wired).unwrap();
+        assert_eq!(doc.get(REMOTE_INFERENCE_ROUTE), Some(&json!("auto")));
+        assert!(mismatches(&wired, &desired_settings(listen()))
+            .unwrap()
+            .is_empty());
+        assert!(matches!(undo(&path).unwrap(), Undo::Restored { .. }));
+        assert_eq!(fs::read_to_string(&path).unwrap(), mine);
     }
 
     #[test]

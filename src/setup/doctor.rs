@@ -413,11 +413,29 @@ pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
         }
     };
     match cursor::mismatches(&text, &cursor::desired_settings(listen)) {
-        Ok(m) if m.is_empty() => Check::new(
-            Level::Ok,
-            subject,
-            format!("{} points at {}", path.display(), cursor::proxy_url(listen)),
-        ),
+        Ok(m) if m.is_empty() => match remote_route(&text) {
+            // The user's own value, kept by setup: Remote-SSH windows will not reach us.
+            Some(other) => Check::new(
+                Level::Warn,
+                subject,
+                format!(
+                    "{} points at {}, but {} is {other}: a Remote-SSH window's agent will try the proxy on the remote host and fail",
+                    path.display(),
+                    cursor::proxy_url(listen),
+                    cursor::REMOTE_INFERENCE_ROUTE
+                ),
+            )
+            .fix(format!(
+                "set \"{}\": \"always\" in {} if you use Remote-SSH",
+                cursor::REMOTE_INFERENCE_ROUTE,
+                path.display()
+            )),
+            None => Check::new(
+                Level::Ok,
+                subject,
+                format!("{} points at {}", path.display(), cursor::proxy_url(listen)),
+            ),
+        },
         Ok(m) => {
             let what: Vec<String> = m
                 .iter()
@@ -442,6 +460,14 @@ pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
         )
         .fix("fix the file in Cursor (\"Preferences: Open User Settings (JSON)\")"),
     }
+}
+
+/// The Remote-SSH inference route when set to anything but "always".
+fn remote_route(text: &str) -> Option<serde_json::Value> {
+    let doc = crate::setup::jsonc::Document::parse(text).ok()?;
+    doc.get(cursor::REMOTE_INFERENCE_ROUTE)
+        .filter(|v| v.as_str() != Some("always"))
+        .cloned()
 }
 
 /// Whether the OS (and on Linux the NSS database) trusts the CA, where that can be checked.
@@ -524,5 +550,34 @@ mod tests {
         let plan = cursor::plan(&path, &cursor::desired_settings(listen)).unwrap();
         cursor::apply(&plan).unwrap();
         assert_eq!(check_cursor_settings(Some(&path), listen).level, Level::Ok);
+    }
+
+    #[test]
+    fn settings_check_names_the_remote_ssh_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let listen: SocketAddr = "127.0.0.1:8787".parse().unwrap();
+        std::fs::write(&path, "{}").unwrap();
+        let plan = cursor::plan(&path, &cursor::desired_settings(listen)).unwrap();
+        cursor::apply(&plan).unwrap();
+        // Wired before the route was part of the wiring: missing, so setup must run again.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let without = text.replace(
+            "\"cursorAgentHost.remoteInferenceRoute\": \"always\"",
+            "\"x\": 1",
+        );
+        std::fs::write(&path, &without).unwrap();
+        let c = check_cursor_settings(Some(&path), listen);
+        assert_eq!(c.level, Level::Fail, "{c}");
+        assert!(
+            c.detail
+                .contains("cursorAgentHost.remoteInferenceRoute is not set"),
+            "{c}"
+        );
+        // The user's own value: a warning that says what breaks.
+        std::fs::write(&path, text.replace("\"always\"", "\"auto\"")).unwrap();
+        let c = check_cursor_settings(Some(&path), listen);
+        assert_eq!(c.level, Level::Warn, "{c}");
+        assert!(c.detail.contains("Remote-SSH"), "{c}");
     }
 }

@@ -27,9 +27,9 @@ use crate::provider::{AssistantPart, Message, UserPart};
 pub use text::{cap, TRUNCATED};
 
 /// Blobs fetched for the turn's context, by id (verified against their SHA-256 by whoever put
-/// them here).
+/// them here), and the transcripts of past chats the user attached, by agent id.
 #[derive(Debug, Default, Clone)]
-pub struct Blobs(HashMap<BlobId, Bytes>);
+pub struct Blobs(HashMap<BlobId, Bytes>, HashMap<String, String>);
 
 impl Blobs {
     pub fn get(&self, id: &[u8]) -> Option<&Bytes> {
@@ -54,6 +54,15 @@ impl Blobs {
 
     pub fn has(&self, id: &BlobId) -> bool {
         self.0.contains_key(id)
+    }
+
+    /// What a past chat (by its agent id) said, read from its transcript.
+    pub fn insert_past_chat(&mut self, agent_id: String, text: String) {
+        self.1.insert(agent_id, text);
+    }
+
+    pub fn past_chat(&self, agent_id: &str) -> Option<&str> {
+        self.1.get(agent_id).map(String::as_str)
     }
 }
 

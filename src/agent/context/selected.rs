@@ -124,10 +124,17 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
         } else {
             &chat.name
         };
-        o.line(&format!(
-            "<past_chat id=\"{}\">{name}</past_chat>",
-            chat.agent_id
-        ));
+        match blobs.past_chat(&chat.agent_id) {
+            // A chat whose transcript is on this machine: what was said in it.
+            Some(text) => {
+                let attrs = format!("{}{}", attr("id", &chat.agent_id), attr("name", name));
+                o.item("past_chat", &attrs, text);
+            }
+            None => o.line(&format!(
+                "<past_chat id=\"{}\">{name}</past_chat>",
+                chat.agent_id
+            )),
+        }
     }
     for r in &sel.cursor_rules {
         if let Some(rule) = &r.rule {

@@ -12,6 +12,8 @@ mod error;
 mod exec;
 mod kv;
 mod pending;
+mod repeats;
+mod review;
 mod shown;
 mod steer;
 mod tooling;
@@ -59,6 +61,11 @@ pub struct RunSettings {
     pub shell_block_ms: u32,
     /// Subagent calls of one model turn that run at the same time.
     pub max_parallel_subagents: u32,
+    /// Notice a model stuck repeating its calls (see `repeats`).
+    pub detect_loops: bool,
+    /// Our models by display name, short id and Cursor id, each with its Cursor id (a
+    /// subagent definition may name its model any of these ways).
+    pub model_names: Vec<(String, String)>,
 }
 
 /// Client messages the run itself consumes (the inbox pump handles the rest).
@@ -222,7 +229,9 @@ impl Run {
             .as_ref()
             .map(|c| c.conversation_id.clone())
             .unwrap_or_default();
-        registry.track(&subagent_id, cancel.clone());
+        registry.track_child(&subagent_id, self.child.as_ref(), cancel.clone());
+        let parent_key = self.request_id.clone();
+        let stopped = cancel.clone();
         let model_name = self.model.config.cursor_id();
         let provider_name = self.provider_name();
         let route = Arc::new(std::sync::Mutex::new(Route::default()));
@@ -259,6 +268,9 @@ impl Run {
             async move {
                 let result = work.await;
                 registry.untrack(&subagent_id);
+                // The client never delivers a subagent's Stop: a parent's end reaches its
+                // children here.
+                registry.parent_ended(&parent_key, stopped.is_cancelled());
                 let result = match result {
                     Ok(r) => r,
                     Err(e) if e.is_panic() => {

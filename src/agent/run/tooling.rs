@@ -4,12 +4,12 @@
 
 use serde_json::Value;
 
-use super::{cursor_call_id, RunError, RunState};
+use super::{cursor_call_id, review, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::subagents::Child;
 use crate::agent::tools::{self, Access, ToolContext, ToolOutcome, ToolPlan};
 use crate::proto::agent::v1 as pb;
-use crate::provider::ProviderExtra;
+use crate::provider::{Message, ProviderExtra, ProviderRequest, UserPart};
 
 /// How long a user may take to answer a question before the run gives up.
 const INTERACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -115,6 +115,9 @@ impl RunState {
             }
             spans.push(start..execs.len());
         }
+        if ctx.auto_review {
+            self.review_execs(&mut execs, ctx).await?;
+        }
         let children = self.register_subagents(&execs, ctx);
         let mut results = if execs.is_empty() {
             Vec::new()
@@ -169,6 +172,87 @@ impl RunState {
         Ok(out)
     }
 
+    /// Auto-review: each shell and MCP call of the batch gets its decision (see `review`).
+    async fn review_execs(
+        &mut self,
+        execs: &mut [(pb::exec_server_message::Message, Option<String>)],
+        ctx: &ToolContext,
+    ) -> Result<(), RunError> {
+        for (n, (exec, _)) in execs.iter_mut().enumerate() {
+            let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
+                review::Plan::Leave => continue,
+                review::Plan::Ask(reason) => review::Decision::Ask(reason),
+                review::Plan::Judge(description) => self.verdict(&description).await?,
+            };
+            let request_id = format!("{}-review-{}-{n}", self.run.request_id, self.step);
+            review::apply(exec, decision, &request_id);
+        }
+        Ok(())
+    }
+
+    /// The run's model judges one call, within [`review::VERDICT_TIMEOUT`]; anything but a
+    /// clear verdict asks the user. Its tokens count in the run's usage.
+    async fn verdict(&mut self, description: &str) -> Result<review::Decision, RunError> {
+        let cfg = &self.run.model.config;
+        let (system, user) = review::prompt(description);
+        let request = ProviderRequest {
+            model: cfg.model.clone(),
+            system,
+            messages: vec![Message::User {
+                parts: vec![UserPart::Text { text: user }],
+            }],
+            tools: Vec::new(),
+            options: crate::provider::RequestOptions {
+                max_output_tokens: Some(review::VERDICT_MAX_TOKENS.min(cfg.max_output_tokens)),
+                ..Default::default()
+            },
+        };
+        let ask = |why: &str| review::Decision::Ask(format!("Auto-review {why}; please decide"));
+        Ok(
+            match tokio::time::timeout(review::VERDICT_TIMEOUT, self.complete(request)).await {
+                Err(_) => ask("did not answer in time"),
+                Ok(Err(RunError::Canceled)) => return Err(RunError::Canceled),
+                Ok(Err(e)) => {
+                    tracing::warn!("the Auto-review verdict failed: {e}");
+                    ask("could not reach the model")
+                }
+                Ok(Ok(text)) => {
+                    review::parse(&text).unwrap_or_else(|| ask("gave no clear verdict"))
+                }
+            },
+        )
+    }
+
+    /// One model call without tools, to its end: its text (its usage recorded).
+    async fn complete(&mut self, request: ProviderRequest) -> Result<String, RunError> {
+        let opened = self.open(request).await?;
+        let price = self.run.chain.targets[opened.target].price;
+        let mut builder = crate::provider::TurnBuilder::new();
+        builder.push(&opened.first);
+        let mut stream = opened.stream;
+        if !opened.first.is_terminal() {
+            loop {
+                let event = tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => return Err(RunError::Canceled),
+                    e = stream.recv() => e,
+                };
+                match event {
+                    Some(e) => builder.push(&e),
+                    None => break,
+                }
+            }
+        }
+        let turn = builder.finish();
+        if let Some(u) = &turn.usage {
+            self.record_call(u, price);
+        }
+        if let Some(e) = turn.error {
+            return Err(self.provider_error(e));
+        }
+        Ok(turn.text())
+    }
+
     /// Announce the batch's subagent calls, so their child runs are recognised when the
     /// client starts them. Returns their call ids.
     fn register_subagents(
@@ -181,7 +265,8 @@ impl RunState {
             .iter()
             .filter_map(|(e, _)| match e {
                 pb::exec_server_message::Message::SubagentArgs(a) => {
-                    let child = Child::for_call(a, &ctx.subagents.custom, depth);
+                    let mut child = Child::for_call(a, &ctx.subagents.custom, depth);
+                    child.parent_run = self.run.request_id.clone();
                     self.run.subagents.register(a, child);
                     Some(a.tool_call_id.clone())
                 }

@@ -4,12 +4,13 @@
 use tracing::{debug, warn};
 
 use super::action::{self, Begin, TurnInput};
+use super::repeats::{RepeatDetector, Verdict};
 use super::{pending, steer, RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
 };
-use crate::agent::{context, prompt, tools};
+use crate::agent::{context, prompt, tools, transcript};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, ProviderRequest};
 
@@ -27,6 +28,25 @@ fn workspace_root(ctx: Option<&pb::RequestContext>) -> Option<String> {
         .cloned()
         .or_else(|| env.process_working_directory.clone())
         .filter(|p| !p.is_empty())
+}
+
+/// Where Cursor keeps its agent transcripts, when it said.
+fn transcripts_folder(ctx: Option<&pb::RequestContext>) -> Option<String> {
+    Some(ctx?.env.as_ref()?.agent_transcripts_folder.clone()).filter(|f| !f.is_empty())
+}
+
+/// The transcripts of the past chats the user attached, as far as they are on this machine.
+async fn read_past_chats(folder: &str, user: &pb::UserMessage, blobs: &mut context::Blobs) {
+    let chats = user
+        .selected_context
+        .as_ref()
+        .map_or(&[][..], |s| s.past_chats.as_slice());
+    // A few chats at most: each is capped, and the message has its own budget besides.
+    for chat in chats.iter().take(4) {
+        if let Some(text) = transcript::read(folder, &chat.agent_id).await {
+            blobs.insert_past_chat(chat.agent_id.clone(), text);
+        }
+    }
 }
 
 /// Where the client writes background shells' output.
@@ -82,8 +102,12 @@ impl RunState {
             None => self.fetch_request_context().await?,
         };
         let parts = context::parts(&req);
-        let blobs = self.context_blobs(&req, Some(&input.user)).await?;
+        let mut blobs = self.context_blobs(&req, Some(&input.user)).await?;
         let request_context = context::merge_parts(request_context, parts, &blobs);
+        let transcripts = transcripts_folder(request_context.as_ref());
+        if let Some(folder) = &transcripts {
+            read_past_chats(folder, &input.user, &mut blobs).await;
+        }
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
@@ -140,6 +164,14 @@ impl RunState {
                 .as_ref()
                 .map(|c| c.tools.clone())
                 .filter(|t| !t.is_empty()),
+            auto_review: request_context
+                .as_ref()
+                .and_then(|c| c.env.as_ref())
+                .is_some_and(|e| e.smart_mode_classifier_auto_mode_enabled == Some(true)),
+            sandboxed: request_context
+                .as_ref()
+                .and_then(|c| c.env.as_ref())
+                .is_some_and(|e| e.sandbox_enabled),
         };
         let images = self.run.model.config.supports_images;
         let user = input.user.clone();
@@ -177,6 +209,10 @@ impl RunState {
             .map(context::rules::GlobbedRules::new);
         let mut steps: Vec<StepRecord> = Vec::new();
         let mut rounds = 0u32;
+        let mut repeats = RepeatDetector::new(
+            self.run.settings.detect_loops,
+            tool_ctx.terminals_folder.clone(),
+        );
         loop {
             for text in self.deliver_injections(&mut messages).await? {
                 steps.push(StepRecord::UserContext { text });
@@ -257,7 +293,13 @@ impl RunState {
                 }
                 Err(e) => return Err(e),
             };
-            for ((id, name, arguments, extra), outcome) in calls.into_iter().zip(results) {
+            let mut stuck = None;
+            for ((id, name, arguments, extra), mut outcome) in calls.into_iter().zip(results) {
+                match repeats.observe(&name, &arguments.to_string(), &outcome.content) {
+                    Verdict::Go => {}
+                    Verdict::Warn(note) => outcome.content.push_str(&note),
+                    Verdict::Stop(why) => stuck = stuck.or(Some(why)),
+                }
                 messages.push(Message::ToolResult {
                     call_id: id.clone(),
                     name: name.clone(),
@@ -273,6 +315,12 @@ impl RunState {
                     is_error: outcome.is_error,
                     extra,
                 });
+            }
+            if let Some(why) = stuck {
+                let note = format!("\n\n{why}");
+                self.out.send(msg::notice(note.clone())).await?;
+                steps.push(StepRecord::Assistant { text: note });
+                break;
             }
             if rounds >= self.run.settings.max_tool_rounds {
                 let note = format!(
@@ -290,8 +338,17 @@ impl RunState {
             steps.push(StepRecord::UserContext { text });
         }
         self.plan_entry = input.plan_id.take();
+        let transcript = transcript::turn_lines(&user.text, &steps);
         self.write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, summary)
             .await?;
+        // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
+        if let (Some(folder), Some(conversation), None) =
+            (&transcripts, &req.conversation_id, &self.run.child)
+        {
+            if let Err(e) = transcript::append(folder, conversation, transcript).await {
+                warn!("the turn was not added to Cursor's transcript: {e}");
+            }
+        }
         self.out.send(msg::turn_ended(&self.usage)).await
     }
 
@@ -878,6 +935,7 @@ impl RunState {
                 .collect(),
             parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
             selected_context,
+            model_names: self.run.settings.model_names.clone(),
         }
     }
 

@@ -46,6 +46,7 @@ use pb::tool_call::Tool;
 pub use edit::{EditSpec, EditWrite};
 pub use history::history_from_tool_call;
 pub use mcp::merge_definitions as merge_mcp_tools;
+pub(crate) use mcp::to_json as value_to_json;
 pub use shell::{result_is_final, shell_delta};
 pub use task::SubagentOptions;
 
@@ -78,6 +79,11 @@ pub struct ToolContext {
     pub readonly: bool,
     /// A custom subagent's tool list (names as it gives them); `None` allows every tool.
     pub allowed_tools: Option<Vec<String>>,
+    /// Auto-review is on (`smart_mode_classifier_auto_mode_enabled`): shell and MCP calls get
+    /// a decision before they go to the client.
+    pub auto_review: bool,
+    /// The client runs shells in its sandbox (`RequestContextEnv.sandbox_enabled`).
+    pub sandboxed: bool,
 }
 
 /// The modes that change the tool list.

@@ -30,6 +30,9 @@ pub struct SubagentOptions {
     pub parent_conversation_id: String,
     /// What the user attached to the turn, passed on so the child sees it too.
     pub selected_context: Option<pb::SelectedContext>,
+    /// Our models by the names a subagent definition may give them (display name, short id,
+    /// Cursor id), each with its Cursor id.
+    pub model_names: Vec<(String, String)>,
 }
 
 /// A built-in kind: its name, its proto kind, and whether it only looks.
@@ -182,7 +185,7 @@ fn model_for(
     if let Some(c) = custom {
         let m = c.model.trim();
         if !m.is_empty() && !m.eq_ignore_ascii_case("inherit") && !c.force_default_model {
-            return Ok(m.to_string());
+            return Ok(ours_by_name(o, m).unwrap_or(m).to_string());
         }
     }
     for ov in o
@@ -199,7 +202,10 @@ fn model_for(
             _ => {}
         }
     }
-    let asked = asked.map(str::trim).filter(|a| !a.is_empty());
+    let asked = asked
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| ours_by_name(o, a).unwrap_or(a));
     if let Some(a) = asked.filter(|a| o.selected_models.iter().any(|m| m == a)) {
         return Ok(a.to_string());
     }
@@ -207,6 +213,16 @@ fn model_for(
         .first()
         .cloned()
         .unwrap_or_else(|| o.parent_model_id.clone()))
+}
+
+/// Our model's Cursor id for a name a subagent definition gives it (as `.cursor/agents/*.md`
+/// files often do: "My GPT", "gpt"), compared without case; `None` for any other name, which
+/// then stays as given (one of Cursor's models goes to Cursor).
+fn ours_by_name<'a>(o: &'a SubagentOptions, name: &str) -> Option<&'a str> {
+    o.model_names
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, id)| id.as_str())
 }
 
 pub(crate) fn finish(

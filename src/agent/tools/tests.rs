@@ -966,6 +966,11 @@ fn task_ctx() -> ToolContext {
             selected_models: Vec::new(),
             parent_conversation_id: "conv-p".into(),
             selected_context: Some(pb::SelectedContext::default()),
+            model_names: vec![
+                ("My Small".into(), "byok-small".into()),
+                ("small".into(), "byok-small".into()),
+                ("byok-small".into(), "byok-small".into()),
+            ],
         },
         ..ctx()
     }
@@ -1182,4 +1187,38 @@ fn await_subagent_sends_subagent_await_args_and_reports_what_it_found() {
         agent_id: "ag-9".into(),
     }));
     assert!(missing.is_error && missing.content.contains("ag-9"));
+}
+
+#[test]
+fn a_subagents_model_named_by_display_name_or_alias_is_ours() {
+    let mut c = task_ctx();
+    for (given, want) in [
+        ("My Small", "byok-small"),
+        ("my small", "byok-small"),
+        ("small", "byok-small"),
+        ("byok-small", "byok-small"),
+        // Not ours: stays as given, so the child goes to Cursor.
+        ("claude-4.5-sonnet", "claude-4.5-sonnet"),
+    ] {
+        c.subagents.custom[0].model = given.into();
+        let p = plan(
+            &c,
+            "t1",
+            "task",
+            &json!({"prompt": "Review", "subagent_type": "reviewer"}),
+        )
+        .unwrap();
+        assert_eq!(subagent_args(&p).model_id, want, "{given}");
+    }
+    // A model the call asks for, by display name, when the user selected ours for subagents.
+    c.subagents.custom.clear();
+    c.subagents.selected_models = vec!["byok-other".into(), "byok-small".into()];
+    let p = plan(
+        &c,
+        "t2",
+        "task",
+        &json!({"prompt": "Look", "subagent_type": "explore", "model": "My Small"}),
+    )
+    .unwrap();
+    assert_eq!(subagent_args(&p).model_id, "byok-small");
 }
