@@ -284,7 +284,7 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
     if let Some(dir) = definition_path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    std::fs::write(&definition_path, &definition)
+    std::fs::write(&definition_path, spec.definition_bytes(os))
         .with_context(|| format!("cannot write {}", definition_path.display()))?;
     let manifest = Manifest {
         os,

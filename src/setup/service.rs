@@ -120,6 +120,21 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// The definition as written to disk: Task Scheduler reads its XML as UTF-16 (little
+    /// endian, with a byte-order mark), the others are UTF-8.
+    pub fn definition_bytes(&self, os: Os) -> Vec<u8> {
+        let text = self.definition(os);
+        match os {
+            Os::Windows => [0xFF, 0xFE]
+                .into_iter()
+                .chain(text.encode_utf16().flat_map(u16::to_le_bytes))
+                .collect(),
+            Os::Linux | Os::MacOs => text.into_bytes(),
+        }
+    }
+}
+
 /// A systemd user unit: starts with the user's session, restarts on failure.
 pub fn systemd_unit(spec: &Spec) -> String {
     let mut exec = systemd_quote(&spec.exe.display().to_string());
