@@ -169,12 +169,19 @@ fn the_launch_agent_field_by_field() {
     want.extend(spec.args());
     assert_eq!(v["ProgramArguments"], serde_json::json!(want));
     assert_eq!(v["RunAtLoad"], true);
-    assert_eq!(v["KeepAlive"]["SuccessfulExit"], false, "restart on failure");
+    assert_eq!(
+        v["KeepAlive"]["SuccessfulExit"], false,
+        "restart on failure"
+    );
     assert_eq!(v["EnvironmentVariables"]["NO_COLOR"], "1");
     let early = root.path().join("data/launchd.log").display().to_string();
     assert_eq!(v["StandardErrorPath"], early.as_str());
     assert_eq!(v["StandardOutPath"], early.as_str());
-    assert!(v.get("EnvironmentVariables").unwrap().get("OPENAI_API_KEY").is_none());
+    assert!(v
+        .get("EnvironmentVariables")
+        .unwrap()
+        .get("OPENAI_API_KEY")
+        .is_none());
 }
 
 #[test]
@@ -204,7 +211,10 @@ print(json.dumps({
         return;
     };
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["trigger_user"], "DESKTOP-1\\ada", "at this user's logon only");
+    assert_eq!(
+        v["trigger_user"], "DESKTOP-1\\ada",
+        "at this user's logon only"
+    );
     assert_eq!(v["run_level"], "LeastPrivilege", "no admin rights");
     assert_eq!(v["logon_type"], "InteractiveToken");
     assert_eq!(v["restart_interval"], "PT1M");
@@ -356,9 +366,18 @@ fn the_service_run_reads_its_env_file_and_logs_plain_text_to_its_file() {
     };
     child.kill().unwrap();
     let _ = child.wait();
-    assert!(text.contains("[$CURSOR_BYOK_TEST_SERVICE_KEY set]"), "{text}");
-    assert!(!text.contains("sk-test-from-env-file"), "a key reached the log");
-    assert!(!text.contains('\u{1b}'), "colour codes in the log: {text:?}");
+    assert!(
+        text.contains("[$CURSOR_BYOK_TEST_SERVICE_KEY set]"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("sk-test-from-env-file"),
+        "a key reached the log"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in the log: {text:?}"
+    );
     let mut stderr = String::new();
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         stderr.push_str(&line.unwrap());
@@ -416,7 +435,10 @@ fn service_logs_and_status_read_the_log_file() {
         ]
     );
     let logs = run(&["service", "logs", "-n", "3"]);
-    assert!(logs.starts_with("2026-12-02T20:00:00Z"), "rotated part first: {logs}");
+    assert!(
+        logs.starts_with("2026-12-02T20:00:00Z"),
+        "rotated part first: {logs}"
+    );
     if Os::current() == Some(Os::Linux) {
         let status = run(&["service", "status"]);
         assert!(status.contains("service: not installed"), "{status}");
@@ -531,7 +553,10 @@ fn install_status_uninstall_under_a_user_systemd() {
     let out = run(&["service", "uninstall"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("setup cursor --undo") && text.contains("ca untrust"), "{text}");
+    assert!(
+        text.contains("setup cursor --undo") && text.contains("ca untrust"),
+        "{text}"
+    );
     assert!(!unit.exists(), "the unit is removed");
 }
 

@@ -130,17 +130,13 @@ fn status_shows_the_live_runs_todays_cost_and_the_last_errors() {
     write_usage(dir.path(), snapshot.now_unix_ms);
     let config = config(dir.path(), addr);
 
-    let json: serde_json::Value =
-        serde_json::from_str(&run(&config, dir.path(), true)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&run(&config, dir.path(), true)).unwrap();
     assert_eq!(json["running"], true);
     assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(json["active"][0]["request_id"], "req-live-1");
     assert_eq!(json["active"].as_array().unwrap().len(), 1);
     let today = json["today"].as_array().unwrap();
-    let gpt = today
-        .iter()
-        .find(|m| m["model"] == "byok-gpt-5.1")
-        .unwrap();
+    let gpt = today.iter().find(|m| m["model"] == "byok-gpt-5.1").unwrap();
     assert_eq!(gpt["runs"], 2, "yesterday's run is left out");
     assert!((gpt["cost_usd"].as_f64().unwrap() - 0.75).abs() < 1e-9);
     assert_eq!(json["today_total"]["runs"], 3);
@@ -149,15 +145,15 @@ fn status_shows_the_live_runs_todays_cost_and_the_last_errors() {
         json["last_errors"][0]["error"],
         "provider `openai`: rate limited (HTTP 429)"
     );
-    assert_eq!(
-        json["page"],
-        format!("http://{addr}/__cursor-byok/status")
-    );
+    assert_eq!(json["page"], format!("http://{addr}/__cursor-byok/status"));
 
     let text = run(&config, dir.path(), false);
     assert!(text.contains("proxy: cursor-byok"), "{text}");
     assert!(text.contains("active runs: 1"), "{text}");
-    assert!(text.contains("req-live-1  byok-claude-sonnet-4-5 via Anthropic"), "{text}");
+    assert!(
+        text.contains("req-live-1  byok-claude-sonnet-4-5 via Anthropic"),
+        "{text}"
+    );
     assert!(text.contains("byok-gpt-5.1"), "{text}");
     assert!(text.contains("$0.75") || text.contains("0.75"), "{text}");
     assert!(text.contains("rate limited (HTTP 429)"), "{text}");
@@ -171,8 +167,7 @@ fn status_without_a_running_proxy_still_reads_the_usage_record() {
     let dir = tempfile::tempdir().unwrap();
     write_usage(dir.path(), now_ms());
     let config = config(dir.path(), addr);
-    let json: serde_json::Value =
-        serde_json::from_str(&run(&config, dir.path(), true)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&run(&config, dir.path(), true)).unwrap();
     assert_eq!(json["running"], false);
     assert!(
         json["not_running"]

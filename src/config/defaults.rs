@@ -67,7 +67,7 @@ max_output_tokens = 32000
 
 [[models]]
 id = "deepseek-chat"
-display_name = "DeepSeek V3.2 (BYOK)"
+display_name = "DeepSeek Chat (BYOK)"
 provider = "deepseek"
 model = "deepseek-chat"
 context_window = 128000
