@@ -565,3 +565,53 @@ fn dirs_config() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".config"))
 }
+
+#[test]
+fn doctor_says_when_cursor_is_cut_off_and_which_wiring_is_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let config = config_file(dir.path(), &format!("127.0.0.1:{port}"));
+    let settings = dir.path().join("settings.json");
+    let data = dir.path().join("data");
+    let doctor = || {
+        let out = bin()
+            .arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["doctor", "--skip-providers", "--cursor-settings"])
+            .arg(&settings)
+            .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    std::fs::write(
+        &settings,
+        format!("{{\"http.proxy\": \"http://127.0.0.1:{port}\"}}"),
+    )
+    .unwrap();
+    let out = doctor();
+    let wiring = out
+        .lines()
+        .find(|l| l.contains("wiring:"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(wiring.starts_with("[FAIL]"), "{wiring}");
+    assert!(wiring.contains("Cursor is cut off right now"), "{wiring}");
+    assert!(wiring.contains("service install"), "{wiring}");
+
+    // The system PAC alone: the proxy being down leaves Cursor on DIRECT.
+    std::fs::write(&settings, "{}").unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("system-proxy.json"),
+        r#"{"url":"http://127.0.0.1:1/__cursor-byok/proxy.pac","previous":[]}"#,
+    )
+    .unwrap();
+    let out = doctor();
+    let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
+    assert!(wiring.starts_with("[warn]"), "{wiring}");
+    assert!(wiring.contains("Cursor goes DIRECT"), "{wiring}");
+}

@@ -82,6 +82,7 @@ pub fn run(
     report(
         doctor::check_wiring(
             doctor::cursor_http_proxy(cursor_settings).as_deref(),
+            &crate::setup::cursor::proxy_url(config.listen),
             doctor::system_pac_url(&data_dir).as_deref(),
             listening,
         ),

@@ -155,7 +155,9 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
         }
     }
     println!();
-    println!("The OS now sends Cursor's hosts to {url}'s proxy, DIRECT when it does not answer.");
+    println!(
+        "The OS now reads {url}: Cursor's hosts go to the proxy, DIRECT when it does not answer."
+    );
     println!(
         "In Cursor's settings.json keep \"cursor.general.disableHttp2\": true and remove \
          \"http.proxy\" (it overrides the OS setting and has no fallback); restart Cursor."

@@ -471,10 +471,26 @@ pub fn system_pac_url(data_dir: &Path) -> Option<String> {
 
 /// Which wiring sends Cursor to the proxy, and whether Cursor is cut off right now: its
 /// `http.proxy` has no fallback, the system PAC falls back to DIRECT.
-pub fn check_wiring(http_proxy: Option<&str>, system_pac: Option<&str>, listening: bool) -> Check {
+pub fn check_wiring(
+    http_proxy: Option<&str>,
+    ours: &str,
+    system_pac: Option<&str>,
+    listening: bool,
+) -> Check {
     let subject = "wiring";
     let start = "keep the proxy running: `cursor-byok service install` starts it at login";
+    let same = |p: &str| {
+        p.trim_end_matches('/')
+            .eq_ignore_ascii_case(ours.trim_end_matches('/'))
+    };
     match (http_proxy, system_pac, listening) {
+        // Another proxy (a corporate one): whether it answers is not ours to judge.
+        (Some(p), _, _) if !same(p) => Check::new(
+            Level::Warn,
+            subject,
+            format!("Cursor's http.proxy is {p}, not cursor-byok's {ours}: Cursor does not use it"),
+        )
+        .fix("`cursor-byok setup cursor` (chain your proxy with `[upstream] proxy`)"),
         (Some(p), _, false) => Check::new(
             Level::Fail,
             subject,
@@ -582,8 +598,13 @@ mod tests {
 
     #[test]
     fn wiring_says_when_cursor_is_cut_off() {
-        let p = Some("http://127.0.0.1:8787");
+        let ours = "http://127.0.0.1:8787";
+        let p = Some(ours);
         let pac = Some("http://127.0.0.1:8787/__cursor-byok/proxy.pac");
+        let check_wiring = |p, pac, up| super::check_wiring(p, ours, pac, up);
+        let other = check_wiring(Some("http://proxy.corp:3128"), None, false);
+        assert_eq!(other.level, Level::Warn);
+        assert!(other.detail.contains("not cursor-byok's"), "{other}");
         let cut = check_wiring(p, None, false);
         assert_eq!(cut.level, Level::Fail);
         assert!(cut.detail.contains("cut off right now"), "{cut}");
