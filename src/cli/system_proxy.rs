@@ -57,19 +57,16 @@ fn read_previous(target: Target, echo: bool) -> anyhow::Result<Previous> {
             Previous::MacOs { services: found }
         }
         Target::Gnome => {
-            let reads = pac::read_commands(target, &[]);
-            pac::parse_gnome(&out(&reads[0])?, &out(&reads[1])?)
+            let [mode, url] = pac::gnome_reads();
+            pac::parse_gnome(&out(&mode)?, &out(&url)?)
         }
         Target::Kde => {
-            let reads = pac::read_commands(target, &[]);
+            let [kind, script] = pac::kde_reads();
             // kreadconfig5 prints nothing (and succeeds) for an absent key.
-            pac::parse_kde(&out(&reads[0])?, &out(&reads[1])?)
+            pac::parse_kde(&out(&kind)?, &out(&script)?)
         }
-        Target::Windows => {
-            let reads = pac::read_commands(target, &[]);
-            // `reg query` fails when the value is absent.
-            pac::parse_windows(run_cmd(&reads[0], echo).ok().as_deref())
-        }
+        // `reg query` fails when the value is absent.
+        Target::Windows => pac::parse_windows(run_cmd(&pac::windows_read(), echo).ok().as_deref()),
     })
 }
 

@@ -113,16 +113,28 @@ pub fn read_commands(target: Target, mac_services: &[String]) -> Vec<Cmd> {
             .iter()
             .map(|s| Cmd::new("networksetup", &["-getautoproxyurl", s]))
             .collect(),
-        Target::Gnome => vec![
-            Cmd::new("gsettings", &["get", GNOME_SCHEMA, "mode"]),
-            Cmd::new("gsettings", &["get", GNOME_SCHEMA, "autoconfig-url"]),
-        ],
-        Target::Kde => vec![kde_read("ProxyType"), kde_read("Proxy Config Script")],
-        Target::Windows => vec![Cmd::new(
-            "reg",
-            &["query", WINDOWS_KEY, "/v", "AutoConfigURL"],
-        )],
+        Target::Gnome => gnome_reads().to_vec(),
+        Target::Kde => kde_reads().to_vec(),
+        Target::Windows => vec![windows_read()],
     }
+}
+
+/// GNOME's `mode` and `autoconfig-url`, for [`parse_gnome`].
+pub fn gnome_reads() -> [Cmd; 2] {
+    [
+        Cmd::new("gsettings", &["get", GNOME_SCHEMA, "mode"]),
+        Cmd::new("gsettings", &["get", GNOME_SCHEMA, "autoconfig-url"]),
+    ]
+}
+
+/// KDE's `ProxyType` and `Proxy Config Script`, for [`parse_kde`].
+pub fn kde_reads() -> [Cmd; 2] {
+    [kde_read("ProxyType"), kde_read("Proxy Config Script")]
+}
+
+/// Windows' `AutoConfigURL`, for [`parse_windows`].
+pub fn windows_read() -> Cmd {
+    Cmd::new("reg", &["query", WINDOWS_KEY, "/v", "AutoConfigURL"])
 }
 
 fn kde_read(key: &str) -> Cmd {
