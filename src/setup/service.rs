@@ -145,7 +145,6 @@ pub fn systemd_unit(spec: &Spec) -> String {
     format!(
         "[Unit]\n\
          Description=cursor-byok: Cursor's Agent on your own model provider\n\
-         After=network-online.target\n\
          \n\
          [Service]\n\
          Type=simple\n\
