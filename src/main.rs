@@ -6,7 +6,10 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cursor_byok::cli::Args::parse();
-    cursor_byok::cli::init_tracing(args.verbose);
+    if let Err(e) = cursor_byok::cli::init_logging(&args) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     match cursor_byok::cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

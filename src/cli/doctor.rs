@@ -68,6 +68,7 @@ pub fn run(
         };
         (listener, providers)
     });
+    let listening = listener.first().is_some_and(|c| c.level == Level::Ok);
     for c in listener {
         report(c, &mut checks);
     }
@@ -76,6 +77,15 @@ pub fn run(
     }
     report(
         doctor::check_cursor_settings(cursor_settings, config.listen),
+        &mut checks,
+    );
+    report(
+        doctor::check_wiring(
+            doctor::cursor_http_proxy(cursor_settings).as_deref(),
+            &crate::setup::cursor::proxy_url(config.listen),
+            doctor::system_pac_url(&data_dir).as_deref(),
+            listening,
+        ),
         &mut checks,
     );
     if let Some(ca) = &ca {

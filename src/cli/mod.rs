@@ -1,10 +1,14 @@
 //! Command-line interface: `run` (the default), `ca` (+ `trust`, `export`, `untrust`),
-//! `check-config`, `setup cursor`, `doctor`, `models`, `usage`.
+//! `check-config`, `setup cursor`, `setup system-proxy`, `service`, `doctor`, `models`, `usage`,
+//! `status`.
 
 mod ca;
 mod doctor;
 mod models;
+mod service;
 mod setup;
+mod status;
+mod system_proxy;
 mod usage;
 
 use std::ffi::OsStr;
@@ -24,7 +28,8 @@ use crate::config::Config;
 )]
 pub struct Args {
     /// Config file (TOML). Without it, an embedded default is used: loopback listener, models
-    /// from OPENAI_API_KEY / ANTHROPIC_API_KEY.
+    /// from OPENAI_API_KEY / ANTHROPIC_API_KEY / GEMINI_API_KEY / OPENROUTER_API_KEY /
+    /// DEEPSEEK_API_KEY.
     #[arg(long, short, global = true, env = "CURSOR_BYOK_CONFIG")]
     pub config: Option<PathBuf>,
     /// Data directory (CA, caches); overrides the config's `data_dir`.
@@ -52,6 +57,13 @@ pub struct RunArgs {
     /// own debugging: do not share such a capture.
     #[arg(long, requires = "capture")]
     pub include_content: bool,
+    /// Read NAME=value lines into the environment first (the API keys of `service install`);
+    /// variables already set win.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
+    /// Log to FILE (rotated at 4 MiB to FILE.1, no colour) instead of standard error.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,7 +77,7 @@ pub enum Command {
     },
     /// Validate a config file (default: the one given with --config).
     CheckConfig { file: Option<PathBuf> },
-    /// Wire an application to the proxy (`setup cursor`).
+    /// Wire an application to the proxy (`setup cursor`), or the OS (`setup system-proxy`).
     Setup {
         #[command(subcommand)]
         target: setup::SetupTarget,
@@ -84,17 +96,57 @@ pub enum Command {
     /// Runs, tokens in/out, cache-read share and cost per model, from the usage record in the
     /// data directory (every finished run since it was started, across restarts).
     Usage,
+    /// Run the proxy as a per-user service that starts at login (`install`, `uninstall`,
+    /// `status`, `logs`).
+    Service {
+        #[command(subcommand)]
+        action: service::ServiceAction,
+    },
+    /// What the status page shows: whether the proxy runs, active runs, today's cost per model,
+    /// the last errors.
+    Status {
+        /// One JSON object, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// `RUST_LOG`-style filtering; the default shows our info lines and others' warnings.
-pub fn init_tracing(verbose: u8) {
+/// Logging for these arguments: to the rotated `--log-file` of `run` (no colour), else to
+/// standard error. `Err` when the log file cannot be opened.
+pub fn init_logging(args: &Args) -> anyhow::Result<()> {
+    let file = match &args.command {
+        Some(Command::Run(RunArgs {
+            log_file: Some(path),
+            ..
+        })) => path,
+        _ => {
+            init_tracing(args.verbose);
+            return Ok(());
+        }
+    };
+    let log = crate::setup::logfile::RotatingLog::open(file, crate::setup::service::MAX_LOG_BYTES)
+        .with_context(|| format!("cannot open the log file {}", file.display()))?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter(args.verbose))
+        .with_writer(log)
+        .with_ansi(false)
+        .try_init();
+    Ok(())
+}
+
+fn filter(verbose: u8) -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "cursor_byok=info,warn",
         1 => "cursor_byok=debug,info",
         _ => "cursor_byok=trace,debug",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
+}
+
+/// `RUST_LOG`-style filtering; the default shows our info lines and others' warnings.
+pub fn init_tracing(verbose: u8) {
+    let filter = filter(verbose);
     let colour = colour_logs(
         std::env::var_os("NO_COLOR").as_deref(),
         std::io::stderr().is_terminal(),
@@ -140,7 +192,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
         Some(Command::Setup { target }) => {
             let config = load_config(&args)?;
-            setup::run(target, &config)
+            setup::run(target, &config, &data_dir(&args, &config))
+        }
+        Some(Command::Service { action }) => {
+            let config = load_config(&args)?;
+            service::run(&args, &config, action)
+        }
+        Some(Command::Status { json }) => {
+            let config = load_config(&args)?;
+            status::run(&config, &data_dir(&args, &config), json)
         }
         Some(Command::Doctor {
             cursor_settings,
@@ -156,9 +216,18 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             usage::run(&data_dir(&args, &config))
         }
         Some(Command::Run(run)) => {
-            let config = load_config(&args)?;
-            let dir = data_dir(&args, &config);
-            run_proxy(config, dir, &run)
+            if let Some(path) = &run.env_file {
+                load_env_file(path)?;
+            }
+            let result = load_config(&args).and_then(|config| {
+                let dir = data_dir(&args, &config);
+                run_proxy(config, dir, &run)
+            });
+            // Under a service the log file is where the user looks, not standard error.
+            if let (Err(e), Some(_)) = (&result, &run.log_file) {
+                tracing::error!("cursor-byok stopped: {e:#}");
+            }
+            result
         }
         None => {
             let config = load_config(&args)?;
@@ -166,6 +235,21 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             run_proxy(config, dir, &RunArgs::default())
         }
     }
+}
+
+/// Set the variables of an env file that are not set already. Called before the runtime
+/// starts, while this is the only thread, so changing the environment is sound.
+fn load_env_file(path: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the env file {}", path.display()))?;
+    let vars = crate::setup::service::parse_env_file(&text)
+        .map_err(|e| anyhow::anyhow!("the env file {}: {e}", path.display()))?;
+    for (k, v) in vars {
+        if std::env::var_os(&k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
+    Ok(())
 }
 
 fn load_config(args: &Args) -> anyhow::Result<Config> {
@@ -201,6 +285,7 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let log_to_file = run.log_file.is_some();
     runtime.block_on(async move {
         let (ca, _) = crate::tls::CertificateAuthority::load_or_create(&data_dir)?;
         let fingerprint = ca.fingerprint();
@@ -215,16 +300,24 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
             None,
             server.proxy_addr(),
         ));
-        eprintln!(
-            "{}",
-            banner(
-                &config,
-                server.proxy_addr(),
-                &fingerprint,
-                &cert_path,
-                &warnings
-            )
+        // The copy the OS can read when the proxy is down (`setup system-proxy --file-url`).
+        if let Err(e) =
+            crate::setup::pac::write_file(&data_dir, server.proxy_addr(), &config.intercept)
+        {
+            tracing::warn!(dir = %data_dir.display(), "cannot write the PAC script: {e}");
+        }
+        let banner = banner(
+            &config,
+            server.proxy_addr(),
+            &fingerprint,
+            &cert_path,
+            &warnings,
         );
+        if log_to_file {
+            tracing::info!("{banner}");
+        } else {
+            eprintln!("{banner}");
+        }
         server.run_until_signal().await?;
         Ok(())
     })
@@ -258,11 +351,16 @@ fn banner(
     }
     let _ = writeln!(b, "  CA: {} (SHA-256 {fingerprint})", cert.display());
     for m in &config.models {
-        let usable = config
-            .providers
-            .get(&m.provider)
-            .is_some_and(|p| p.resolve_api_key().is_some());
-        let note = if usable { "" } else { "  [hidden: no API key]" };
+        let provider = config.providers.get(&m.provider);
+        let usable = provider.is_some_and(|p| p.resolve_api_key().is_some());
+        // Names the variable, never its value: the user sees which key to set.
+        let var = provider.and_then(|p| p.api_key_env.as_deref());
+        let note = match (usable, var) {
+            (true, Some(var)) => format!("  [${var} set]"),
+            (true, None) => String::new(),
+            (false, Some(var)) => format!("  [hidden: ${var} not set]"),
+            (false, None) => "  [hidden: no API key]".to_string(),
+        };
         let _ = writeln!(
             b,
             "  model: {} -> {}/{} ({}){note}",

@@ -1,4 +1,5 @@
-//! `cursor-byok setup cursor`: wire Cursor's `settings.json` to the proxy, or `--undo` it.
+//! `cursor-byok setup cursor`: wire Cursor's `settings.json` to the proxy, or `--undo` it;
+//! `setup system-proxy` (in `system_proxy`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,10 @@ pub enum SetupTarget {
     /// cursor.general.disableHttp2 (and keeps certificate checks on) in its user settings.json,
     /// keeping comments and formatting; a timestamped backup is written first.
     Cursor(CursorArgs),
+    /// Point the OS's automatic proxy configuration at a PAC script that sends only Cursor's
+    /// hosts to the proxy, DIRECT when it is not running (macOS networksetup, GNOME/KDE,
+    /// Windows Internet Settings); prints each command first.
+    SystemProxy(super::system_proxy::SystemProxyArgs),
 }
 
 #[derive(Debug, ClapArgs)]
@@ -29,8 +34,11 @@ pub struct CursorArgs {
     pub dry_run: bool,
 }
 
-pub fn run(target: SetupTarget, config: &Config) -> anyhow::Result<()> {
-    let SetupTarget::Cursor(args) = target;
+pub fn run(target: SetupTarget, config: &Config, data_dir: &Path) -> anyhow::Result<()> {
+    let args = match target {
+        SetupTarget::Cursor(args) => args,
+        SetupTarget::SystemProxy(args) => return super::system_proxy::run(args, config, data_dir),
+    };
     let path = match args.settings {
         Some(p) => p,
         None => cursor::default_settings_path().map_err(|e| {

@@ -46,7 +46,7 @@ pub fn run(data_dir: &Path) -> anyhow::Result<()> {
 }
 
 /// `2026-12-02 00:47` from Unix milliseconds (civil-from-days, no time-zone crate needed).
-fn utc(unix_ms: u64) -> String {
+pub(super) fn utc(unix_ms: u64) -> String {
     let secs = unix_ms / 1000;
     let days = (secs / 86_400) as i64;
     let (h, m) = ((secs % 86_400) / 3600, (secs % 3600) / 60);

@@ -16,6 +16,20 @@ api_key_env = "OPENAI_API_KEY"
 kind = "anthropic"
 api_key_env = "ANTHROPIC_API_KEY"
 
+[providers.gemini]
+kind = "gemini"
+api_key_env = "GEMINI_API_KEY"
+
+[providers.openrouter]
+kind = "openai-chat"
+base_url = "https://openrouter.ai/api/v1"
+api_key_env = "OPENROUTER_API_KEY"
+
+[providers.deepseek]
+kind = "openai-chat"
+base_url = "https://api.deepseek.com/v1"
+api_key_env = "DEEPSEEK_API_KEY"
+
 [[models]]
 id = "gpt-5.1"
 display_name = "GPT-5.1 (BYOK)"
@@ -33,6 +47,32 @@ model = "claude-sonnet-4-5"
 context_window = 200000
 max_output_tokens = 32000
 thinking_budget = 4000
+
+[[models]]
+id = "gemini-2.5-pro"
+display_name = "Gemini 2.5 Pro (BYOK)"
+provider = "gemini"
+model = "gemini-2.5-pro"
+context_window = 1048576
+max_output_tokens = 65536
+thinking_budget = 8000
+
+[[models]]
+id = "openrouter-claude-sonnet-4.5"
+display_name = "Claude Sonnet 4.5 via OpenRouter (BYOK)"
+provider = "openrouter"
+model = "anthropic/claude-sonnet-4.5"
+context_window = 200000
+max_output_tokens = 32000
+
+[[models]]
+id = "deepseek-chat"
+display_name = "DeepSeek Chat (BYOK)"
+provider = "deepseek"
+model = "deepseek-chat"
+context_window = 128000
+max_output_tokens = 8000
+supports_images = false
 "#;
 
 /// The OS data directory for this app (`~/.local/share/cursor-byok`, `~/Library/Application

@@ -5,7 +5,26 @@ fn embedded_default_is_valid() {
     let c = Config::embedded_default();
     assert!(c.listen.ip().is_loopback());
     assert_eq!(c.intercept, vec!["*.cursor.sh"]);
-    assert_eq!(c.models.len(), 2);
+    // A model for each key a user may already have set, each on its own provider.
+    let keys: Vec<(&str, &str)> = c
+        .models
+        .iter()
+        .map(|m| {
+            let p = &c.providers[&m.provider];
+            (m.provider.as_str(), p.api_key_env.as_deref().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("openai", "OPENAI_API_KEY"),
+            ("anthropic", "ANTHROPIC_API_KEY"),
+            ("gemini", "GEMINI_API_KEY"),
+            ("openrouter", "OPENROUTER_API_KEY"),
+            ("deepseek", "DEEPSEEK_API_KEY"),
+        ]
+    );
+    assert_eq!(c.providers["gemini"].kind, ProviderKind::Gemini);
 }
 
 #[test]

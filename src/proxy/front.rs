@@ -83,7 +83,9 @@ async fn handle(
 /// The status page, for loopback clients; with `proxy_auth` set, the same credentials are
 /// asked for (as `Authorization: Basic`, which browsers prompt for).
 fn own_page(state: &State, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
-    if let Some(check) = &state.auth {
+    // The PAC script holds no secret, and the OS fetches it without credentials.
+    let pac = req.uri().path() == crate::status::pac::PAC_PATH;
+    if let Some(check) = state.auth.as_ref().filter(|_| !pac) {
         if !check.allows(req.headers()) && !check.allows_origin(req.headers()) {
             return auth::origin_required();
         }

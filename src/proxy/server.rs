@@ -93,6 +93,7 @@ impl ServerBuilder {
         let upstream = Upstream::with_splice(&config.upstream, own, shutdown.hard_token(), splice)?;
         let status = self.status.unwrap_or_default();
         status.record_usage_in(&config.data_dir());
+        status.serve_pac(crate::status::pac::script(proxy_addr, &config.intercept));
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,

@@ -201,8 +201,10 @@ pub async fn check_listener(config: &Config) -> (Check, Option<StatusSnapshot>) 
         },
         Ok(resp) => other_program(subject, &base).detail_suffix(&format!("HTTP {}", resp.status())),
         Err(e) if e.is_connect() => {
-            Check::new(Level::Fail, subject, format!("nothing answers on {base}"))
-                .fix("start the proxy (`cursor-byok`, with the same --config) and leave it running")
+            Check::new(Level::Fail, subject, format!("nothing answers on {base}")).fix(
+                "start the proxy: `cursor-byok service install` (starts it at login), or run \
+                     `cursor-byok` with the same --config",
+            )
         }
         Err(e) => Check::new(
             Level::Fail,
@@ -470,6 +472,92 @@ fn remote_route(text: &str) -> Option<serde_json::Value> {
         .cloned()
 }
 
+/// The `http.proxy` in Cursor's settings (`path`, or the per-OS default), when one is set.
+pub fn cursor_http_proxy(path: Option<&Path>) -> Option<String> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => cursor::default_settings_path().ok()?,
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    let doc = super::jsonc::Document::parse(&text).ok()?;
+    doc.get("http.proxy")
+        .and_then(|v| v.as_str())
+        .filter(|v| !v.trim().is_empty())
+        .map(str::to_string)
+}
+
+/// The URL `setup system-proxy` pointed the OS at, when it did (from the values it saved in
+/// `data_dir`).
+pub fn system_pac_url(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join(super::pac::SAVED_FILE)).ok()?;
+    serde_json::from_str::<super::pac::Saved>(&text)
+        .ok()
+        .map(|s| s.url)
+}
+
+/// Which wiring sends Cursor to the proxy, and whether Cursor is cut off right now: its
+/// `http.proxy` has no fallback, the system PAC falls back to DIRECT.
+pub fn check_wiring(
+    http_proxy: Option<&str>,
+    ours: &str,
+    system_pac: Option<&str>,
+    listening: bool,
+) -> Check {
+    let subject = "wiring";
+    let start = "keep the proxy running: `cursor-byok service install` starts it at login";
+    let same = |p: &str| {
+        p.trim_end_matches('/')
+            .eq_ignore_ascii_case(ours.trim_end_matches('/'))
+    };
+    match (http_proxy, system_pac, listening) {
+        // Another proxy (a corporate one): whether it answers is not ours to judge.
+        (Some(p), _, _) if !same(p) => Check::new(
+            Level::Warn,
+            subject,
+            format!("Cursor's http.proxy is {p}, not cursor-byok's {ours}: Cursor does not use it"),
+        )
+        .fix("`cursor-byok setup cursor` (chain your proxy with `[upstream] proxy`)"),
+        (Some(p), _, false) => Check::new(
+            Level::Fail,
+            subject,
+            format!(
+                "Cursor is cut off right now: its http.proxy is {p} and nothing answers there, so                  chats, Tab and login fail"
+            ),
+        )
+        .fix(format!(
+            "{start}; or `cursor-byok setup system-proxy` (DIRECT when the proxy is down) and              remove http.proxy (`cursor-byok setup cursor --undo`)"
+        )),
+        (Some(p), pac, true) => Check::new(
+            Level::Ok,
+            subject,
+            format!(
+                "Cursor settings http.proxy = {p}{} (no fallback: Cursor is cut off whenever the                  proxy stops)",
+                pac.map(|u| format!("; the system PAC {u} is also set but http.proxy wins"))
+                    .unwrap_or_default()
+            ),
+        ),
+        (None, Some(u), true) => Check::new(
+            Level::Ok,
+            subject,
+            format!("system PAC {u}: Cursor's hosts go through the proxy, DIRECT when it is down"),
+        ),
+        (None, Some(u), false) => Check::new(
+            Level::Warn,
+            subject,
+            format!(
+                "system PAC {u} with the proxy down: Cursor goes DIRECT and keeps working,                  without your models"
+            ),
+        )
+        .fix(start),
+        (None, None, _) => Check::new(
+            Level::Fail,
+            subject,
+            "Cursor is not pointed at the proxy (no http.proxy, no system PAC)",
+        )
+        .fix("`cursor-byok setup cursor`, or `cursor-byok setup system-proxy` (see the README)"),
+    }
+}
+
 /// Whether the OS (and on Linux the NSS database) trusts the CA, where that can be checked.
 pub fn check_trust(ca: &CertificateAuthority) -> Vec<Check> {
     let files = CaFiles::of(ca);
@@ -532,6 +620,31 @@ mod tests {
         );
         let c = Check::new(Level::Ok, "CA", "fine");
         assert_eq!(c.to_string(), "[ok]   CA: fine");
+    }
+
+    #[test]
+    fn wiring_says_when_cursor_is_cut_off() {
+        let ours = "http://127.0.0.1:8787";
+        let p = Some(ours);
+        let pac = Some("http://127.0.0.1:8787/__cursor-byok/proxy.pac");
+        let check_wiring = |p, pac, up| super::check_wiring(p, ours, pac, up);
+        let other = check_wiring(Some("http://proxy.corp:3128"), None, false);
+        assert_eq!(other.level, Level::Warn);
+        assert!(other.detail.contains("not cursor-byok's"), "{other}");
+        let cut = check_wiring(p, None, false);
+        assert_eq!(cut.level, Level::Fail);
+        assert!(cut.detail.contains("cut off right now"), "{cut}");
+        assert!(cut.to_string().contains("service install"), "{cut}");
+        assert_eq!(check_wiring(p, None, true).level, Level::Ok);
+        // http.proxy wins over the system setting, so the PAC's fallback does not help.
+        assert_eq!(check_wiring(p, pac, false).level, Level::Fail);
+        let both = check_wiring(p, pac, true);
+        assert!(both.detail.contains("http.proxy wins"), "{both}");
+        assert_eq!(check_wiring(None, pac, true).level, Level::Ok);
+        let down = check_wiring(None, pac, false);
+        assert_eq!(down.level, Level::Warn);
+        assert!(down.detail.contains("DIRECT"), "{down}");
+        assert_eq!(check_wiring(None, None, true).level, Level::Fail);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! assert_eq!(status.snapshot().totals.finished, 1);
 //! ```
 
+pub mod pac;
 mod page;
 mod unknown;
 pub mod usage;
@@ -94,6 +95,8 @@ struct Inner {
     capture: Option<crate::capture::Capture>,
     /// Where finished runs are persisted, once the server set it.
     usage_log: OnceLock<usage::UsageLog>,
+    /// The PAC script served at [`pac::PAC_PATH`], once the server knows its address.
+    pac: OnceLock<String>,
 }
 
 impl Inner {
@@ -342,6 +345,7 @@ impl Status {
                 state: Mutex::new(State::default()),
                 capture,
                 usage_log: OnceLock::new(),
+                pac: OnceLock::new(),
             }),
         }
     }
@@ -354,6 +358,16 @@ impl Status {
     /// Persist every finished run from now on to `usage.jsonl` in `dir` (the first call wins).
     pub fn record_usage_in(&self, dir: &std::path::Path) {
         let _ = self.inner.usage_log.set(usage::UsageLog::new(dir));
+    }
+
+    /// Serve `script` at [`pac::PAC_PATH`] from now on (the first call wins).
+    pub fn serve_pac(&self, script: String) {
+        let _ = self.inner.pac.set(script);
+    }
+
+    /// The PAC script, once the server set it.
+    pub fn pac(&self) -> Option<&str> {
+        self.inner.pac.get().map(String::as_str)
     }
 
     /// Register a run; keep the ticket for its whole life.

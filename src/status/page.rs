@@ -59,6 +59,13 @@ pub fn respond(
     match path {
         PAGE_PATH | "/__cursor-byok/" => page(status),
         SNAPSHOT_PATH => snapshot(status),
+        super::pac::PAC_PATH => match status.pac() {
+            Some(script) => pac(script),
+            None => text(
+                StatusCode::NOT_FOUND,
+                "cursor-byok: no PAC script on this listener",
+            ),
+        },
         _ => text(
             StatusCode::NOT_FOUND,
             "cursor-byok: unknown path; the status page is /__cursor-byok/status",
@@ -105,6 +112,17 @@ fn snapshot(status: &Status) -> Response<Body> {
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
+    );
+    common_headers(h);
+    resp
+}
+
+fn pac(script: &str) -> Response<Body> {
+    let mut resp = Response::new(full(script.to_string()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::pac::PAC_CONTENT_TYPE),
     );
     common_headers(h);
     resp

@@ -1,0 +1,200 @@
+//! `cursor-byok setup system-proxy [--dry-run] [--undo] [--file-url]`: the OS's automatic proxy
+//! configuration pointed at the PAC script, so Cursor goes DIRECT whenever the proxy is down.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use clap::Args as ClapArgs;
+
+use super::service::run_cmd;
+use crate::config::Config;
+use crate::setup::pac::{self, Cmd, Previous, Saved, Target};
+
+#[derive(Debug, ClapArgs)]
+pub struct SystemProxyArgs {
+    /// Put back the values `setup system-proxy` found.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub undo: bool,
+    /// Print the commands (reading the current values only) without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Point the OS at the copy in the data directory (`file://`) instead of the proxy's own
+    /// URL; only some OS proxy stacks accept file URLs.
+    #[arg(long)]
+    pub file_url: bool,
+}
+
+/// The proxy settings this machine has that we know how to set.
+fn targets() -> Vec<Target> {
+    if cfg!(target_os = "macos") {
+        return vec![Target::MacOs];
+    }
+    if cfg!(windows) {
+        return vec![Target::Windows];
+    }
+    let mut found = Vec::new();
+    let gnome = Cmd::new("gsettings", &["list-keys", "org.gnome.system.proxy"]);
+    if run_cmd(&gnome, false).is_ok() {
+        found.push(Target::Gnome);
+    }
+    let kde = Cmd::new("kwriteconfig5", &["--help"]);
+    if run_cmd(&kde, false).is_ok() {
+        found.push(Target::Kde);
+    }
+    found
+}
+
+fn read_previous(target: Target, echo: bool) -> anyhow::Result<Previous> {
+    let out = |c: &Cmd| run_cmd(c, echo).map_err(|e| anyhow::anyhow!(e));
+    Ok(match target {
+        Target::MacOs => {
+            let services = pac::parse_mac_services(&out(&pac::mac_list_services())?);
+            let reads = pac::read_commands(target, &services);
+            let mut found = Vec::new();
+            for (name, c) in services.iter().zip(&reads) {
+                found.push(pac::parse_mac_autoproxy(name, &out(c)?));
+            }
+            Previous::MacOs { services: found }
+        }
+        Target::Gnome => {
+            let [mode, url] = pac::gnome_reads();
+            pac::parse_gnome(&out(&mode)?, &out(&url)?)
+        }
+        Target::Kde => {
+            let [kind, script] = pac::kde_reads();
+            // kreadconfig5 prints nothing (and succeeds) for an absent key.
+            pac::parse_kde(&out(&kind)?, &out(&script)?)
+        }
+        // `reg query` fails when the value is absent.
+        Target::Windows => pac::parse_windows(run_cmd(&pac::windows_read(), echo).ok().as_deref()),
+    })
+}
+
+pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::Result<()> {
+    let saved_path = data_dir.join(pac::SAVED_FILE);
+    if args.undo {
+        return undo(&saved_path);
+    }
+    if let Ok(text) = std::fs::read_to_string(&saved_path) {
+        let saved: Saved = serde_json::from_str(&text)
+            .with_context(|| format!("{} does not parse", saved_path.display()))?;
+        println!(
+            "The system proxy already points at {} (the previous values are in {}); \
+             `cursor-byok setup system-proxy --undo` restores them.",
+            saved.url,
+            saved_path.display()
+        );
+        return Ok(());
+    }
+    let targets = targets();
+    if targets.is_empty() {
+        bail!(
+            "no automatic proxy setting found to change here (neither gsettings with \
+             org.gnome.system.proxy nor kwriteconfig5); use `cursor-byok setup cursor` instead, \
+             or point your desktop's proxy settings at {} yourself",
+            pac::served_url(config.listen)
+        );
+    }
+    let file = data_dir.join(crate::status::pac::PAC_FILE);
+    let url = if args.file_url {
+        pac::file_url(&std::path::absolute(&file).unwrap_or(file.clone()))
+    } else {
+        pac::served_url(config.listen)
+    };
+    println!("Reading the current values:");
+    let mut previous = Vec::new();
+    for t in &targets {
+        previous.push(read_previous(*t, true)?);
+    }
+    let commands: Vec<Cmd> = previous
+        .iter()
+        .flat_map(|p| pac::apply_commands(p, &url))
+        .collect();
+    if args.dry_run {
+        println!();
+        println!("Would write the PAC script to {}", file.display());
+        println!("Would save the values above to {}", saved_path.display());
+        println!("Would run:");
+        for c in &commands {
+            println!("$ {c}");
+        }
+        println!("`--undo` would then run:");
+        for p in &previous {
+            for c in pac::undo_commands(p) {
+                println!("$ {c}");
+            }
+        }
+        println!("(dry run: nothing was changed)");
+        return Ok(());
+    }
+    let written = pac::write_file(data_dir, config.listen, &config.intercept)
+        .with_context(|| format!("cannot write the PAC script to {}", file.display()))?;
+    println!("PAC script: {}", written.display());
+    let saved = Saved {
+        url: url.clone(),
+        previous,
+    };
+    std::fs::write(
+        &saved_path,
+        serde_json::to_string_pretty(&saved).context("cannot encode the saved values")?,
+    )
+    .with_context(|| {
+        format!(
+            "cannot save the previous values to {}",
+            saved_path.display()
+        )
+    })?;
+    println!("Saved the previous values to {}", saved_path.display());
+    println!("Applying:");
+    for c in &commands {
+        if let Err(e) = run_cmd(c, true) {
+            bail!("{e}\n`cursor-byok setup system-proxy --undo` puts back what was changed");
+        }
+    }
+    println!();
+    println!(
+        "The OS now reads {url}: Cursor's hosts go to the proxy, DIRECT when it does not answer."
+    );
+    println!(
+        "In Cursor's settings.json keep \"cursor.general.disableHttp2\": true and remove \
+         \"http.proxy\" (it overrides the OS setting and has no fallback); restart Cursor."
+    );
+    println!("Undo: `cursor-byok setup system-proxy --undo`.");
+    Ok(())
+}
+
+fn undo(saved_path: &Path) -> anyhow::Result<()> {
+    let text = match std::fs::read_to_string(saved_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!(
+                "Nothing to undo: {} is absent (setup system-proxy was not applied from this \
+                 data directory).",
+                saved_path.display()
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e).context(format!("cannot read {}", saved_path.display())),
+    };
+    let saved: Saved = serde_json::from_str(&text)
+        .with_context(|| format!("{} does not parse", saved_path.display()))?;
+    let mut failed = Vec::new();
+    for p in &saved.previous {
+        for c in pac::undo_commands(p) {
+            if let Err(e) = run_cmd(&c, true) {
+                failed.push(e);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{}; the saved values stay in {} for another try",
+            failed.join("; "),
+            saved_path.display()
+        );
+    }
+    std::fs::remove_file(saved_path)
+        .with_context(|| format!("cannot remove {}", saved_path.display()))?;
+    println!("Restored the automatic proxy settings as they were. Restart Cursor.");
+    Ok(())
+}
