@@ -1,4 +1,4 @@
-//! Long conversations and busy days (issue 17 §2), through the real proxy (CONNECT door, HTTP/2
+//! Long conversations and busy days, through the real proxy (CONNECT door, HTTP/2
 //! `Run`, in process) against a fake provider:
 //!
 //! - **turn start**: from sending the run request to the run's `step_started` (sent just before

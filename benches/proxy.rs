@@ -1,4 +1,4 @@
-//! Side-by-side proxy benchmarks on loopback (issue 10).
+//! Side-by-side proxy benchmarks on loopback.
 //!
 //! Run (pinned to one CPU so ratios from the same run are stable):
 //!

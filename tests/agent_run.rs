@@ -1009,7 +1009,7 @@ async fn a_conversation_stays_on_the_target_that_served_it() {
 
 /// Content given by blob id — the user's text, an extra-context entry, an image, and the
 /// request context parts (rules, MCP definitions) — is fetched from the client's KV and
-/// reaches the provider as if it had come inline (issue 20).
+/// reaches the provider as if it had come inline.
 #[tokio::test]
 async fn blob_referenced_context_is_fetched_through_the_clients_kv() {
     use prost::Message as _;
@@ -1131,7 +1131,7 @@ fn check_blob_request(provider: &FakeProvider) {
 
 /// The system prompt is byte-identical across the turns of a conversation when its inputs are
 /// the same, and the second turn's request starts with the first turn's messages, so provider
-/// prompt caches keep hitting (issue 20 §3).
+/// prompt caches keep hitting.
 #[tokio::test]
 async fn the_prompt_is_a_stable_prefix_across_turns() {
     let provider = FakeProvider::start(vec![
@@ -1879,7 +1879,7 @@ async fn steering_after_the_last_model_call_is_queued_for_the_next_turn() {
     );
 }
 
-/// "Move to background" on a running command (issue 22): the run asks the client with
+/// "Move to background" on a running command: the run asks the client with
 /// `force_background_shell_args` for that call, and the call ends moved to the background.
 #[tokio::test]
 async fn move_to_background_asks_the_client_and_the_call_ends_backgrounded() {
@@ -1936,7 +1936,7 @@ async fn move_to_background_asks_the_client_and_the_call_ends_backgrounded() {
     assert_eq!(t.result.unwrap().is_background, Some(true));
 }
 
-/// A background task's completion during a turn (issue 22) joins the next model call, and the
+/// A background task's completion during a turn joins the next model call, and the
 /// stored turn keeps it for the turns after.
 #[tokio::test]
 async fn a_completion_mid_turn_reaches_the_next_model_call_and_the_stored_turn() {
@@ -1982,7 +1982,7 @@ async fn a_completion_mid_turn_reaches_the_next_model_call_and_the_stored_turn()
     assert!(request_text(&provider, 2).contains(note));
 }
 
-/// A completion that arrives with no turn running starts one (issue 22): the model is told.
+/// A completion that arrives with no turn running starts one: the model is told.
 #[tokio::test]
 async fn a_completion_between_turns_starts_a_turn_that_tells_the_model() {
     let (provider, agent, _ws, mut client) =

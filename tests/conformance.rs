@@ -1,4 +1,4 @@
-//! Conformance: Cursor's own client drives the proxy (issue 7).
+//! Conformance: Cursor's own client drives the proxy.
 //!
 //! Cursor's published TypeScript SDK (`@cursor/sdk`, installed from npm into
 //! `tests/conformance/node_modules` with a pinned lockfile) runs agent turns against the proxy's
@@ -880,7 +880,7 @@ async fn wait_tool_result(provider: &FakeProvider, n: usize, id: &str) -> String
     }
 }
 
-/// Background shells (issue 22): a command started with `is_background` returns at once with
+/// Background shells: a command started with `is_background` returns at once with
 /// its shell id, pid and output file; the turn goes on, `write_shell_stdin` answers the
 /// command's prompt, and a later `read_file` of that file (the path the proxy told the model)
 /// finds what the command printed after it returned.
@@ -958,7 +958,7 @@ async fn a_background_shell_runs_on_and_its_output_file_is_read_later() {
     .await;
 }
 
-/// Long commands (issue 22): a foreground command still running at the block time
+/// Long commands: a foreground command still running at the block time
 /// (`agent.shell_block_secs`) moves to the background instead of being killed, the tool call
 /// ends saying so, and the turn finishes; a hard `timeout` the model asks for still kills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1265,7 +1265,7 @@ async fn long_shell_command() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What the model is told (issue 20). The transport is orthogonal to these, so they run on the
+// What the model is told. The transport is orthogonal to these, so they run on the
 // plain HTTP door only.
 
 /// Runs `scenario` on the HTTP door, or skips like the others without the SDK.
@@ -1608,7 +1608,7 @@ async fn subagent_task() {
     .await;
 }
 
-/// 13. A background subagent (issue 22): `task` with `run_in_background` returns at once and
+/// 13. A background subagent: `task` with `run_in_background` returns at once and
 /// the parent's turn ends; the SDK then reports the subagent's end to the agent as a run of its
 /// own (`background_task_completion_action`). Over HTTP/1.1 that run reuses the parent run's
 /// request id (RunSSE first, then append 0); it must reach the agent like any run.
@@ -1661,7 +1661,7 @@ async fn a_background_subagents_completion_reaches_the_agent() {
     .await;
 }
 
-/// 14. Waiting for a background subagent (issue 22): the parent starts it in the background,
+/// 14. Waiting for a background subagent: the parent starts it in the background,
 /// then waits for it with `await_subagent` (exec `subagent_await_args`), and the SDK's typed
 /// answer is the wait's result. SDK 1.0.32 cancels a background child as soon as the exec that
 /// started it ends (the child's context derives from the exec's, which its exec framework

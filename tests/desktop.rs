@@ -709,6 +709,136 @@ mod subagents {
     }
 }
 
+/// The parent headers as the desktop sends them, through the proxy over RunSSE + BidiAppend:
+/// on different requests of the child, and after the child started.
+mod parent_headers {
+    use std::time::Duration;
+
+    use super::common::agent_client::{
+        cancel, play, play_until, run_request, Bidi, ServerStream, Sink, Store,
+    };
+    use super::common::fake_provider::{text_sse, tool_sse, After, Reply};
+    use super::shared::{self, OURS};
+    use cursor_byok::connect::Code;
+    use cursor_byok::proto::agent::v1 as pb;
+    use pb::agent_server_message::Message as Server;
+
+    const CALL: &str =
+        r#"{"description":"look around","prompt":"Find it.","subagent_type":"explore"}"#;
+    /// The child's prompt as the client words it: not the call's, so only the headers can say
+    /// whose child it is.
+    const CHILD_PROMPT: &str = "Please look for it in the repository.";
+
+    fn subagent_args(m: &pb::AgentServerMessage) -> Option<pb::SubagentArgs> {
+        match &m.message {
+            Some(Server::ExecServerMessage(pb::ExecServerMessage {
+                message: Some(pb::exec_server_message::Message::SubagentArgs(a)),
+                ..
+            })) => Some(a.clone()),
+            _ => None,
+        }
+    }
+
+    /// A parent run over RunSSE, read until it sends its `subagent_args`; its reader stays open
+    /// while the stream is held.
+    async fn parent_until_call(parent: &Bidi) -> (pb::SubagentArgs, ServerStream) {
+        parent
+            .send(&run_request(OURS, "conv-parent", "delegate", true))
+            .await;
+        let mut sse = parent.open_sse().await;
+        let t = tokio::time::timeout(
+            Duration::from_secs(20),
+            play_until(&mut sse, Sink::Bidi(parent), &Store::default(), |m| {
+                subagent_args(m).is_some()
+            }),
+        )
+        .await
+        .expect("the parent calls its subagent");
+        let a = t.messages.iter().find_map(subagent_args);
+        (a.expect("subagent_args"), sse)
+    }
+
+    fn tool_names(req: &serde_json::Value) -> Vec<String> {
+        req["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn parent_headers_on_the_child_run_sse_and_its_append_are_merged() {
+        let h = shared::harness(vec![], |_| {}).await;
+        h.provider
+            .push(Reply::sse(tool_sse(&[("call_t", "task", CALL)])));
+        h.provider.push(Reply::sse(text_sse("Found it.")));
+        let door = h.connect_door();
+        let parent = Bidi::new(&door, "req-parent");
+        let (a, _parent_sse) = parent_until_call(&parent).await;
+
+        // The RunSSE names the parent run, the append the call.
+        let child = Bidi::new(&door, "req-child")
+            .sse_header("x-parent-request-id", "req-parent")
+            .append_header("x-parent-agent-tool-call-id", &a.tool_call_id);
+        let (reader, reading) = child.spawn_sse_announced();
+        reading.await.expect("the proxy reads the RunSSE");
+        child
+            .send(&run_request(OURS, "conv-child", CHILD_PROMPT, true))
+            .await;
+        let mut sse = reader.await.expect("the RunSSE is answered");
+        let t = tokio::time::timeout(
+            Duration::from_secs(20),
+            play(&mut sse, Sink::Bidi(&child), &Store::default()),
+        )
+        .await
+        .expect("the child ends");
+        assert!(t.end().error.is_none(), "{:?}", t.end().error);
+        let names = tool_names(&h.provider.requests()[1].json());
+        assert!(
+            names.contains(&"read_file".to_string())
+                && !names
+                    .iter()
+                    .any(|n| n == "write" || n == "run_terminal_cmd"),
+            "the child runs as the parent's explore subagent (read-only): {names:?}"
+        );
+        h.assert_nothing_relayed();
+    }
+
+    #[tokio::test]
+    async fn a_parent_named_after_the_child_started_stops_it_with_the_parent() {
+        let h = shared::harness(vec![], |_| {}).await;
+        h.provider
+            .push(Reply::sse(tool_sse(&[("call_t", "task", CALL)])));
+        h.provider.push(Reply::sse("").then(After::Stall));
+        let door = h.connect_door();
+        let parent = Bidi::new(&door, "req-parent-late");
+        let (a, _parent_sse) = parent_until_call(&parent).await;
+
+        // Append 0 names nothing: the run starts as nobody's child. Its reader, which comes
+        // after, names both.
+        let child = Bidi::new(&door, "req-child-late")
+            .sse_header("x-parent-request-id", "req-parent-late")
+            .sse_header("x-parent-agent-tool-call-id", &a.tool_call_id);
+        child
+            .send(&run_request(OURS, "conv-child-late", CHILD_PROMPT, true))
+            .await;
+        let mut sse = child.open_sse().await;
+        // The user stops the parent; the desktop never delivers a Stop for the subagent.
+        parent.send(&cancel()).await;
+        let t = tokio::time::timeout(
+            Duration::from_secs(20),
+            play(&mut sse, Sink::Bidi(&child), &Store::default()),
+        )
+        .await
+        .expect("the child ends with its parent");
+        assert_eq!(t.end().error.as_ref().map(|e| e.code), Some(Code::Canceled));
+        h.assert_nothing_relayed();
+    }
+}
+
 // ---- Auto-review ----
 
 /// A run request with Auto-review on (and the admin deny list), inline context.

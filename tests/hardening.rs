@@ -1,7 +1,7 @@
 //! Fault injection through the real proxy: broken providers, silent or vanishing clients, an
 //! unreachable upstream, oversized and malformed input. Every case ends with a clear Connect
 //! error (or a clear HTTP error before streaming) and the proxy then serves a normal run.
-//! Each case prints `OUTCOME | case | code | message` for the issue note.
+//! Each case prints `OUTCOME | case | code | message` for the record.
 
 mod common;
 #[path = "common/harness.rs"]

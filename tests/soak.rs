@@ -1,4 +1,4 @@
-//! A soak run (issue 17 §2), not part of CI:
+//! A soak run, not part of CI:
 //!
 //! ```sh
 //! cargo test --release --test soak -- --ignored --nocapture      # SOAK_MINUTES=30 by default

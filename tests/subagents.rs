@@ -735,7 +735,7 @@ async fn a_child_is_told_by_the_parents_call_id_and_a_look_alike_conversation_is
     let mut named = child_request(&a, "named");
     named.action = Some(user_action("Task: find it."));
     let request = cursor_byok::agent::RunRequest {
-        parent_tool_call_id: Some(a.tool_call_id.clone()),
+        parent: cursor_byok::agent::subagents::ParentLink::new(None, Some(&a.tool_call_id)),
         ..named.into()
     };
     let names = tools_of_run(&agent, request, &child).await;

@@ -69,9 +69,9 @@ pub struct RunRequest {
     /// What the client's request carried that must never show (its bearer token): scrubbed
     /// from every text that leaves the process while the run lives.
     pub client_secrets: Vec<crate::secret::Secret>,
-    /// The parent's subagent call this run is the child of, when the client's request said so
-    /// (`x-parent-agent-tool-call-id`).
-    pub parent_tool_call_id: Option<String>,
+    /// The parent run and subagent call this run is the child of, as far as the client's
+    /// requests said so by the time it started.
+    pub parent: subagents::ParentLink,
 }
 
 impl RunRequest {
@@ -85,7 +85,7 @@ impl RunRequest {
                 decoded,
                 wire,
                 client_secrets: Vec::new(),
-                parent_tool_call_id: None,
+                parent: Default::default(),
             },
             _ => decoded.into(),
         }
@@ -100,7 +100,7 @@ impl From<pb::AgentRunRequest> for RunRequest {
             decoded,
             wire,
             client_secrets: Vec::new(),
-            parent_tool_call_id: None,
+            parent: Default::default(),
         }
     }
 }
@@ -254,7 +254,7 @@ impl Agent {
             decoded: first,
             wire: first_wire,
             client_secrets,
-            parent_tool_call_id,
+            parent,
         } = first.into();
         // Before anything can fail: a provider may echo them in the run's first error.
         let secrets = crate::secret::register_while(
@@ -273,7 +273,7 @@ impl Agent {
             cancel: cancel.clone(),
             failure: failure.clone(),
         };
-        match self.prepare(&first, request_id.clone(), parent_tool_call_id.as_deref()) {
+        match self.prepare(&first, request_id.clone(), &parent) {
             Ok(mut run) => {
                 run.first_wire = first_wire;
                 run.secrets = secrets;
@@ -305,11 +305,17 @@ impl Agent {
         handle
     }
 
+    /// A request of the running run `request_id` named its parent only now (the desktop may send
+    /// the parent headers on a later request than the one that started the run).
+    pub fn link_parent(&self, request_id: &str, parent: &subagents::ParentLink) -> bool {
+        !parent.is_empty() && self.inner.subagents.link_late(request_id, parent, None)
+    }
+
     fn prepare(
         &self,
         first: &pb::AgentRunRequest,
         request_id: String,
-        parent_call: Option<&str>,
+        parent: &subagents::ParentLink,
     ) -> Result<run::Run, RunError> {
         let config = &self.inner.config;
         let id = model::requested_model_id(first).unwrap_or_default();
@@ -322,7 +328,7 @@ impl Agent {
             RunError::Internal(format!("model `{id}` is not configured in cursor-byok"))
         })?;
         let chain = self.chain(&model, first.conversation_id.clone())?;
-        let child = self.child_of(first, id, parent_call);
+        let child = self.child_of(first, id, parent);
         Ok(run::Run {
             request_id,
             model,
@@ -353,15 +359,15 @@ impl Agent {
         })
     }
 
-    /// Is this run the child of a subagent call of ours? The client names the call
-    /// (`parent_call`, from its headers), or, as over HTTP/1.1 where it names nothing, the run
-    /// is a new conversation whose user message and model match an outstanding
-    /// `subagent_args`; a run that only names its kind gets that kind's limits.
+    /// Is this run the child of a subagent call of ours? The client names the parent (`parent`,
+    /// from its headers), or, where it names nothing, the run is a new conversation whose user
+    /// message and model match an outstanding `subagent_args`; a run that only names its kind
+    /// gets that kind's limits.
     fn child_of(
         &self,
         first: &pb::AgentRunRequest,
         model_id: &str,
-        parent_call: Option<&str>,
+        parent: &subagents::ParentLink,
     ) -> Option<subagents::Child> {
         use pb::conversation_action::Action;
         let prompt = match first.action.as_ref().and_then(|a| a.action.as_ref()) {
@@ -377,8 +383,8 @@ impl Agent {
         let conversation = first.conversation_id.clone().unwrap_or_default();
         let registry = &self.inner.subagents;
         let continues = (!fresh).then_some(conversation.as_str());
-        let claimed = parent_call
-            .and_then(|call| registry.claim_call(call))
+        let claimed = registry
+            .claim_linked(parent, prompt)
             .or_else(|| prompt.and_then(|p| registry.claim(p, model_id, continues)))
             .map(|c| subagents::Child {
                 conversation_id: conversation.clone(),
@@ -387,7 +393,7 @@ impl Agent {
         if let Some(c) = &claimed {
             tracing::info!(
                 parent_call = %c.parent_tool_call_id,
-                named_by_client = ?parent_call,
+                named_by_client = ?parent,
                 kind = %c.kind,
                 depth = c.depth,
                 conversation = %conversation,

@@ -1,8 +1,9 @@
 //! Subagent calls outstanding across runs. A parent run registers each `subagent_args` it sends;
 //! the client then starts the child as a run of its own (a new request and conversation, the
 //! prompt as its user message, the model in `model_details`), and that run claims the entry by
-//! prompt and model, so it runs with the tool set and prompt of its kind. Over HTTP/1.1 the
-//! client sends no parent headers, so the match is all there is.
+//! prompt and model, so it runs with the tool set and prompt of its kind. Where the client names
+//! the parent ([`ParentLink`]: its run's request id, the call id, each possibly on a different
+//! request of the child, or only after the child started), that name decides instead.
 //!
 //! Bounded: at most [`MAX_PENDING`] entries, each kept [`PENDING_TTL`] at most (the client
 //! starts the child at once; an entry nobody claims, e.g. a child on an official model that is
@@ -23,6 +24,52 @@ pub const MAX_PENDING: usize = 256;
 pub const PENDING_TTL: Duration = Duration::from_secs(600);
 /// Nesting bound: a run at this depth is not offered the subagent tool.
 pub const MAX_DEPTH: u32 = 2;
+
+/// Longest parent id kept from a header (they are only compared).
+const MAX_LINK_ID: usize = 512;
+
+/// What a child run's requests say about its parent: `x-parent-request-id` (the parent run's
+/// request id) and `x-parent-agent-tool-call-id` (the call). Desktop clients may send them on
+/// different requests of the child (its RunSSE, its appends), so they are merged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParentLink {
+    pub request_id: Option<String>,
+    pub tool_call_id: Option<String>,
+}
+
+impl ParentLink {
+    /// The link the values of the two headers give (blank or oversized ones are no link).
+    pub fn new(request_id: Option<&str>, tool_call_id: Option<&str>) -> ParentLink {
+        let keep = |v: Option<&str>| {
+            v.map(str::trim)
+                .filter(|v| !v.is_empty() && v.len() <= MAX_LINK_ID)
+                .map(str::to_string)
+        };
+        ParentLink {
+            request_id: keep(request_id),
+            tool_call_id: keep(tool_call_id),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.request_id.is_none() && self.tool_call_id.is_none()
+    }
+
+    /// Take what `other` says that this link does not; true when it added anything. A value
+    /// already known is kept: the first request to name the parent wins.
+    pub fn merge(&mut self, other: &ParentLink) -> bool {
+        let mut added = false;
+        if self.request_id.is_none() && other.request_id.is_some() {
+            self.request_id.clone_from(&other.request_id);
+            added = true;
+        }
+        if self.tool_call_id.is_none() && other.tool_call_id.is_some() {
+            self.tool_call_id.clone_from(&other.tool_call_id);
+            added = true;
+        }
+        added
+    }
+}
 
 /// What a child run is: its kind and what it may do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,6 +163,17 @@ pub struct Registry {
     /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
     /// when it ends, so this holds no more than the runs alive.
     running: Arc<Mutex<HashMap<String, Running>>>,
+    /// Runs that started as nobody's child, by request id: a parent named later links them.
+    /// A run removes itself when it ends.
+    unlinked: Arc<Mutex<HashMap<String, Unlinked>>>,
+}
+
+/// A run that started as nobody's child.
+#[derive(Debug)]
+struct Unlinked {
+    /// Its conversation (a child's subagent id), else its request id.
+    subagent_id: String,
+    cancel: CancellationToken,
 }
 
 /// A child run running.
@@ -161,6 +219,85 @@ impl Registry {
     /// A child run the client says belongs to the call `parent_tool_call_id`.
     pub fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
         self.take_first(|e| e.child.parent_tool_call_id == parent_tool_call_id)
+    }
+
+    /// The call a new run is the child of, by what the client says of its parent: the call it
+    /// names, else the one call of the parent run it names (or the one with its prompt).
+    pub fn claim_linked(&self, link: &ParentLink, prompt: Option<&str>) -> Option<Child> {
+        if let Some(call) = &link.tool_call_id {
+            if let Some(c) = self.claim_call(call) {
+                return Some(c);
+            }
+        }
+        let parent = link.request_id.as_deref()?;
+        let of_parent = |e: &Pending| e.child.parent_run == parent;
+        let prompt = prompt.map(str::trim);
+        if let Some(c) = self.take_first(|e| of_parent(e) && Some(e.prompt.as_str()) == prompt) {
+            return Some(c);
+        }
+        let mut p = self.lock();
+        prune(&mut p);
+        let mut theirs = p.iter().enumerate().filter(|(_, e)| of_parent(e));
+        match (theirs.next(), theirs.next()) {
+            (Some((i, _)), None) => p.remove(i).map(|e| e.child),
+            _ => None,
+        }
+    }
+
+    /// A run that started as nobody's child: a parent named later can still link it, under
+    /// `subagent_id` (what the run untracks when it ends).
+    pub fn track_unlinked(&self, request_id: &str, subagent_id: &str, cancel: CancellationToken) {
+        if request_id.is_empty() || subagent_id.is_empty() {
+            return;
+        }
+        self.unlinked_lock().insert(
+            request_id.to_string(),
+            Unlinked {
+                subagent_id: subagent_id.to_string(),
+                cancel,
+            },
+        );
+    }
+
+    pub fn untrack_unlinked(&self, request_id: &str) {
+        self.unlinked_lock().remove(request_id);
+    }
+
+    /// The client named the parent of the running run `request_id` only after it started: from
+    /// now on that parent's stop (and, for a foreground call, its end) stops it, and the call
+    /// it answers is no longer waiting for a child. Its tools stay those it started with.
+    /// Returns whether the run was linked.
+    pub fn link_late(&self, request_id: &str, link: &ParentLink, prompt: Option<&str>) -> bool {
+        let Some(run) = self.unlinked_lock().remove(request_id) else {
+            return false;
+        };
+        let claimed = self.claim_linked(link, prompt);
+        let parent_run = claimed
+            .as_ref()
+            .map(|c| c.parent_run.clone())
+            .or_else(|| link.request_id.clone())
+            .unwrap_or_default();
+        if parent_run.is_empty() {
+            // Only a call id that matches nothing of ours: nothing to link to.
+            self.unlinked_lock().insert(request_id.to_string(), run);
+            return false;
+        }
+        tracing::info!(
+            request_id,
+            parent_run = %parent_run,
+            "the client named the run's parent after it started: linked"
+        );
+        let child = Child {
+            conversation_id: run.subagent_id.clone(),
+            parent_run,
+            ..claimed.unwrap_or_default()
+        };
+        self.track_child(&run.subagent_id, Some(&child), run.cancel);
+        true
+    }
+
+    fn unlinked_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Unlinked>> {
+        self.unlinked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The oldest live entry that `matches`, removed.
@@ -455,5 +592,56 @@ mod tests {
         assert!(c.readonly);
         assert_eq!(c.tools, vec!["Read", "Grep"]);
         assert_eq!(c.instructions, "Review carefully.");
+    }
+
+    fn link(parent: Option<&str>, call: Option<&str>) -> ParentLink {
+        ParentLink::new(parent, call)
+    }
+
+    fn register_of(r: &Registry, parent_run: &str, call: &str, prompt: &str) {
+        let a = args(call, prompt, "byok-m");
+        let mut child = Child::for_call(&a, &[], 0);
+        child.parent_run = parent_run.into();
+        r.register(&a, child);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_parent_run_decides_between_its_calls_by_prompt_or_alone() {
+        let r = Registry::default();
+        register_of(&r, "req-a", "t1", "Find the loader");
+        register_of(&r, "req-a", "t2", "Find the parser");
+        register_of(&r, "req-b", "t3", "Find the loader");
+        // The parent run alone, two calls: the prompt picks one, none matching picks none.
+        assert_eq!(
+            r.claim_linked(&link(Some("req-a"), None), Some("other")),
+            None
+        );
+        let c = r.claim_linked(&link(Some("req-a"), None), Some("Find the loader"));
+        assert_eq!(c.map(|c| c.parent_tool_call_id).as_deref(), Some("t1"));
+        // One call left for that parent: it is the one, whatever the prompt says.
+        let c = r.claim_linked(&link(Some("req-a"), None), Some("reworded"));
+        assert_eq!(c.map(|c| c.parent_tool_call_id).as_deref(), Some("t2"));
+        // The call id wins over the parent run.
+        let c = r.claim_linked(&link(Some("req-a"), Some("t3")), None);
+        assert_eq!(c.map(|c| c.parent_tool_call_id).as_deref(), Some("t3"));
+        assert!(r.is_empty());
+        assert_eq!(r.claim_linked(&ParentLink::default(), Some("x")), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_parent_named_after_the_child_started_stops_it_with_the_parent() {
+        let r = Registry::default();
+        register_of(&r, "req-p", "t1", "Find it");
+        let cancel = CancellationToken::new();
+        r.track_unlinked("req-c", "conv-c", cancel.clone());
+        assert!(!r.link_late("req-c", &link(None, Some("nobody's")), None));
+        assert!(r.link_late("req-c", &link(None, Some("t1")), None));
+        assert!(r.is_empty(), "the call has its child");
+        assert!(
+            !r.link_late("req-c", &link(None, Some("t1")), None),
+            "linked once"
+        );
+        assert_eq!(r.parent_ended("req-p", true), 1);
+        assert!(cancel.is_cancelled());
     }
 }

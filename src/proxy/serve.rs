@@ -220,17 +220,22 @@ pub(crate) async fn serve_http<I>(
 /// nothing about it (a RunSSE waiting for its append on another connection is silent).
 const SMALL_BODY: u64 = 64 * 1024;
 
-/// Is this request's body read whole before its handler answers (agent and adjusted Cursor
-/// requests), and large or of unknown length? Those are held to the body timeout;
-/// passthrough streams its body on with the origin's backpressure and keeps no timer.
+/// Is this request's body read whole before its handler answers (appends and adjusted Cursor
+/// requests), and large or of unknown length? Those are held to the body timeout.
+/// Passthrough streams its body on with the origin's backpressure; a `Run`'s body is the
+/// client's half of a live run and a `RunSSE`'s one small frame, after which the handler waits
+/// for the run, not for bytes: none of them keeps the timer.
 pub(crate) fn reads_body_whole(req: &Request<Incoming>) -> bool {
+    use crate::agent::transport::AgentRpc;
     let declared = req
         .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    !req.body().is_end_stream()
-        && declared.is_none_or(|n| n > SMALL_BODY)
-        && crate::router::route(req.uri().path()) != Route::Upstream
+    let whole = !matches!(
+        crate::router::route(req.uri().path()),
+        Route::Upstream | Route::Agent(AgentRpc::Run | AgentRpc::RunSse)
+    );
+    whole && !req.body().is_end_stream() && declared.is_none_or(|n| n > SMALL_BODY)
 }
 
 /// Run a handler; with `watch`, a client that sends no byte for the body timeout before the

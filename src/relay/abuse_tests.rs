@@ -1,4 +1,4 @@
-//! The relay under hostile peers (issue 18 §2): raw-frame clients and origins on in-memory
+//! The relay under hostile peers: raw-frame clients and origins on in-memory
 //! pipes, every loop bounded. Each test shows the limit holding, what the relay held at its
 //! largest, and a normal request still served afterwards.
 

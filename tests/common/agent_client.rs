@@ -242,6 +242,9 @@ pub struct Bidi {
     pub request_id: String,
     idle: Arc<Mutex<Vec<Sender>>>,
     next_seqno: Arc<AtomicI64>,
+    /// Extra headers on its RunSSE requests and on its appends.
+    sse_headers: Vec<(&'static str, String)>,
+    append_headers: Vec<(&'static str, String)>,
 }
 
 /// An append's answer.
@@ -259,6 +262,27 @@ impl Bidi {
             request_id: request_id.to_string(),
             idle: Arc::default(),
             next_seqno: Arc::new(AtomicI64::new(0)),
+            sse_headers: Vec::new(),
+            append_headers: Vec::new(),
+        }
+    }
+
+    /// The same client, adding `name: value` to its RunSSE requests.
+    pub fn sse_header(mut self, name: &'static str, value: &str) -> Bidi {
+        self.sse_headers.push((name, value.to_string()));
+        self
+    }
+
+    /// The same client, adding `name: value` to its appends.
+    pub fn append_header(mut self, name: &'static str, value: &str) -> Bidi {
+        self.append_headers.push((name, value.to_string()));
+        self
+    }
+
+    fn add_headers<B>(req: &mut Request<B>, headers: &[(&'static str, String)]) {
+        for (name, value) in headers {
+            req.headers_mut()
+                .insert(*name, value.parse().expect("a valid header value"));
         }
     }
 
@@ -281,12 +305,13 @@ impl Bidi {
     /// `POST RunSSE` with `body` on a fresh connection; the answer's head.
     pub async fn sse_request(&self, body: Bytes) -> (Response<Incoming>, Sender) {
         let mut conn = self.door.connect(Alpn::H1).await;
-        let req = connect_request(
+        let mut req = connect_request(
             RUN_SSE,
             "application/connect+proto",
             &self.request_id,
             chunked(body),
         );
+        Self::add_headers(&mut req, &self.sse_headers);
         let resp = conn
             .send(&self.door.authority(), req)
             .await
@@ -328,6 +353,7 @@ impl Bidi {
                 &b.request_id,
                 chunked(body),
             );
+            Self::add_headers(&mut req, &b.sse_headers);
             req.headers_mut().insert(
                 http::header::EXPECT,
                 http::HeaderValue::from_static("100-continue"),
@@ -368,6 +394,7 @@ impl Bidi {
             &self.request_id,
             chunked(body),
         );
+        Self::add_headers(&mut req, &self.append_headers);
         if let Some(tx) = reading {
             req.headers_mut().insert(
                 http::header::EXPECT,

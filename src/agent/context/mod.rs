@@ -1,5 +1,5 @@
 //! Everything Cursor sends about the user's intent and workspace, turned into what the model
-//! is told with Cursor's meaning (issue 20). Pure: the run fetches the blobs this module asks
+//! is told with Cursor's meaning. Pure: the run fetches the blobs this module asks
 //! for ([`wanted_blobs`]) and hands them back ([`Blobs`]); nothing here does IO.
 //!
 //! - [`rules`]: rules by type, skills listed by name and description;

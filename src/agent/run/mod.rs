@@ -222,14 +222,20 @@ impl Run {
         );
 
         let secrets = std::mem::take(&mut self.secrets);
-        // A child run can be canceled by its subagent id while it runs.
+        // A child run can be canceled by its subagent id while it runs; a run that is nobody's
+        // child yet may be named one by a request that comes after it started.
         let registry = self.subagents.clone();
         let subagent_id = self
             .child
             .as_ref()
             .map(|c| c.conversation_id.clone())
-            .unwrap_or_default();
-        registry.track_child(&subagent_id, self.child.as_ref(), cancel.clone());
+            .or_else(|| first.conversation_id.clone())
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| self.request_id.clone());
+        match &self.child {
+            Some(child) => registry.track_child(&subagent_id, Some(child), cancel.clone()),
+            None => registry.track_unlinked(&self.request_id, &subagent_id, cancel.clone()),
+        }
         let parent_key = self.request_id.clone();
         let stopped = cancel.clone();
         let model_name = self.model.config.cursor_id();
@@ -268,6 +274,7 @@ impl Run {
             async move {
                 let result = work.await;
                 registry.untrack(&subagent_id);
+                registry.untrack_unlinked(&parent_key);
                 // The client never delivers a subagent's Stop: a parent's end reaches its
                 // children here.
                 registry.parent_ended(&parent_key, stopped.is_cancelled());

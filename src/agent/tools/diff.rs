@@ -173,8 +173,8 @@ mod tests {
 
     #[test]
     fn large_files_get_a_real_diff() {
-        // 3,000 lines changed at both ends: far past the old LCS table's cap, where the whole
-        // middle used to count as replaced.
+        // 3,000 lines changed at both ends: only the two changed lines are replaced, never the
+        // unchanged middle.
         let before: String = (0..3000).map(|i| format!("line {i}\n")).collect();
         let after = before
             .replace("line 1\n", "line one\n")

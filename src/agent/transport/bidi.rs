@@ -106,6 +106,7 @@ pub(super) async fn run_sse(
         },
     };
     entry.touch();
+    note_parent(t, &entry, &super::parent_link(&parts.headers));
     let decision = match pinned {
         Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
             Some(d) => d,
@@ -211,6 +212,7 @@ pub(super) async fn append(
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
     let caller = super::Caller::of(&parts.headers);
+    note_parent(t, &entry, &caller.parent);
     match accept(t, &entry, seqno, (message, wire.clone()), caller)
         .instrument(span)
         .await
@@ -226,6 +228,21 @@ pub(super) async fn append(
         }
         Ok(Accepted::Relay) => relay(parts, raw).await,
         Err(e) => error_response(&e),
+    }
+}
+
+/// Merge what one request of `entry`'s run says of its parent. Desktop clients may name the
+/// parent on any request of the child, even after its run started: then it is linked now.
+fn note_parent(t: &AgentTransports, entry: &Entry, link: &crate::agent::subagents::ParentLink) {
+    if link.is_empty() {
+        return;
+    }
+    let late = {
+        let mut note = entry.parent_note();
+        (note.link.merge(link) && note.started).then(|| note.link.clone())
+    };
+    if let Some(link) = late {
+        t.agent().link_parent(&entry.request_id, &link);
     }
 }
 
@@ -367,6 +384,14 @@ fn start(
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
+    // Held until the run has registered itself, so a parent named meanwhile is either in the
+    // run's request or links it late, never lost in between (no await while held).
+    let mut note = entry.parent_note();
+    note.link.merge(&caller.parent);
+    let caller = super::Caller {
+        parent: note.link.clone(),
+        ..caller
+    };
     let run_request = match first.message {
         Some(In::RunRequest(r)) => {
             caller.run_request(crate::agent::RunRequest::from_client_message(
@@ -386,6 +411,8 @@ fn start(
     let handle = t
         .agent()
         .start_run_on(run_request, entry.request_id.clone(), "RunSSE");
+    note.started = true;
+    drop(note);
     st.input = Some(handle.input.clone());
     entry.run_started(handle.failer());
     let out = entry.out.clone();

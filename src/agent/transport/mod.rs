@@ -18,6 +18,7 @@ use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use crate::agent::subagents::ParentLink;
 use crate::agent::{model, Agent};
 use crate::connect::{Code, ConnectError, Encoding, FrameDecoder, Limits};
 use crate::http::{full, Body, RequestContext};
@@ -270,14 +271,14 @@ fn client_secrets(headers: &HeaderMap) -> Vec<crate::secret::Secret> {
 #[derive(Debug, Default)]
 struct Caller {
     secrets: Vec<crate::secret::Secret>,
-    parent_tool_call_id: Option<String>,
+    parent: ParentLink,
 }
 
 impl Caller {
     fn of(headers: &HeaderMap) -> Caller {
         Caller {
             secrets: client_secrets(headers),
-            parent_tool_call_id: parent_tool_call_id(headers),
+            parent: parent_link(headers),
         }
     }
 
@@ -285,21 +286,21 @@ impl Caller {
     fn run_request(self, r: crate::agent::RunRequest) -> crate::agent::RunRequest {
         crate::agent::RunRequest {
             client_secrets: self.secrets,
-            parent_tool_call_id: self.parent_tool_call_id,
+            parent: self.parent,
             ..r
         }
     }
 }
 
-/// `x-parent-agent-tool-call-id`: the subagent call a child run belongs to, when the client
-/// says (bounded: it is only compared, never stored beyond the run).
-fn parent_tool_call_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("x-parent-agent-tool-call-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 512)
-        .map(str::to_string)
+/// `x-parent-request-id` and `x-parent-agent-tool-call-id`: the parent run and subagent call a
+/// child run belongs to, as far as this request says (bounded: only compared, never stored
+/// beyond the run).
+fn parent_link(headers: &HeaderMap) -> ParentLink {
+    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    ParentLink::new(
+        value("x-parent-request-id"),
+        value("x-parent-agent-tool-call-id"),
+    )
 }
 
 fn request_id(headers: &HeaderMap) -> Option<String> {
@@ -458,15 +459,35 @@ mod tests {
             " call_t#s1 ".parse().unwrap(),
         );
         let c = Caller::of(&h);
-        assert_eq!(c.parent_tool_call_id.as_deref(), Some("call_t#s1"));
+        assert_eq!(c.parent.tool_call_id.as_deref(), Some("call_t#s1"));
         assert_eq!(c.secrets.len(), 1);
         assert_eq!(c.secrets[0].expose(), "tok-123");
         let r = c.run_request(crate::agent::RunRequest::default());
-        assert_eq!(r.parent_tool_call_id.as_deref(), Some("call_t#s1"));
+        assert_eq!(r.parent.tool_call_id.as_deref(), Some("call_t#s1"));
         h.insert("x-parent-agent-tool-call-id", " ".parse().unwrap());
-        assert_eq!(Caller::of(&h).parent_tool_call_id, None);
+        assert_eq!(Caller::of(&h).parent.tool_call_id, None);
         let long = "x".repeat(513);
         h.insert("x-parent-agent-tool-call-id", long.parse().unwrap());
-        assert_eq!(Caller::of(&h).parent_tool_call_id, None);
+        assert_eq!(Caller::of(&h).parent.tool_call_id, None);
+    }
+
+    /// The two parent headers may come on different requests of one child run: merged, the
+    /// first value of each kept.
+    #[test]
+    fn parent_headers_from_different_requests_are_merged() {
+        let mut sse = HeaderMap::new();
+        sse.insert("x-parent-request-id", "req-parent".parse().unwrap());
+        let mut append = HeaderMap::new();
+        append.insert("x-parent-agent-tool-call-id", "call_t".parse().unwrap());
+        append.insert("x-parent-request-id", "req-other".parse().unwrap());
+        let mut link = parent_link(&sse);
+        assert_eq!(link.tool_call_id, None);
+        assert!(link.merge(&parent_link(&append)), "the call id is new");
+        assert_eq!(link.request_id.as_deref(), Some("req-parent"));
+        assert_eq!(link.tool_call_id.as_deref(), Some("call_t"));
+        assert!(
+            !link.merge(&parent_link(&append)),
+            "nothing new the second time"
+        );
     }
 }

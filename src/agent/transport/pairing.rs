@@ -292,6 +292,17 @@ pub(super) struct Entry {
     /// Held while messages are handed to the run, in order; never with `state` held across
     /// an await, so readers and deciding appends are never stuck behind a busy run.
     pub deliver: tokio::sync::Mutex<()>,
+    /// What the run's requests said of its parent so far (see [`ParentNote`]).
+    pub parent: Mutex<ParentNote>,
+}
+
+/// The parent headers of a run's requests (its RunSSE readers, its appends), merged; once the
+/// run has started, a parent named only then links the running run.
+#[derive(Debug, Default)]
+pub(super) struct ParentNote {
+    pub link: crate::agent::subagents::ParentLink,
+    /// The run started (and registered itself): a new name must link it late.
+    pub started: bool,
 }
 
 impl Entry {
@@ -320,7 +331,12 @@ impl Entry {
             run: OnceLock::new(),
             gone: CancellationToken::new(),
             deliver: tokio::sync::Mutex::new(()),
+            parent: Mutex::new(ParentNote::default()),
         }
+    }
+
+    pub(super) fn parent_note(&self) -> std::sync::MutexGuard<'_, ParentNote> {
+        self.parent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The client left for good (`how`, in words): its run ends, and its output stops moving.
