@@ -1003,3 +1003,146 @@ async fn auto_review_off_asks_no_verdict_and_an_unclear_one_asks_the_user() {
     let reason = &sent[0].smart_mode_approval.as_ref().expect("asks").reason;
     assert!(reason.contains("no clear verdict"), "{reason}");
 }
+
+/// A command on the user's allow list (the client answers the allowlist precheck) is approved
+/// without asking the model; one that is not is judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_review_approves_what_the_users_allow_list_has_without_a_verdict() {
+    let ws = tempfile::tempdir().expect("tempdir");
+    let shell = |id: &str, command: &str| {
+        Reply::sse(fake_provider::tool_sse(&[(
+            id,
+            "run_terminal_cmd",
+            &serde_json::json!({ "command": command }).to_string(),
+        )]))
+    };
+    let h = shared::harness_keyed(
+        vec![
+            shell("s1", "npm test"),
+            shell("s2", "echo bye > out.txt"),
+            Reply::sse(fake_provider::text_sse(
+                r#"{"decision":"ask","reason":"writes a file"}"#,
+            )),
+            Reply::sse(fake_provider::text_sse("Done.")),
+        ],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.allowlist = vec!["npm test".into()];
+    let first = review_request("conv-allow", ws.path(), true);
+    let (messages, end) = turn(&h, "req-allow", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let prechecked: Vec<String> = client
+        .execs
+        .iter()
+        .filter_map(|e| match &e.message {
+            Some(ag::exec_server_message::Message::ShellAllowlistPrecheckArgs(p)) => {
+                Some(p.command.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prechecked, ["npm test", "echo bye > out.txt"]);
+    let sent = shells(&messages);
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(sent[0].skip_approval && sent[0].smart_mode_approval.is_none());
+    assert_eq!(
+        sent[1]
+            .smart_mode_approval
+            .as_ref()
+            .map(|a| a.reason.as_str()),
+        Some("writes a file")
+    );
+    assert_eq!(
+        h.provider.requests().len(),
+        4,
+        "two tool turns, one verdict (for the command not on the list), the answer"
+    );
+}
+
+/// Under Auto-review a web fetch goes to the client as Cursor's `web_fetch_request_query`: a
+/// URL on the user's allow list or judged safe is approved at once, any other one carries the
+/// verdict's reason to the card, and a URL the user rejects is never fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_review_asks_before_a_web_fetch_and_a_rejected_one_is_not_fetched() {
+    use ag::interaction_query::Query;
+    let ws = tempfile::tempdir().expect("tempdir");
+    let fetch = |id: &str, url: &str| {
+        Reply::sse(fake_provider::tool_sse(&[(
+            id,
+            "web_fetch",
+            &serde_json::json!({ "url": url }).to_string(),
+        )]))
+    };
+    let verdict = |v: &str| Reply::sse(fake_provider::text_sse(v));
+    let h = shared::harness_keyed(
+        vec![
+            fetch("f1", "https://docs.rs/tokio"),
+            fetch("f2", "https://example.com/a"),
+            verdict(r#"{"decision":"allow","reason":"reads public docs"}"#),
+            fetch("f3", "https://paste.example/upload"),
+            verdict(r#"{"decision":"ask","reason":"may send data out"}"#),
+            Reply::sse(fake_provider::text_sse("Done.")),
+        ],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.allowlist = vec!["https://docs.rs/tokio".into()];
+    client.reject_fetches = vec!["https://paste.example/upload".into()];
+    let mut first = review_request("conv-fetch", ws.path(), true);
+    if let Some(ag::agent_client_message::Message::RunRequest(run)) = &mut first.message {
+        if let Some(ag::conversation_action::Action::UserMessageAction(a)) =
+            run.action.as_mut().and_then(|a| a.action.as_mut())
+        {
+            a.request_context
+                .as_mut()
+                .expect("inline context")
+                .web_fetch_enabled = Some(true);
+        }
+    }
+    let (messages, end) = turn(&h, "req-fetch", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let queries: Vec<ag::WebFetchRequestQuery> = messages
+        .iter()
+        .filter_map(|m| match &m.message {
+            Some(ag::agent_server_message::Message::InteractionQuery(q)) => match &q.query {
+                Some(Query::WebFetchRequestQuery(w)) => Some(w.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(queries.len(), 3, "{queries:?}");
+    assert!(queries[0].skip_approval, "on the allow list");
+    assert!(queries[1].skip_approval, "judged safe");
+    assert!(!queries[2].skip_approval);
+    assert_eq!(
+        queries[2]
+            .smart_mode_approval
+            .as_ref()
+            .map(|a| a.reason.as_str()),
+        Some("may send data out")
+    );
+    let fetched: Vec<String> = client
+        .execs
+        .iter()
+        .filter_map(|e| match &e.message {
+            Some(ag::exec_server_message::Message::FetchArgs(f)) => Some(f.url.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fetched, ["https://docs.rs/tokio", "https://example.com/a"]);
+    let requests = h.provider.requests();
+    assert_eq!(
+        requests.len(),
+        6,
+        "three tool turns, two verdicts, the answer"
+    );
+    let last = requests[5].json().to_string();
+    assert!(last.contains("rejected this web fetch"), "{last}");
+    assert!(last.contains("not this site"), "{last}");
+}

@@ -35,6 +35,10 @@ pub struct FakeCursor {
     pub gets: usize,
     /// A shell held by `shell_gate` (exec id, client exec id): it has started and not ended.
     pub held_shell: Option<(u32, String)>,
+    /// Shell commands and URLs on the user's allow lists (answered in allowlist prechecks).
+    pub allowlist: Vec<String>,
+    /// URLs the user rejects on a web fetch card (every other one is approved).
+    pub reject_fetches: Vec<String>,
 }
 
 impl FakeCursor {
@@ -50,6 +54,8 @@ impl FakeCursor {
             shell_gate: None,
             gets: 0,
             held_shell: None,
+            allowlist: Vec::new(),
+            reject_fetches: Vec::new(),
         }
     }
 
@@ -141,6 +147,20 @@ impl FakeCursor {
                             pb::AskQuestionSuccess { answers },
                         )),
                     }),
+                })
+            }
+            Some(Query::WebFetchRequestQuery(w)) => {
+                use pb::web_fetch_request_response::{Rejected, Result as Web};
+                let url = w.args.as_ref().map(|a| a.url.clone()).unwrap_or_default();
+                let result = if self.reject_fetches.contains(&url) {
+                    Web::Rejected(Rejected {
+                        reason: "not this site".into(),
+                    })
+                } else {
+                    Web::Approved(Default::default())
+                };
+                Answer::WebFetchRequestResponse(pb::WebFetchRequestResponse {
+                    result: Some(result),
                 })
             }
             // Cursor writes the plan file and names it.
@@ -241,6 +261,28 @@ impl FakeCursor {
                 results
             }
             Some(X::ForceBackgroundShellArgs(_)) => return self.force_background(id, &e.exec_id),
+            Some(X::ShellAllowlistPrecheckArgs(p)) => {
+                vec![R::ShellAllowlistPrecheckResult(
+                    pb::ShellAllowlistPrecheckResult {
+                        allowlisted: self.allowlist.contains(&p.command),
+                    },
+                )]
+            }
+            Some(X::WebFetchAllowlistPrecheckArgs(p)) => {
+                vec![R::WebFetchAllowlistPrecheckResult(
+                    pb::WebFetchAllowlistPrecheckResult {
+                        allowlisted: self.allowlist.contains(&p.url),
+                    },
+                )]
+            }
+            Some(X::FetchArgs(f)) => vec![R::FetchResult(pb::FetchResult {
+                result: Some(pb::fetch_result::Result::Success(pb::FetchSuccess {
+                    url: f.url.clone(),
+                    content: format!("the page at {}", f.url),
+                    status_code: 200,
+                    ..Default::default()
+                })),
+            })],
             _ => vec![],
         };
         let mut out: Vec<pb::AgentClientMessage> = results

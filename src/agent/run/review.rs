@@ -3,10 +3,16 @@
 //! safe one, `smart_mode_approval { reason }` for one the user must approve on the client's
 //! card. Here the run's own model judges, with a short strict-JSON verdict.
 //!
-//! Sans-IO: [`plan`] says whether a call needs a verdict, [`prompt`] is what the model is
-//! asked, [`parse`] reads its answer, [`apply`] writes the decision into the exec. Anything
-//! short of a clear "allow" (a deny-listed command, a timeout, an unparsable answer, a provider
-//! error) asks the user: never an approval by default.
+//! The user's and the project's allow lists live on the client: before a verdict, the client
+//! is asked with the matching allowlist precheck exec ([`precheck`]), as Cursor's server does,
+//! and a call on them is approved without asking the model. The administrator's deny list (in
+//! the request context) wins over both.
+//!
+//! Sans-IO: [`plan`] says whether a call needs a verdict, [`precheck`] and [`allowlisted`] ask
+//! the client's lists and read its answer, [`prompt`] is what the model is asked, [`parse`]
+//! reads its answer, [`apply`] writes the decision into the exec. Anything short of a clear
+//! "allow" (a deny-listed command, a timeout, an unparsable answer, a provider error) asks the
+//! user: never an approval by default.
 
 use std::time::Duration;
 
@@ -19,6 +25,9 @@ use pb::exec_server_message::Message as X;
 pub const VERDICT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The verdict is a line of JSON: a small answer budget.
 pub const VERDICT_MAX_TOKENS: u32 = 300;
+/// How long the client may take to say whether a call is on its allow lists; past it, the
+/// call is judged as if it were not (the run goes on).
+pub const PRECHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A call is described to the model in at most this many characters.
 const MAX_DESCRIPTION_CHARS: usize = 4_000;
 
@@ -75,6 +84,101 @@ pub fn plan(exec: &X, sandboxed: bool, denylist: &[String]) -> Plan {
             Plan::Judge(crate::agent::context::cap(&d, MAX_DESCRIPTION_CHARS))
         }
         _ => Plan::Leave,
+    }
+}
+
+/// The allowlist precheck that asks the client whether `exec` is on the user's or project's
+/// allow lists; `None` for calls that have none.
+pub fn precheck(exec: &X) -> Option<X> {
+    let call_id = |id: &str| Some(id.to_string()).filter(|id| !id.is_empty());
+    match exec {
+        X::ShellArgs(s) | X::ShellStreamArgs(s) => Some(X::ShellAllowlistPrecheckArgs(
+            pb::ShellAllowlistPrecheckArgs {
+                command: s.command.clone(),
+                working_directory: s.working_directory.clone(),
+                parsing_result: s.parsing_result.clone(),
+                classifier_result: s.classifier_result.clone(),
+                tool_call_id: call_id(&s.tool_call_id),
+            },
+        )),
+        X::McpArgs(m) => Some(X::McpAllowlistPrecheckArgs(pb::McpAllowlistPrecheckArgs {
+            provider_identifier: m.provider_identifier.clone(),
+            tool_name: m.tool_name.clone(),
+            tool_call_id: call_id(&m.tool_call_id),
+            annotations_json: None,
+        })),
+        X::FetchArgs(f) => Some(X::WebFetchAllowlistPrecheckArgs(
+            pb::WebFetchAllowlistPrecheckArgs {
+                url: f.url.clone(),
+                tool_call_id: call_id(&f.tool_call_id),
+            },
+        )),
+        _ => None,
+    }
+}
+
+/// Whether the client's answer to a [`precheck`] says the call is allowlisted (anything else,
+/// a thrown error included, says it is not).
+pub fn allowlisted(results: &[pb::exec_client_message::Message]) -> bool {
+    use pb::exec_client_message::Message as R;
+    results.iter().any(|r| match r {
+        R::ShellAllowlistPrecheckResult(r) => r.allowlisted,
+        R::McpAllowlistPrecheckResult(r) => r.allowlisted,
+        R::WebFetchAllowlistPrecheckResult(r) => r.allowlisted,
+        _ => false,
+    })
+}
+
+/// A web fetch as the model is asked to judge it.
+pub fn describe_fetch(f: &pb::FetchArgs) -> String {
+    crate::agent::context::cap(
+        &format!("Web fetch (HTTP GET) of the URL:\n{}", f.url),
+        MAX_DESCRIPTION_CHARS,
+    )
+}
+
+/// The question a web fetch goes to the client with under Auto-review, carrying the decision
+/// (`request_id` names the review for the client's card): approved at once, or the card.
+pub fn fetch_query(
+    f: &pb::FetchArgs,
+    decision: Decision,
+    request_id: &str,
+) -> pb::interaction_query::Query {
+    let (skip_approval, smart_mode_approval) = match decision {
+        Decision::Allow => (true, None),
+        Decision::Ask(reason) => (
+            false,
+            Some(pb::SmartModeApproval {
+                request_id: request_id.to_string(),
+                reason,
+            }),
+        ),
+    };
+    pb::interaction_query::Query::WebFetchRequestQuery(pb::WebFetchRequestQuery {
+        args: Some(pb::WebFetchArgs {
+            url: f.url.clone(),
+            tool_call_id: f.tool_call_id.clone(),
+        }),
+        skip_approval,
+        smart_mode_approval,
+    })
+}
+
+/// The user's answer to a [`fetch_query`]: `None` to fetch, else why not. Anything but an
+/// approval is a refusal: nothing is fetched that the user did not let through.
+pub fn fetch_refusal(response: &pb::InteractionResponse) -> Option<String> {
+    use pb::interaction_response::Result as Answer;
+    use pb::web_fetch_request_response::Result as Web;
+    match &response.result {
+        Some(Answer::WebFetchRequestResponse(r)) => match &r.result {
+            Some(Web::Approved(_)) => None,
+            Some(Web::Rejected(r)) if !r.reason.trim().is_empty() => Some(format!(
+                "the user rejected this web fetch: {}",
+                r.reason.trim()
+            )),
+            _ => Some("the user rejected this web fetch".into()),
+        },
+        _ => Some("the client did not approve this web fetch".into()),
     }
 }
 
@@ -206,6 +310,82 @@ mod tests {
             plan(&X::ReadArgs(Default::default()), false, &deny),
             Plan::Leave
         );
+    }
+
+    #[test]
+    fn the_clients_allow_lists_are_asked_with_the_calls_own_words() {
+        use pb::exec_client_message::Message as R;
+        let Some(X::ShellAllowlistPrecheckArgs(p)) = precheck(&shell("cargo test")) else {
+            panic!("a shell call is prechecked")
+        };
+        assert_eq!(
+            (p.command.as_str(), p.working_directory.as_str()),
+            ("cargo test", "/ws")
+        );
+        let mcp = X::McpArgs(pb::McpArgs {
+            tool_name: "create_issue".into(),
+            provider_identifier: "github".into(),
+            tool_call_id: "t1".into(),
+            ..Default::default()
+        });
+        let Some(X::McpAllowlistPrecheckArgs(p)) = precheck(&mcp) else {
+            panic!("an MCP call is prechecked")
+        };
+        assert_eq!(p.tool_name, "create_issue");
+        assert_eq!(p.tool_call_id.as_deref(), Some("t1"));
+        assert_eq!(precheck(&X::ReadArgs(Default::default())), None);
+        let yes =
+            R::ShellAllowlistPrecheckResult(pb::ShellAllowlistPrecheckResult { allowlisted: true });
+        let no =
+            R::McpAllowlistPrecheckResult(pb::McpAllowlistPrecheckResult { allowlisted: false });
+        assert!(allowlisted(&[yes]));
+        assert!(!allowlisted(&[no]));
+        assert!(!allowlisted(&[]), "no answer is no approval");
+    }
+
+    #[test]
+    fn a_web_fetch_asks_with_its_decision_and_only_an_approval_fetches() {
+        use pb::interaction_response::Result as Answer;
+        use pb::web_fetch_request_response::Result as Web;
+        let f = pb::FetchArgs {
+            url: "https://example.com/x".into(),
+            tool_call_id: "t1".into(),
+        };
+        assert!(describe_fetch(&f).contains("https://example.com/x"));
+        let pb::interaction_query::Query::WebFetchRequestQuery(q) =
+            fetch_query(&f, Decision::Ask("sends data".into()), "r1")
+        else {
+            panic!("a web fetch query")
+        };
+        assert!(!q.skip_approval);
+        assert_eq!(
+            q.smart_mode_approval.map(|a| a.reason).as_deref(),
+            Some("sends data")
+        );
+        assert_eq!(q.args.map(|a| a.tool_call_id).as_deref(), Some("t1"));
+        let pb::interaction_query::Query::WebFetchRequestQuery(q) =
+            fetch_query(&f, Decision::Allow, "r2")
+        else {
+            panic!("a web fetch query")
+        };
+        assert!(q.skip_approval && q.smart_mode_approval.is_none());
+        let answer = |r| pb::InteractionResponse {
+            id: 1,
+            result: Some(Answer::WebFetchRequestResponse(
+                pb::WebFetchRequestResponse { result: r },
+            )),
+        };
+        assert_eq!(
+            fetch_refusal(&answer(Some(Web::Approved(Default::default())))),
+            None
+        );
+        let no = fetch_refusal(&answer(Some(Web::Rejected(
+            pb::web_fetch_request_response::Rejected {
+                reason: "not that site".into(),
+            },
+        ))));
+        assert!(no.is_some_and(|r| r.contains("not that site")));
+        assert!(fetch_refusal(&pb::InteractionResponse::default()).is_some());
     }
 
     #[test]

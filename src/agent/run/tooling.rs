@@ -29,7 +29,15 @@ impl RunState {
         let mut planned: Vec<(usize, ToolPlan)> = Vec::new();
         for (i, (id, name, args, _)) in calls.iter().enumerate() {
             let call_id = cursor_call_id(step, id);
-            match tools::plan(ctx, &call_id, name, args) {
+            let plan = match tools::plan(ctx, &call_id, name, args) {
+                Ok(plan) if ctx.auto_review => match self.review_fetch(&plan).await? {
+                    None => Ok(plan),
+                    Some(refusal) => Err(refusal),
+                },
+                Ok(plan) => Ok(plan),
+                Err(e) => Err(e.to_string()),
+            };
+            match plan {
                 Ok(plan) => planned.push((i, plan)),
                 Err(e) => {
                     let tc =
@@ -37,7 +45,7 @@ impl RunState {
                             tool_call_id: Some(call_id.clone()),
                             ..Default::default()
                         });
-                    let outcome = tools::error_outcome(tc, e.to_string());
+                    let outcome = tools::error_outcome(tc, e);
                     self.out
                         .send(msg::tool_call_started(
                             call_id.clone(),
@@ -182,12 +190,75 @@ impl RunState {
             let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
                 review::Plan::Leave => continue,
                 review::Plan::Ask(reason) => review::Decision::Ask(reason),
-                review::Plan::Judge(description) => self.verdict(&description).await?,
+                // The user's and project's allow lists win over the model's verdict.
+                review::Plan::Judge(description) => {
+                    if self.allowlisted(exec).await? {
+                        review::Decision::Allow
+                    } else {
+                        self.verdict(&description).await?
+                    }
+                }
             };
             let request_id = format!("{}-review-{}-{n}", self.run.request_id, self.step);
             review::apply(exec, decision, &request_id);
         }
         Ok(())
+    }
+
+    /// Auto-review of a web fetch, before it runs: the client is asked with
+    /// `web_fetch_request_query`, approved at once when the URL is on the user's allow list or
+    /// the model judges it safe, else on the client's card with the verdict's reason. Returns
+    /// why not to fetch, when the user did not approve.
+    async fn review_fetch(&mut self, plan: &ToolPlan) -> Result<Option<String>, RunError> {
+        let ToolPlan::Exec {
+            exec: pb::exec_server_message::Message::FetchArgs(f),
+            ..
+        } = plan
+        else {
+            return Ok(None);
+        };
+        let exec = pb::exec_server_message::Message::FetchArgs(f.clone());
+        let decision = if self.allowlisted(&exec).await? {
+            review::Decision::Allow
+        } else {
+            self.verdict(&review::describe_fetch(f)).await?
+        };
+        let request_id = format!(
+            "{}-review-{}-{}",
+            self.run.request_id, self.step, f.tool_call_id
+        );
+        let response = self
+            .ask(review::fetch_query(f, decision, &request_id))
+            .await?;
+        Ok(review::fetch_refusal(&response))
+    }
+
+    /// Whether the client says `exec` is on the user's or project's allow lists (see
+    /// [`review::precheck`]). A client that does not answer within
+    /// [`review::PRECHECK_TIMEOUT`] says no; the run goes on.
+    async fn allowlisted(
+        &mut self,
+        exec: &pb::exec_server_message::Message,
+    ) -> Result<bool, RunError> {
+        let Some(args) = review::precheck(exec) else {
+            return Ok(false);
+        };
+        let (id, exec_id) = self.exec.open();
+        self.out.send(msg::exec(id, exec_id, args)).await?;
+        let deadline = tokio::time::Instant::now() + review::PRECHECK_TIMEOUT;
+        while !(self.exec.is_done(id, false) || self.exec.has_final(id)) {
+            match self.next_event(deadline, "an allowlist precheck").await {
+                Ok(ev) => self.dispatch(Some(ev)).await?,
+                Err(RunError::ClientTimeout { .. }) => {
+                    tracing::info!("the client did not answer the allowlist precheck in time");
+                    self.exec.take(id);
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let outcome = self.exec.take(id);
+        Ok(review::allowlisted(&outcome.results))
     }
 
     /// The run's model judges one call, within [`review::VERDICT_TIMEOUT`]; anything but a
@@ -300,12 +371,11 @@ impl RunState {
     }
 
     /// Ask the user (question, mode switch, plan) and wait for the answer.
-    async fn run_interaction(
+    /// Ask the client `query` and wait for the user's answer.
+    async fn ask(
         &mut self,
-        plan: &ToolPlan,
         query: pb::interaction_query::Query,
-        ctx: &mut ToolContext,
-    ) -> Result<ToolOutcome, RunError> {
+    ) -> Result<pb::InteractionResponse, RunError> {
         let id = self.next_interaction;
         self.next_interaction = self.next_interaction.wrapping_add(1).max(1);
         self.interactions.insert(id, None);
@@ -315,7 +385,16 @@ impl RunState {
             let ev = self.next_event(deadline, "an answer from the user").await?;
             self.dispatch(Some(ev)).await?;
         }
-        let response = self.interactions.remove(&id).flatten().unwrap_or_default();
+        Ok(self.interactions.remove(&id).flatten().unwrap_or_default())
+    }
+
+    async fn run_interaction(
+        &mut self,
+        plan: &ToolPlan,
+        query: pb::interaction_query::Query,
+        ctx: &mut ToolContext,
+    ) -> Result<ToolOutcome, RunError> {
+        let response = self.ask(query).await?;
         if let Some(mode) = tools::approved_mode(plan, &response) {
             ctx.mode = mode;
         }
