@@ -1914,3 +1914,51 @@ async fn with_retries_a_user_cancel_starts_no_new_run() {
     )
     .await;
 }
+
+/// A model stuck in a loop, as the SDK runs it: the same read of the same file every round.
+/// The SDK runs each read; the proxy warns the model at the third repeat and ends the turn at
+/// the fifth with a message the user sees, so the provider is asked five times, not 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_stuck_in_a_loop_is_stopped_at_the_fifth_repeat() {
+    on_every_transport(
+        "a_model_stuck_in_a_loop_is_stopped_at_the_fifth_repeat",
+        |sdk, transport| async move {
+            let same = || {
+                Reply::sse(tool_reply(
+                    "call_same",
+                    "read_file",
+                    json!({"path": "notes.txt"}),
+                ))
+            };
+            let mut replies: Vec<Reply> = (0..5).map(|_| same()).collect();
+            replies.push(Reply::sse(text_reply(&["not stopped"], (10, 2, 0))));
+            let h = Harness::start(sdk, transport, replies).await;
+            std::fs::write(h.file("notes.txt"), "status: draft\n").unwrap();
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "Read notes.txt."}),
+                    TIMEOUT,
+                )
+                .await;
+            run.assert_finished();
+            let text = run.text();
+            assert!(
+                text.contains(
+                    "Stopped: the model made the same call with the same arguments 5 times"
+                ),
+                "{}",
+                run.dump()
+            );
+            assert!(!text.contains("not stopped"), "{}", run.dump());
+            assert_eq!(h.provider.requests().len(), 5, "{}", run.dump());
+            let warned = fake_provider::tool_results(&h.provider, 3);
+            assert!(
+                warned
+                    .last()
+                    .is_some_and(|r| r.contains("3 times in a row")),
+                "the third result warns the model: {warned:?}"
+            );
+        },
+    )
+    .await;
+}

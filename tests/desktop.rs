@@ -1146,3 +1146,51 @@ async fn auto_review_asks_before_a_web_fetch_and_a_rejected_one_is_not_fetched()
     assert!(last.contains("rejected this web fetch"), "{last}");
     assert!(last.contains("not this site"), "{last}");
 }
+
+/// A verdict that does not come within its bound asks the user; the run goes on. On tokio's
+/// paused clock: the 20 s pass in no time, a metronome bounding each jump so a reply in flight on
+/// loopback is never overtaken by a timer.
+#[tokio::test(start_paused = true)]
+async fn auto_review_asks_the_user_when_the_verdict_times_out() {
+    let _metronome = tokio::spawn(async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+        }
+    });
+    let ws = tempfile::tempdir().expect("tempdir");
+    let h = shared::harness_keyed(
+        vec![
+            Reply::sse(fake_provider::tool_sse(&[(
+                "s1",
+                "run_terminal_cmd",
+                r#"{"command":"make deploy"}"#,
+            )])),
+            // The verdict's stream opens and says nothing.
+            Reply::sse("").then(fake_provider::After::Stall),
+            Reply::sse(fake_provider::text_sse("Done.")),
+        ],
+        "sk-test-desktop",
+        |c| c.agent.provider_idle_timeout_secs = 3600,
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    let started = tokio::time::Instant::now();
+    let first = review_request("conv-slow-verdict", ws.path(), true);
+    let (messages, end) = turn(&h, "req-slow-verdict", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let sent = shells(&messages);
+    assert!(!sent[0].skip_approval);
+    let reason = &sent[0].smart_mode_approval.as_ref().expect("asks").reason;
+    assert!(reason.contains("did not answer in time"), "{reason}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(20),
+        "waited the verdict's bound"
+    );
+    assert!(
+        h.provider
+            .wait_hangups(1, std::time::Duration::from_secs(5))
+            .await,
+        "the verdict's stream was closed"
+    );
+}

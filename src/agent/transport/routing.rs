@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Where a run goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,5 +107,16 @@ mod tests {
             })
         );
         assert_eq!(t.request("b"), Some(Decision::Relay));
+    }
+
+    /// A pin lives its day, on tokio's clock: kept at 23 h 59 min, gone at 24 h.
+    #[tokio::test(start_paused = true)]
+    async fn pins_expire_after_their_lifetime() {
+        let t = RoutingTable::default();
+        t.pin_request("r", Decision::Relay);
+        tokio::time::advance(Duration::from_secs(24 * 3600 - 60)).await;
+        assert_eq!(t.request("r"), Some(Decision::Relay));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(t.request("r"), None);
     }
 }
