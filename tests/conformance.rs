@@ -1962,3 +1962,67 @@ async fn a_model_stuck_in_a_loop_is_stopped_at_the_fifth_repeat() {
     )
     .await;
 }
+
+/// Every file under `dir` whose path contains `part`.
+fn files_under(dir: &Path, part: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.to_string_lossy().contains(part) {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// The turn lands in the transcripts folder the SDK names (`agent_transcripts_folder`), in
+/// Cursor's format, so a later @-mention of the chat and history search find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_turn_is_written_to_the_sdks_transcripts_folder() {
+    on_every_transport(
+        "a_finished_turn_is_written_to_the_sdks_transcripts_folder",
+        |sdk, transport| async move {
+            let reply = text_reply(&["The answer ", "is 42."], (20, 4, 0));
+            let h = Harness::start(sdk, transport, vec![Reply::sse(reply)]).await;
+            let run = h
+                .client(
+                    json!({"mode": "create", "prompt": "What is the answer?"}),
+                    TIMEOUT,
+                )
+                .await;
+            run.assert_finished();
+            let files = files_under(h.home.path(), "agent-transcripts");
+            let jsonl: Vec<&PathBuf> = files
+                .iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+                .collect();
+            assert_eq!(
+                jsonl.len(),
+                1,
+                "{files:?} in {:?}\n{}",
+                files_under(h.home.path(), ""),
+                run.dump()
+            );
+            let text = std::fs::read_to_string(jsonl[0]).unwrap();
+            let lines: Vec<Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON lines"))
+                .collect();
+            let said = |role: &str| {
+                lines
+                    .iter()
+                    .filter(|l| l["role"] == role)
+                    .map(|l| l["message"]["content"].to_string())
+                    .collect::<String>()
+            };
+            assert!(said("user").contains("What is the answer?"), "{text}");
+            assert!(said("assistant").contains("The answer is 42."), "{text}");
+        },
+    )
+    .await;
+}

@@ -129,9 +129,33 @@ pub fn render(jsonl: &str) -> String {
     format!("[earlier part left out]\n{tail}")
 }
 
-/// Appends `lines` to the conversation's transcript when `folder` exists on this machine.
-/// `Ok(false)`: not written (no such folder here, an unusable id, nothing to write, or the
-/// file would grow past [`MAX_FILE_BYTES`]).
+/// Whether `folder` is a transcripts folder of this machine: it exists, or it is where Cursor
+/// keeps a project's transcripts (`<home>/.cursor/projects/<project>/agent-transcripts`) under
+/// a home that exists here. Clients that do not write status lines (the SDK) never create it.
+fn on_this_machine(folder: &Path) -> bool {
+    use std::path::Component;
+    if folder.is_dir() {
+        return true;
+    }
+    let plain = folder.is_absolute()
+        && folder.components().all(|c| {
+            matches!(
+                c,
+                Component::RootDir | Component::Prefix(_) | Component::Normal(_)
+            )
+        });
+    let names: Vec<_> = folder.iter().rev().take(4).collect();
+    let layout = names.len() == 4
+        && names[0] == "agent-transcripts"
+        && names[2] == "projects"
+        && names[3] == ".cursor";
+    let home = folder.ancestors().nth(4);
+    plain && layout && home.is_some_and(Path::is_dir)
+}
+
+/// Appends `lines` to the conversation's transcript when `folder` is on this machine
+/// ([`on_this_machine`]). `Ok(false)`: not written (no such folder here, an unusable id,
+/// nothing to write, or the file would grow past [`MAX_FILE_BYTES`]).
 pub async fn append(folder: &str, conversation: &str, lines: String) -> std::io::Result<bool> {
     let Some(path) = path_for(folder, conversation) else {
         return Ok(false);
@@ -142,7 +166,7 @@ pub async fn append(folder: &str, conversation: &str, lines: String) -> std::io:
     let root = PathBuf::from(folder);
     // One blocking task, one write: it finishes even if the turn's task is dropped meanwhile.
     tokio::task::spawn_blocking(move || {
-        if !root.is_dir() {
+        if !on_this_machine(&root) {
             return Ok(false);
         }
         if let Some(dir) = path.parent() {
@@ -304,6 +328,27 @@ mod tests {
             .expect("io"));
         assert!(!Path::new(missing).exists(), "no folder is created");
         assert_eq!(read(missing, "c1").await, None);
+    }
+
+    #[test]
+    fn cursors_own_transcripts_folder_under_a_home_here_counts_as_this_machines() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let folder = home
+            .path()
+            .join(".cursor/projects/tmp-ws/agent-transcripts");
+        assert!(
+            on_this_machine(&folder),
+            "Cursor's layout under an existing home"
+        );
+        let elsewhere = Path::new("/no/such/home/.cursor/projects/ws/agent-transcripts");
+        assert!(
+            !on_this_machine(elsewhere),
+            "the home is not on this machine"
+        );
+        let other = home.path().join("notes/agent-transcripts");
+        assert!(!on_this_machine(&other), "not Cursor's layout");
+        let sneaky = home.path().join(".cursor/projects/../agent-transcripts");
+        assert!(!on_this_machine(&sneaky), "no `..` in the path");
     }
 
     #[tokio::test]
