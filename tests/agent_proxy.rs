@@ -774,8 +774,8 @@ async fn a_new_run_replaces_an_ended_run_left_unread_and_a_resent_append_0_does_
     let first = Bidi::new(&h.connect_door(), "req-unread");
     let run = run_request(OURS, "conv-unread", "Say hello", true);
     first.send(&run).await;
-    // Read its first text, then leave: after the reader grace (5 s) the run is ended as left
-    // by its client, its end frame unread, so its entry lingers.
+    // Read its first text, then leave: the run ends (at the latest after the reader grace), its
+    // end frame unread, so its entry lingers.
     let mut reader = first.open_sse().await;
     let t = play_until(&mut reader, Sink::Bidi(&first), &store, |m| {
         !text_of(std::slice::from_ref(m)).is_empty()
@@ -783,7 +783,10 @@ async fn a_new_run_replaces_an_ended_run_left_unread_and_a_resent_append_0_does_
     .await;
     assert!(t.end.is_none());
     drop(reader);
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert!(
+        h.wait_no_active_runs(Duration::from_secs(15)).await,
+        "the run ends once the reader grace has passed"
+    );
     // Append 0 sent again is a duplicate, not a new run.
     first.append(0, &run).await;
     assert_eq!(h.provider.requests().len(), 1);

@@ -240,6 +240,21 @@ async fn assert_ended_cleanly(h: &Harness, request_id: &str, left: Instant, base
     assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
     let n = settle_tasks(baseline, Duration::from_secs(30)).await;
     assert!(n <= baseline, "{n} tasks alive, {baseline} before the run");
+    assert_nothing_held(h, Duration::from_secs(120)).await;
+}
+
+/// The HTTP/1.1 transport lets go of everything of the ended runs: no request id paired, no
+/// append or output bytes held (after the linger for a late reader).
+async fn assert_nothing_held(h: &Harness, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let p = h.server.agent_pairing();
+        if p == Default::default() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still held after {within:?}: {p:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 async fn leaves_during(
@@ -350,6 +365,7 @@ async fn leaves_during_a_subagent(transport: Transport) {
     assert!(h.wait_no_active_runs(Duration::from_secs(1)).await);
     let n = settle_tasks(baseline, Duration::from_secs(30)).await;
     assert!(n <= baseline, "{n} tasks alive, {baseline} before the runs");
+    assert_nothing_held(&h, Duration::from_secs(120)).await;
     assert!(h.provider.wait_hangups(1, Duration::from_secs(5)).await);
     h.assert_nothing_relayed();
 }

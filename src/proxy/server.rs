@@ -27,17 +27,23 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// The handler stack: passthrough, Cursor's adjusted services, and the agent. `status` is the
 /// registry the status page shows; the agent reports its runs there.
-fn router(config: &Config, upstream: Upstream, status: &Status) -> Result<Router, ProxyError> {
+fn router(
+    config: &Config,
+    upstream: Upstream,
+    status: &Status,
+) -> Result<(Router, AgentTransports), ProxyError> {
     let config = Arc::new(config.clone());
     let agent =
         Agent::with_status(config.clone(), status.clone()).map_err(|e| ProxyError::Config {
             reason: e.to_string(),
         })?;
-    Ok(Router::new(
-        upstream.clone(),
+    let agent = AgentTransports::new(agent, upstream.clone());
+    let router = Router::new(
+        upstream,
         CursorServices::new(config).with_status(status.clone()),
-        AgentTransports::new(agent, upstream),
-    ))
+        agent.clone(),
+    );
+    Ok((router, agent))
 }
 
 /// Configures and binds a [`Server`].
@@ -94,10 +100,11 @@ impl ServerBuilder {
         let status = self.status.unwrap_or_default();
         status.record_usage_in(&config.data_dir());
         status.serve_pac(crate::status::pac::script(proxy_addr, &config.intercept));
+        let (router, agent) = router(&config, upstream, &status)?;
         let state = Arc::new(State {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,
-            router: router(&config, upstream, &status)?,
+            router,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
             door_auth: DoorCheck::from_config(&config).map(Arc::new),
             origin,
@@ -144,6 +151,7 @@ impl ServerBuilder {
             shutdown,
             accept_loops,
             status,
+            agent,
         })
     }
 }
@@ -158,6 +166,7 @@ pub struct Server {
     shutdown: Shutdown,
     accept_loops: Vec<JoinHandle<()>>,
     status: Status,
+    agent: AgentTransports,
 }
 
 impl Server {
@@ -188,6 +197,11 @@ impl Server {
     /// The live run registry behind `http://<proxy_addr>/__cursor-byok/status`.
     pub fn status(&self) -> &Status {
         &self.status
+    }
+
+    /// What the agent's HTTP/1.1 transport holds right now.
+    pub fn agent_pairing(&self) -> crate::agent::transport::Pairing {
+        self.agent.pairing()
     }
 
     /// Stop accepting, let live streams finish for up to `grace`, then close the rest.

@@ -53,6 +53,14 @@ pub fn classify(path: &str) -> Option<AgentRpc> {
     }
 }
 
+/// See [`AgentTransports::pairing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pairing {
+    pub requests: usize,
+    pub held_append_bytes: usize,
+    pub backlog_bytes: usize,
+}
+
 /// The agent's HTTP face. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentTransports {
@@ -90,6 +98,17 @@ impl AgentTransports {
 
     pub fn agent(&self) -> &Agent {
         &self.inner.agent
+    }
+
+    /// What the HTTP/1.1 transport holds right now: the request ids it pairs, the bytes of
+    /// appends waiting for their turn and of run output waiting for a reader.
+    pub fn pairing(&self) -> Pairing {
+        let bidi = &self.inner.bidi;
+        Pairing {
+            requests: bidi.len(),
+            held_append_bytes: bidi.held_bytes(),
+            backlog_bytes: bidi.backlog_bytes(),
+        }
     }
 
     /// Serve one request for `rpc`, as the router classified it.

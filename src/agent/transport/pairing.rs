@@ -232,15 +232,22 @@ impl Registry {
     }
 
     /// Request ids held.
-    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.map().entries.len()
     }
 
     /// Bytes of out-of-order appends held.
-    #[cfg(test)]
     pub(super) fn held_bytes(&self) -> usize {
         self.shared.held.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of run output held for readers, over every entry.
+    pub(super) fn backlog_bytes(&self) -> usize {
+        let entries: Vec<Arc<Entry>> = self.map().entries.values().cloned().collect();
+        entries
+            .iter()
+            .map(|e| e.backlog().frames.iter().map(Bytes::len).sum::<usize>())
+            .sum()
     }
 }
 
@@ -371,6 +378,10 @@ impl Entry {
     }
 
     fn verdict(&self, now: Instant, limits: &PairingLimits) -> Verdict {
+        // The client left for good and its run was ended: nothing here can reach anyone.
+        if self.gone.is_cancelled() {
+            return Verdict::Forget;
+        }
         let b = self.backlog();
         let idle = now.saturating_duration_since(b.last_seen);
         if let Some(ended_at) = b.ended_at {
