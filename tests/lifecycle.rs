@@ -252,7 +252,10 @@ async fn assert_nothing_held(h: &Harness, within: Duration) {
         if p == Default::default() {
             return;
         }
-        assert!(Instant::now() < deadline, "still held after {within:?}: {p:?}");
+        assert!(
+            Instant::now() < deadline,
+            "still held after {within:?}: {p:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
