@@ -1,8 +1,8 @@
 //! Provider clients against recorded fixtures and a fake provider.
 //!
 //! Fixtures: our own in `tests/fixtures/providers/` and real recordings in
-//! `tests/fixtures/recorded/providers/` (each with its source note). Gemini's native stream
-//! format is not implemented, so its fixtures are not decoded here.
+//! `tests/fixtures/recorded/providers/` (each with its source note), every provider kind
+//! (OpenAI Chat and Responses, Anthropic, native Gemini) decoded and replayed.
 
 mod common;
 
