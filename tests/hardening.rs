@@ -758,7 +758,7 @@ fn raise_open_files_limit(need: u64) {
 /// 1,000 connections each sending an unfinished large header to the proxy as its own process:
 /// while held its RSS and descriptors grow; after the head timeout (10 s here) both are back
 /// near their baseline and a normal request is served. `HEAD_FLOOD_KIB` sets each header's
-/// size (64 KiB by default; the run used 390). Figures go to docs/benchmarks.md.
+/// size (64 KiB by default). Figures go to docs/benchmarks.md.
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_flood_returns_memory_and_fds_to_baseline() {

@@ -353,7 +353,7 @@ async fn rapid_reset_is_capped_then_goaway() {
     let mut h = harness(serves(), limits);
     h.warm_up().await;
     let block = Encoding::Raw.encode(&request("/echo"));
-    // 20,000 HEADERS + RST_STREAM pairs, as in the issue, 100 to a write.
+    // 20,000 HEADERS + RST_STREAM pairs (a rapid-reset flood), 100 to a write.
     let mut sent = 0;
     'flood: for batch in 0..200u32 {
         let mut out = BytesMut::new();
@@ -497,7 +497,7 @@ async fn acks_for_a_client_that_does_not_read_stay_bounded() {
     for _ in 0..1000 {
         frame::put_ping(&mut chunk, false, *b"unread!!");
     }
-    // Up to 5M PINGs, as in the issue; the writes stop long before.
+    // Up to 5M PINGs; the writes stop long before.
     let mut pings = 0;
     while pings < 5_000_000 && h.try_send(&chunk).await {
         pings += 1000;
@@ -606,7 +606,7 @@ async fn reencoding_past_the_budget_ends_the_connection() {
     headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/echo")));
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "origin");
-    // 99 KB of such blocks in the issue; each would be a 3,900-byte literal.
+    // 99 KB of such blocks; each would be a 3,900-byte literal.
     let (out, sent) = big_entry_blocks(10_000, 3);
     h.expect_calm(&out, "header amplification").await;
     let received = h.origin.block_bytes.load(Ordering::SeqCst);
