@@ -481,14 +481,12 @@ mod subagents {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::common::fake_cursor::{user_message_action, FakeCursor};
+    use super::common::fake_cursor::{first_subagent_args, user_message_action, FakeCursor};
     use super::common::fake_provider::{text_sse, tool_sse, After, FakeProvider, Reply};
     use cursor_byok::agent::{Agent, RunHandle, RunOutput};
     use cursor_byok::config::Config;
     use cursor_byok::connect::EndStream;
     use cursor_byok::proto::agent::v1 as pb;
-    use pb::agent_server_message::Message as Server;
-    use pb::exec_server_message::Message as Exec;
 
     fn config(parent: &str, child: &str) -> Arc<Config> {
         let dir = tempfile::tempdir().expect("tempdir").keep();
@@ -549,29 +547,6 @@ mod subagents {
             .await
             .expect("the run must not hang")
             .expect("the run must end with an End")
-    }
-
-    /// Plays the client for `handle` until its first `subagent_args`.
-    async fn first_subagent_args(
-        handle: &mut RunHandle,
-        client: &mut FakeCursor,
-    ) -> pb::SubagentArgs {
-        loop {
-            let m = match next(handle).await {
-                RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
-                RunOutput::End(end) => panic!("ended first: {:?}", end.error),
-            };
-            if let Some(Server::ExecServerMessage(pb::ExecServerMessage {
-                message: Some(Exec::SubagentArgs(a)),
-                ..
-            })) = &m.message
-            {
-                return a.clone();
-            }
-            for reply in client.respond(&m) {
-                let _ = handle.input.send(Box::new(reply)).await;
-            }
-        }
     }
 
     /// Plays the client for `handle` to its end.
@@ -1148,16 +1123,10 @@ async fn auto_review_asks_before_a_web_fetch_and_a_rejected_one_is_not_fetched()
 }
 
 /// A verdict that does not come within its bound asks the user; the run goes on. On tokio's
-/// paused clock: the 20 s pass in no time, a metronome bounding each jump so a reply in flight on
-/// loopback is never overtaken by a timer.
+/// paused clock: the 20 s pass in no time (see [`common::metronome`]).
 #[tokio::test(start_paused = true)]
 async fn auto_review_asks_the_user_when_the_verdict_times_out() {
-    let _metronome = tokio::spawn(async {
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
-        loop {
-            tick.tick().await;
-        }
-    });
+    let _metronome = common::metronome();
     let ws = tempfile::tempdir().expect("tempdir");
     let h = shared::harness_keyed(
         vec![
@@ -1192,5 +1161,44 @@ async fn auto_review_asks_the_user_when_the_verdict_times_out() {
             .wait_hangups(1, std::time::Duration::from_secs(5))
             .await,
         "the verdict's stream was closed"
+    );
+}
+
+/// A client that never answers the allowlist precheck: after the precheck's bound (10 s, on the
+/// paused clock) the call is judged as if it were not on a list, and the run goes on.
+#[tokio::test(start_paused = true)]
+async fn auto_review_judges_when_the_allowlist_precheck_gets_no_answer() {
+    let _metronome = common::metronome();
+    let ws = tempfile::tempdir().expect("tempdir");
+    let h = shared::harness_keyed(
+        vec![
+            Reply::sse(fake_provider::tool_sse(&[(
+                "s1",
+                "run_terminal_cmd",
+                r#"{"command":"npm test"}"#,
+            )])),
+            Reply::sse(fake_provider::text_sse(
+                r#"{"decision":"allow","reason":"runs the tests"}"#,
+            )),
+            Reply::sse(fake_provider::text_sse("Done.")),
+        ],
+        "sk-test-desktop",
+        |_| {},
+    )
+    .await;
+    let mut client = FakeCursor::new(ws.path());
+    client.allowlist = vec!["npm test".into()];
+    client.ignore_prechecks = true;
+    let started = tokio::time::Instant::now();
+    let first = review_request("conv-no-precheck", ws.path(), true);
+    let (messages, end) = turn(&h, "req-no-precheck", &first, &mut client).await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert!(started.elapsed() >= std::time::Duration::from_secs(10));
+    let sent = shells(&messages);
+    assert!(sent[0].skip_approval, "the model's verdict allowed it");
+    assert_eq!(
+        h.provider.requests().len(),
+        3,
+        "the tool turn, the verdict, the answer"
     );
 }

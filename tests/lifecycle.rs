@@ -35,16 +35,6 @@ const READER_GRACE: Duration = Duration::from_secs(5);
 /// How long a canceled run's output may wait for room (`run::WIND_DOWN`).
 const WIND_DOWN: Duration = Duration::from_secs(5);
 
-/// Bounds each jump of the paused clock (see the module doc).
-fn metronome() -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        loop {
-            tick.tick().await;
-        }
-    })
-}
-
 async fn harness(replies: Vec<Reply>) -> Harness {
     harness::harness_keyed(replies, KEY, |c| {
         // Long enough that only the client's leaving can end a run waiting on it.
@@ -266,7 +256,7 @@ async fn leaves_during(
     tag: &str,
     stop: impl FnMut(&pb::AgentServerMessage) -> bool,
 ) -> Harness {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![]).await;
     warm_up(&h, transport).await;
     let baseline = tasks();
@@ -333,7 +323,7 @@ async fn a_reader_that_leaves_during_kv_writes_ends_the_run_over_h2_run() {
 /// The parent waits on a subagent whose child run streams; the client leaves both: both runs
 /// end within the grace and the wind-down, and nothing is left behind.
 async fn leaves_during_a_subagent(transport: Transport) {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![]).await;
     warm_up(&h, transport).await;
     let baseline = tasks();
@@ -389,7 +379,7 @@ async fn a_client_that_leaves_during_a_subagent_ends_both_runs_over_h2_run() {
 /// offset from the client (RunSSE carries none), so only a tail is asserted.
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let (reply, full) = long_text(1000, Duration::from_millis(10));
     let h = harness(vec![reply]).await;
     let store = Store::default();
@@ -434,7 +424,7 @@ async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
 /// the grace is answered at once and drains the run, which takes the waiting appends again.
 #[tokio::test(start_paused = true)]
 async fn a_returning_reader_is_not_kept_out_by_appends_waiting_on_a_full_run() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![endless_text(3000)]).await;
     let bidi = Bidi::new(&h.connect_door(), "req-full");
     let first = run_request(OURS, "conv-full", "hi", true);
@@ -478,7 +468,7 @@ async fn a_returning_reader_is_not_kept_out_by_appends_waiting_on_a_full_run() {
 /// RunSSE first, its append 0 (naming our model) `late`: the run is ours, answered by our
 /// provider, and nothing reaches Cursor.
 async fn late_append_0_is_ours(late: Duration, tag: &str) {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![Reply::sse(harness::TEXT_SSE)]).await;
     let request_id = format!("req-late-{tag}");
     let bidi = Bidi::new(&h.connect_door(), &request_id);
@@ -514,7 +504,7 @@ async fn a_run_sse_whose_append_0_is_30s_late_is_ours() {
 
 /// An HTTP/2 `Run` whose first frame (naming our model) comes `late`: ours.
 async fn late_first_frame_is_ours(late: Duration, tag: &str) {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![Reply::sse(harness::TEXT_SSE)]).await;
     let door = h.connect_door();
     let mut conn = door.connect(Alpn::H2).await;
@@ -560,7 +550,7 @@ async fn an_h2_run_whose_first_frame_is_30s_late_is_ours() {
 /// Append 1 arrives 3 s before append 0 (which names our model): both are ours, in order.
 #[tokio::test(start_paused = true)]
 async fn an_append_ahead_of_a_late_append_0_waits_for_it_and_is_ours() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![Reply::sse(harness::TEXT_SSE)]).await;
     let bidi = Bidi::new(&h.connect_door(), "req-ahead");
     let ahead = bidi.spawn_append(1, common::agent_client::client_heartbeat());

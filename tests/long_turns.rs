@@ -33,16 +33,6 @@ const KEY: &str = "sk-test-long-turns";
 const THREE_HOURS: Duration = Duration::from_secs(3 * 3600);
 const TOOL_OUTPUT: &str = "build finished after three hours";
 
-/// Bounds each jump of the paused clock (see the module doc).
-fn metronome() -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        loop {
-            tick.tick().await;
-        }
-    })
-}
-
 /// The proxy with the product's own timings (heartbeat 5 s, client timeout 30 s).
 async fn harness(replies: Vec<Reply>) -> Harness {
     harness::harness_keyed(replies, KEY, |c| {
@@ -209,7 +199,7 @@ async fn play_long(
 }
 
 async fn three_hour_tool_round(transport: Transport) {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![
         shell_call("make all", 4 * 3600),
         text_reply("The build is done."),
@@ -316,7 +306,7 @@ async fn late_heartbeat(bidi: &Bidi) -> common::agent_client::Answer {
 
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_leaves_for_good_ends_the_run_blaming_the_client() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let (h, bidi) = stalled_run("leaves").await;
     let mut sse = bidi.open_sse().await;
     assert!(matches!(sse.next().await, Some(Received::Message(_))));
@@ -332,7 +322,7 @@ async fn a_reader_that_leaves_for_good_ends_the_run_blaming_the_client() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_whose_reader_never_comes_ends_and_its_appends_then_get_an_error() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let (h, bidi) = stalled_run("no-reader").await;
     wait_recorded(&h, "req-no-reader").await;
     let (outcome, error) = record(&h, "req-no-reader");
@@ -347,7 +337,7 @@ async fn a_run_whose_reader_never_comes_ends_and_its_appends_then_get_an_error()
 
 #[tokio::test(start_paused = true)]
 async fn appends_after_a_finished_and_forgotten_run_get_an_error() {
-    let _metronome = metronome();
+    let _metronome = common::metronome();
     let h = harness(vec![text_reply("done")]).await;
     let door = h.connect_door();
     let bidi = Bidi::new(&door, "req-done");

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fake_cursor::FakeCursor;
+use common::fake_cursor::{first_subagent_args, FakeCursor};
 use common::fake_provider::{text_sse, tool_results, tool_sse, After, FakeProvider, Reply};
 use cursor_byok::agent::{Agent, RunHandle, RunOutput};
 use cursor_byok::config::Config;
@@ -661,30 +661,6 @@ async fn nesting_is_bounded_the_grandchild_gets_no_subagent_tool() {
     );
     assert!(tool_results(&child, 2)[0].contains("Deep answer."));
     assert!(tool_results(&parent, 1)[0].contains("Middle answer."));
-}
-
-/// Plays Cursor's client for the parent up to its first `subagent_args`, which it returns.
-async fn first_subagent_args(handle: &mut RunHandle, client: &mut FakeCursor) -> pb::SubagentArgs {
-    loop {
-        let out = tokio::time::timeout(Duration::from_secs(20), handle.output.recv())
-            .await
-            .expect("the parent must not hang")
-            .expect("the parent must send subagent_args");
-        let m = match out {
-            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
-            RunOutput::End(end) => panic!("the parent ended first: {:?}", end.error),
-        };
-        if let Some(Server::ExecServerMessage(pb::ExecServerMessage {
-            message: Some(Exec::SubagentArgs(a)),
-            ..
-        })) = &m.message
-        {
-            return a.clone();
-        }
-        for reply in client.respond(&m) {
-            let _ = handle.input.send(Box::new(reply)).await;
-        }
-    }
 }
 
 /// The first request of the run `request` on `provider`, run to its end.

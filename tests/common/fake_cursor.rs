@@ -39,6 +39,8 @@ pub struct FakeCursor {
     pub allowlist: Vec<String>,
     /// URLs the user rejects on a web fetch card (every other one is approved).
     pub reject_fetches: Vec<String>,
+    /// Never answer allowlist prechecks (a client that does not know them).
+    pub ignore_prechecks: bool,
 }
 
 impl FakeCursor {
@@ -56,6 +58,7 @@ impl FakeCursor {
             held_shell: None,
             allowlist: Vec::new(),
             reject_fetches: Vec::new(),
+            ignore_prechecks: false,
         }
     }
 
@@ -198,6 +201,13 @@ impl FakeCursor {
                     ..Default::default()
                 },
             ))];
+        }
+        let precheck = matches!(
+            e.message,
+            Some(X::ShellAllowlistPrecheckArgs(_) | X::WebFetchAllowlistPrecheckArgs(_))
+        );
+        if self.ignore_prechecks && precheck {
+            return vec![];
         }
         let results: Vec<R> = match &e.message {
             Some(X::RequestContextArgs(_)) => {
@@ -448,5 +458,33 @@ pub fn user_message_action(
             },
         )),
         ..Default::default()
+    }
+}
+
+/// Plays `client` for the run `handle` up to its first `subagent_args`, which it returns.
+pub async fn first_subagent_args(
+    handle: &mut cursor_byok::agent::RunHandle,
+    client: &mut FakeCursor,
+) -> pb::SubagentArgs {
+    use cursor_byok::agent::RunOutput;
+    loop {
+        let out = tokio::time::timeout(std::time::Duration::from_secs(20), handle.output.recv())
+            .await
+            .expect("the run must not hang")
+            .expect("the run must send subagent_args");
+        let m = match out {
+            RunOutput::Message(m) | RunOutput::Encoded(m, _) => m,
+            RunOutput::End(end) => panic!("the run ended first: {:?}", end.error),
+        };
+        if let Some(Server::ExecServerMessage(pb::ExecServerMessage {
+            message: Some(X::SubagentArgs(a)),
+            ..
+        })) = &m.message
+        {
+            return a.clone();
+        }
+        for reply in client.respond(&m) {
+            let _ = handle.input.send(Box::new(reply)).await;
+        }
     }
 }

@@ -57,3 +57,16 @@ pub fn alive_tasks() -> usize {
         .metrics()
         .num_alive_tasks()
 }
+
+/// For tests on tokio's paused clock that talk over loopback: a task ticking every 20 ms bounds
+/// each jump of the clock, so a reply in flight is never overtaken by a timer that would not
+/// have fired in real time. Keep the handle alive for the test.
+#[allow(dead_code)]
+pub fn metronome() -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+        }
+    })
+}
