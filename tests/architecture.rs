@@ -2,9 +2,17 @@
 //! `src/` (test modules left out) must be an edge of the table below, and the table has no
 //! cycle. A new edge fails here until it is added to the table and the doc, on purpose.
 
+mod architecture {
+    pub mod modules;
+    pub mod source;
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+
+use architecture::modules::{mod_path, Crate};
+use architecture::source::{code_of, rust_files};
 
 /// Which rooms each room may use. Flow order: the front door (`proxy`, `relay`) hands requests
 /// to `router`, which sends them to passthrough (`upstream`), Cursor's services (`cursor`) or
@@ -81,70 +89,6 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         .collect()
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).expect("src/ is readable") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs")
-            && path.file_name().is_some_and(|n| n != "tests.rs")
-        {
-            out.push(path);
-        }
-    }
-}
-
-/// The file's code without comments, string contents and `#[cfg(test)]` items.
-fn code_of(text: &str) -> String {
-    let without_comments: String = text
-        .lines()
-        .map(|line| match line.find("//") {
-            // `//` inside a string literal (a URL) is rare in `use` lines; cutting there only
-            // loses references, and a reference after a URL on one line does not occur.
-            Some(at) => &line[..at],
-            None => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    strip_test_items(&without_comments)
-}
-
-/// Drop each `#[cfg(test)]` item: up to its `;` or its balanced `{ … }` block.
-fn strip_test_items(code: &str) -> String {
-    let mut out = String::with_capacity(code.len());
-    let mut rest = code;
-    while let Some(at) = rest.find("#[cfg(test)]") {
-        out.push_str(&rest[..at]);
-        rest = &rest[at + "#[cfg(test)]".len()..];
-        let end_semi = rest.find(';');
-        let open = rest.find('{');
-        match (open, end_semi) {
-            (Some(open), semi) if semi.is_none_or(|s| open < s) => {
-                let mut depth = 0usize;
-                let mut cut = rest.len();
-                for (i, c) in rest[open..].char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                cut = open + i + 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                rest = &rest[cut..];
-            }
-            (_, Some(semi)) => rest = &rest[semi + 1..],
-            _ => rest = "",
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 /// The modules named right after `crate::`, including `use crate::{a::…, b}` groups.
 fn crate_refs(code: &str) -> BTreeSet<String> {
     let mut refs = BTreeSet::new();
@@ -212,9 +156,7 @@ struct Edge {
 
 fn edges() -> Vec<Edge> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
+    let files = rust_files(&src);
     let mut edges = Vec::new();
     for file in files {
         let (room, _) = room_of(&src, &file);
@@ -259,8 +201,7 @@ fn every_import_follows_the_allowed_directions() {
 fn every_room_in_src_is_in_the_table() {
     let allowed = allowed();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let files = rust_files(&src);
     let mut missing = BTreeSet::new();
     for file in &files {
         let (room, _) = room_of(&src, file);
@@ -306,8 +247,7 @@ fn the_room_table_has_no_cycle() {
 #[test]
 fn the_agent_loop_never_touches_http() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src.join("agent"), &mut files);
+    let files = rust_files(&src.join("agent"));
     let mut wrong = Vec::new();
     for file in files {
         let (_, sub) = room_of(&src, &file);
@@ -335,4 +275,232 @@ fn the_scanner_sees_grouped_imports_and_skips_test_modules() {
     );
     let refs: Vec<_> = crate_refs(&code).into_iter().collect();
     assert_eq!(refs, ["a", "b", "c", "g"]);
+}
+
+/// The files of one room that depend on each other in a circle (Tarjan's strongly connected
+/// components over the file graph), each with the edges that tie it.
+fn file_cycles(src: &Path) -> Vec<String> {
+    let krate = Crate::read(src);
+    let room_of_file = |file: &Path| mod_path(src, file).first().cloned().unwrap_or_default();
+    let mut graph: BTreeMap<PathBuf, BTreeMap<PathBuf, BTreeSet<String>>> = BTreeMap::new();
+    for (path, module) in &krate.modules {
+        let room = path.first().cloned().unwrap_or_default();
+        let edges = krate
+            .edges_of(path)
+            .into_iter()
+            .filter(|(to, _)| !room.is_empty() && room_of_file(to) == room)
+            .collect();
+        graph.insert(module.file.clone(), edges);
+    }
+    strongly_connected(&graph)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|circle| {
+            let mut lines = vec![format!("circle of {} files:", circle.len())];
+            for from in &circle {
+                for (to, names) in &graph[from] {
+                    if circle.contains(to) {
+                        let names: Vec<_> = names.iter().map(String::as_str).collect();
+                        lines.push(format!(
+                            "  {} -> {}: {}",
+                            shown(from),
+                            shown(to),
+                            names.join(", ")
+                        ));
+                    }
+                }
+            }
+            lines.join("\n")
+        })
+        .collect()
+}
+
+type Graph = BTreeMap<PathBuf, BTreeMap<PathBuf, BTreeSet<String>>>;
+
+fn strongly_connected(graph: &Graph) -> Vec<BTreeSet<PathBuf>> {
+    struct Walk<'a> {
+        graph: &'a Graph,
+        index: BTreeMap<&'a PathBuf, usize>,
+        low: BTreeMap<&'a PathBuf, usize>,
+        stack: Vec<&'a PathBuf>,
+        out: Vec<BTreeSet<PathBuf>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, v: &'a PathBuf) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            for w in self.graph[v].keys() {
+                let Some((w, _)) = self.graph.get_key_value(w) else {
+                    continue;
+                };
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.stack.contains(&w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = BTreeSet::new();
+                while let Some(w) = self.stack.pop() {
+                    component.insert(w.clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                self.out.push(component);
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v) {
+            walk.visit(v);
+        }
+    }
+    walk.out
+}
+
+#[test]
+fn the_files_of_each_room_use_each_other_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let cycles = file_cycles(&src);
+    assert!(
+        cycles.is_empty(),
+        "files inside a room depend on each other in a circle; move what both use into a \
+         module below them (docs/architecture-rooms.md):\n{}",
+        cycles.join("\n")
+    );
+}
+
+/// A small crate on disk: `a/mod.rs` re-exports `a::low::Thing`; `a/high.rs` uses it through
+/// the re-export and `a/low.rs` uses `a::high` back, which closes a circle through files.
+#[test]
+fn the_file_scanner_follows_reexports_and_finds_a_circle() {
+    let dir = std::env::temp_dir().join(format!("arch-scan-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let src = dir.join("src");
+    fs::create_dir_all(src.join("a")).expect("temp dir");
+    let write = |path: &str, text: &str| fs::write(src.join(path), text).expect("write");
+    write("lib.rs", "pub mod a;\n");
+    write(
+        "a/mod.rs",
+        "mod high;\nmod low;\npub use low::Thing;\npub(crate) use high::{run as go};\n",
+    );
+    write(
+        "a/high.rs",
+        "use super::Thing; // crate::a::low\npub fn run() -> Thing { let s = \"super::low\"; Thing }\n",
+    );
+    write(
+        "a/low.rs",
+        "pub struct Thing;\nfn back() { crate::a::high::run(); }\n",
+    );
+    let cycles = file_cycles(&src);
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].contains("a/high.rs -> ") && cycles[0].contains("low.rs: Thing"));
+    assert!(cycles[0].contains("a/low.rs -> ") && cycles[0].contains("high.rs: run"));
+    write("a/low.rs", "pub struct Thing;\n");
+    assert!(file_cycles(&src).is_empty());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// The longest a function may be (from its `fn` line to its closing brace) unless a comment
+/// right above it starts with `Long on purpose:` and says why it reads better whole.
+const LONGEST_FUNCTION: usize = 80;
+const LONG_ON_PURPOSE: &str = "Long on purpose:";
+
+/// `(first line, lines)` of every function in a file's code (as `code_of` returns it).
+fn functions(code: &str) -> Vec<(usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let is_fn = lines[i]
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| w == "fn")
+            && !lines[i].trim_start().starts_with("type ");
+        if !is_fn {
+            i += 1;
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut opened = false;
+        let mut end = None;
+        'lines: for (j, line) in lines.iter().enumerate().skip(i) {
+            for c in line.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth = depth.saturating_sub(1),
+                    ';' if !opened => break 'lines,
+                    _ => {}
+                }
+                if opened && depth == 0 {
+                    end = Some(j);
+                    break 'lines;
+                }
+            }
+        }
+        match end {
+            // A function inside a function is counted as part of the outer one.
+            Some(end) => {
+                out.push((i, end - i + 1));
+                i = end + 1;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_long_without_saying_why() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for file in rust_files(&src) {
+        let text = fs::read_to_string(&file).expect("a source file");
+        let raw: Vec<&str> = text.lines().collect();
+        for (first, len) in functions(&code_of(&text)) {
+            if len <= LONGEST_FUNCTION {
+                continue;
+            }
+            let said = raw[..first]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("//") || l.starts_with("#[")
+                })
+                .any(|l| l.contains(LONG_ON_PURPOSE));
+            if !said {
+                long.push(format!("{}:{} ({len} lines)", shown(&file), first + 1));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines; split them, or say why above them \
+         (`// {LONG_ON_PURPOSE} …`):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn a_function_is_measured_from_fn_to_its_brace() {
+    let code = code_of(
+        "fn a() {\n    let x = \"}\";\n}\n\nfn b();\n#[cfg(test)]\nmod tests {\n    fn c() {}\n}\nfn d() { if x { y } }\n",
+    );
+    assert_eq!(functions(&code), [(0, 3), (9, 1)]);
 }
