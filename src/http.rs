@@ -9,6 +9,13 @@ use http::Version;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 
+/// HTTP/2 flow-control windows for every connection we open or accept: large enough that one
+/// stream can fill a fast link, the connection's twice that so two can.
+pub const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+pub const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
+/// HTTP/2 pings on an idle connection, so a dead peer is noticed.
+pub const H2_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Errors a body can end with (hyper's, a provider's, a codec's).
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -28,8 +28,6 @@ use crate::upstream::Link;
 
 /// A client that has not finished its TLS handshake by then is dropped.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
-const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
-const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// Terminate TLS with `config`, then serve HTTP on it.
 pub(crate) async fn serve_tls<IO>(
@@ -276,8 +274,8 @@ pub(crate) fn http_builder(alpn: Option<&[u8]>, exec: LocalExec) -> auto::Builde
     builder
         .http2()
         .timer(TokioTimer::new())
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONN_WINDOW);
+        .initial_stream_window_size(crate::http::H2_STREAM_WINDOW)
+        .initial_connection_window_size(crate::http::H2_CONN_WINDOW);
     match alpn {
         Some(b"h2") => builder.http2_only(),
         Some(b"http/1.1") => builder.http1_only(),

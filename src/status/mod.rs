@@ -26,6 +26,7 @@
 
 pub mod pac;
 mod page;
+mod record;
 mod unknown;
 pub mod usage;
 
@@ -39,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::Usage;
 
 pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
+pub use record::{ModelTotals, ProviderLatency, RunRecord, Totals};
 pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
@@ -205,98 +207,6 @@ pub struct Route {
     pub target: Option<String>,
     /// `provider/model: reason` for each target passed over.
     pub skipped: Vec<String>,
-}
-
-/// One run as the page shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub request_id: String,
-    pub model: String,
-    pub provider: String,
-    pub transport: String,
-    pub started_unix_ms: u64,
-    /// So far, for an active run.
-    pub duration_ms: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cache_read_tokens: u64,
-    #[serde(default)]
-    pub cache_write_tokens: u64,
-    /// Dollars; `None` when a price was unknown.
-    #[serde(default)]
-    pub cost_usd: Option<f64>,
-    /// The fallback-chain target that served the run (`provider/model`).
-    #[serde(default)]
-    pub target: Option<String>,
-    /// Targets passed over, each with its reason.
-    #[serde(default)]
-    pub skipped: Vec<String>,
-    /// `None` while the run is active; then `ok`, `error`, `canceled`, `abandoned`, …
-    pub outcome: Option<String>,
-    pub error: Option<String>,
-}
-
-/// Latency of one provider, as reported by runs (time to the first streamed byte).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProviderLatency {
-    pub provider: String,
-    pub last_ms: u64,
-    pub avg_ms: u64,
-    pub min_ms: u64,
-    pub max_ms: u64,
-    pub samples: u64,
-    pub last_unix_ms: u64,
-}
-
-/// Since the server started.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Totals {
-    pub started: u64,
-    pub finished: u64,
-    pub ok: u64,
-    /// Finished with any outcome other than `ok`.
-    pub failed: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    #[serde(default)]
-    pub cache_read_tokens: u64,
-    /// Dollars, over the runs whose price is known.
-    #[serde(default)]
-    pub cost_usd: f64,
-    /// Finished runs per outcome.
-    pub by_outcome: BTreeMap<String, u64>,
-}
-
-/// Finished runs of one model (the id Cursor sees), since the server started.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ModelTotals {
-    pub model: String,
-    pub runs: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cache_read_tokens: u64,
-    /// `cache_read_tokens / input_tokens`, 0 without input.
-    pub cache_read_share: f64,
-    /// Dollars, over `priced_runs`.
-    pub cost_usd: f64,
-    /// Runs whose price is known (the others count tokens only).
-    pub priced_runs: u64,
-}
-
-impl ModelTotals {
-    /// Count one finished run.
-    pub fn add(&mut self, input: u64, output: u64, cache_read: u64, cost_usd: Option<f64>) {
-        self.runs += 1;
-        self.input_tokens = self.input_tokens.saturating_add(input);
-        self.output_tokens = self.output_tokens.saturating_add(output);
-        self.cache_read_tokens = self.cache_read_tokens.saturating_add(cache_read);
-        self.cache_read_share =
-            crate::provider::price::cache_read_share(self.input_tokens, self.cache_read_tokens);
-        if let Some(c) = cost_usd {
-            self.cost_usd += c;
-            self.priced_runs += 1;
-        }
-    }
 }
 
 /// Everything the page shows, as served at [`SNAPSHOT_PATH`].

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ModelTotals, RunRecord};
+use super::record::{ModelTotals, RunRecord};
 
 pub const USAGE_FILE: &str = "usage.jsonl";
 /// The current file is rotated when a line would take it past this size (about 20 000 runs).

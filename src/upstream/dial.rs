@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 
 use super::error::{io_reason, UpstreamError};
 use crate::config::UpstreamConfig;
+use crate::http::RequestContext;
 use crate::secret::{Scrubber, Secret};
 
 /// Upper bound on the outbound proxy's answer to our `CONNECT`.
@@ -253,6 +254,19 @@ fn basic_auth(userinfo: &str) -> Secret {
     plain.extend(percent_decode_str(password));
     let encoded = base64::engine::general_purpose::STANDARD.encode(plain);
     Secret::new(format!("Basic {encoded}"))
+}
+
+/// `scheme://authority/` of the origin `ctx` names: what a dial is given.
+pub(super) fn origin_root(ctx: &RequestContext) -> Result<http::Uri, UpstreamError> {
+    http::Uri::builder()
+        .scheme(ctx.scheme.clone())
+        .authority(ctx.authority())
+        .path_and_query("/")
+        .build()
+        .map_err(|e| UpstreamError::Request {
+            host: ctx.host.clone(),
+            reason: format!("cannot build the upstream URI: {e}"),
+        })
 }
 
 #[cfg(test)]

@@ -17,10 +17,11 @@ use hyper_util::rt::TokioTimer;
 use tokio::sync::Mutex;
 
 use super::connector::Connector;
+use super::dial::origin_root;
 use super::error::{cause_chain, UpstreamError};
-use super::{H2_CONN_WINDOW, H2_STREAM_WINDOW};
 use crate::conn_tasks::LocalExec;
 use crate::http::{Body, RequestContext};
+use crate::http::{H2_CONN_WINDOW, H2_KEEP_ALIVE, H2_STREAM_WINDOW};
 
 /// One client connection's upstream connection, dialled on first use. Dropping it (with the
 /// client connection) lets the upstream connection close once its last response is read.
@@ -156,7 +157,7 @@ async fn dial(
     ctx: &RequestContext,
     h2: bool,
 ) -> Result<Conn, UpstreamError> {
-    let io = connector.clone().connect(super::origin_root(ctx)?).await?;
+    let io = connector.clone().connect(origin_root(ctx)?).await?;
     let failed = |e: hyper::Error| UpstreamError::Request {
         host: ctx.host.clone(),
         reason: cause_chain(&e),
@@ -166,7 +167,7 @@ async fn dial(
             .timer(TokioTimer::new())
             .initial_stream_window_size(H2_STREAM_WINDOW)
             .initial_connection_window_size(H2_CONN_WINDOW)
-            .keep_alive_interval(super::KEEP_ALIVE)
+            .keep_alive_interval(H2_KEEP_ALIVE)
             .handshake(io)
             .await
             .map_err(failed)?;

@@ -27,8 +27,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::UpstreamConfig;
-use crate::http::{boxed, full, Body, RequestContext};
+use crate::http::{
+    boxed, full, Body, RequestContext, H2_CONN_WINDOW, H2_KEEP_ALIVE, H2_STREAM_WINDOW,
+};
 use connector::Connector;
+use dial::origin_root;
 
 pub(crate) use connector::Stream;
 pub use dial::Dialer;
@@ -38,13 +41,6 @@ pub use splice::{splice, SpliceEnd, SpliceLimits};
 
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(90);
-/// HTTP/2 flow-control windows: large enough that one stream can fill a fast link.
-const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
-const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
-/// HTTP/2 pings on idle upstream connections, so a dead one is noticed.
-const KEEP_ALIVE: Duration = Duration::from_secs(30);
-/// Copy buffer for spliced WebSocket and tunnel bytes.
-pub(crate) const SPLICE_BUF: usize = 64 * 1024;
 
 /// The passthrough client. Cheap to clone.
 #[derive(Clone)]
@@ -100,7 +96,7 @@ impl Upstream {
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONN_WINDOW)
-            .http2_keep_alive_interval(KEEP_ALIVE)
+            .http2_keep_alive_interval(H2_KEEP_ALIVE)
             .build(h2_connector.clone());
         Ok(Upstream {
             inner: Arc::new(Inner {
@@ -237,19 +233,6 @@ impl Upstream {
             }
         });
     }
-}
-
-/// `scheme://authority/` of the origin `ctx` names: what a dial is given.
-fn origin_root(ctx: &RequestContext) -> Result<Uri, UpstreamError> {
-    Uri::builder()
-        .scheme(ctx.scheme.clone())
-        .authority(ctx.authority())
-        .path_and_query("/")
-        .build()
-        .map_err(|e| UpstreamError::Request {
-            host: ctx.host.clone(),
-            reason: format!("cannot build the upstream URI: {e}"),
-        })
 }
 
 fn wants_websocket(ctx: &RequestContext, headers: &HeaderMap) -> bool {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::SPLICE_BUF;
+/// Copy buffer for spliced WebSocket and tunnel bytes.
+const SPLICE_BUF: usize = 64 * 1024;
 
 /// How long a splice may stay silent, or half closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
