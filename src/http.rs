@@ -16,6 +16,19 @@ pub const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
 /// HTTP/2 pings on an idle connection, so a dead peer is noticed.
 pub const H2_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// A host as URIs and `Host` headers write it, without the brackets of an IPv6 literal
+/// (`[::1]` → `::1`): the form resolvers, TLS server names and comparisons take.
+pub fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// The host of an authority, bare and lower-case: how routing and pinning compare hosts.
+pub fn host_of(authority: &http::uri::Authority) -> String {
+    bare_host(authority.host()).to_ascii_lowercase()
+}
+
 /// Errors a body can end with (hyper's, a provider's, a codec's).
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -92,11 +92,7 @@ fn target(req: &Request<Incoming>) -> Result<(String, u16), &'static str> {
         .uri()
         .authority()
         .ok_or("cursor-byok: CONNECT needs a host:port target")?;
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase();
+    let host = crate::http::host_of(authority);
     if host.is_empty() {
         return Err("cursor-byok: CONNECT needs a host:port target");
     }

@@ -105,11 +105,7 @@ fn absolute_target(req: &Request<Incoming>) -> Option<(Scheme, String, u16)> {
     let scheme = uri.scheme()?.clone();
     let authority = uri.authority()?;
     let default = if scheme == Scheme::HTTPS { 443 } else { 80 };
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase();
+    let host = crate::http::host_of(authority);
     Some((scheme, host, authority.port_u16().unwrap_or(default)))
 }
 

@@ -99,11 +99,7 @@ impl Origin {
         let authority = uri.authority().ok_or_else(|| bad("no host"))?;
         let default = if scheme == Scheme::HTTPS { 443 } else { 80 };
         Ok(Origin {
-            host: authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_ascii_lowercase(),
+            host: crate::http::host_of(authority),
             port: authority.port_u16().unwrap_or(default),
             scheme,
         })

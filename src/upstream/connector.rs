@@ -90,7 +90,7 @@ impl Connector {
         if !https {
             return Ok(TokioIo::new(Stream::Plain(tcp)));
         }
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let bare = crate::http::bare_host(&host);
         let name = ServerName::try_from(bare.to_string()).map_err(|e| UpstreamError::Tls {
             host: host.clone(),
             reason: e.to_string(),

@@ -88,7 +88,7 @@ impl Dialer {
     }
 
     async fn connect_host(&self, host: &str, port: u16) -> Result<TcpStream, UpstreamError> {
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let bare = crate::http::bare_host(host);
         let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => tokio::net::lookup_host((bare, port))
