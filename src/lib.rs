@@ -5,6 +5,7 @@
 //! docs/architecture-rooms.md for which module may use which (`tests/architecture.rs` checks it).
 
 pub mod agent;
+pub mod base;
 pub(crate) mod cancel;
 pub mod capture;
 pub mod cli;

@@ -22,7 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "cli",
         &["capture", "config", "proxy", "setup", "status", "tls"],
     ),
-    ("setup", &["config", "provider", "status", "tls"]),
+    ("setup", &["base", "config", "provider", "status", "tls"]),
     (
         "proxy",
         &[
@@ -57,20 +57,21 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "status",
-        &["capture", "http", "proto", "provider", "secret"],
+        &["base", "capture", "http", "proto", "provider", "secret"],
     ),
     ("capture", &["proto"]),
     (
         "upstream",
         &["config", "conn_tasks", "http", "secret", "tls"],
     ),
-    ("provider", &["cancel", "secret"]),
+    ("provider", &["base", "cancel", "secret"]),
     ("config", &["provider", "secret"]),
     ("tls", &[]),
     ("connect", &["proto"]),
     ("proto", &[]),
     ("http", &[]),
     ("secret", &[]),
+    ("base", &[]),
     ("cancel", &[]),
     ("conn_tasks", &[]),
 ];

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::base::text::cut_bytes;
+
 use crate::secret::Scrubber;
 
 /// What went wrong, coarse enough to act on.
@@ -166,7 +168,7 @@ impl ProviderError {
                     .unwrap_or("no error message")
                     .to_string()
             } else {
-                truncate(text, 500)
+                cut_bytes(text, 500, "…")
             }
         });
         ProviderError::new(kind, provider, message)
@@ -199,7 +201,7 @@ impl ProviderError {
         };
         let message = parsed
             .message
-            .unwrap_or_else(|| truncate(&payload.to_string(), 500));
+            .unwrap_or_else(|| cut_bytes(&payload.to_string(), 500, "…"));
         ProviderError::new(kind, provider, message).with_code(parsed.code)
     }
 }
@@ -284,7 +286,7 @@ pub(crate) fn parse_error_value(v: &Value) -> ParsedError {
             inner
                 .get("detail")
                 .filter(|d| !d.is_null())
-                .map(|d| truncate(&d.to_string(), 500))
+                .map(|d| cut_bytes(&d.to_string(), 500, "…"))
         });
     // Prefer the most specific code: OpenAI `code` (e.g. insufficient_quota) over `type`;
     // Gemini `status` over the numeric `code`.
@@ -314,17 +316,6 @@ pub(crate) fn parse_error_value(v: &Value) -> ParsedError {
 fn parse_duration_suffix_s(s: &str) -> Option<Duration> {
     let secs: f64 = s.trim().strip_suffix('s')?.parse().ok()?;
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

@@ -1,45 +1,11 @@
 //! A unified line diff, for `setup cursor --dry-run`.
 
-use similar::{capture_diff_slices, group_diff_ops, Algorithm, ChangeTag};
-
 /// Lines kept around each change.
 const CONTEXT: usize = 2;
 
 /// `--- old_name` / `+++ new_name` and `@@` hunks; empty when the texts are equal.
 pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
-    if old == new {
-        return String::new();
-    }
-    let a: Vec<&str> = old.lines().collect();
-    let b: Vec<&str> = new.lines().collect();
-    // Myers' diff in linear space, with similar's bound on the work for hard inputs.
-    let ops = capture_diff_slices(Algorithm::Myers, &a, &b);
-    let mut out = format!("--- {old_name}\n+++ {new_name}\n");
-    for hunk in group_diff_ops(ops, CONTEXT) {
-        let (Some(first), Some(last)) = (hunk.first(), hunk.last()) else {
-            continue;
-        };
-        let (olds, news) = (first.old_range().start, first.new_range().start);
-        let (olde, newe) = (last.old_range().end, last.new_range().end);
-        out.push_str(&format!(
-            "@@ -{},{} +{},{} @@\n",
-            olds + 1,
-            olde - olds,
-            news + 1,
-            newe - news
-        ));
-        for change in hunk.iter().flat_map(|op| op.iter_changes(&a, &b)) {
-            let mark = match change.tag() {
-                ChangeTag::Equal => ' ',
-                ChangeTag::Delete => '-',
-                ChangeTag::Insert => '+',
-            };
-            out.push(mark);
-            out.push_str(change.value());
-            out.push('\n');
-        }
-    }
-    out
+    crate::base::text::line_diff(old, new, old_name, new_name, CONTEXT).unified
 }
 
 #[cfg(test)]

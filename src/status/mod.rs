@@ -589,10 +589,7 @@ fn scrub(text: &str) -> String {
         mask_next = word.eq_ignore_ascii_case("bearer");
     }
     let joined = out.join(" ");
-    match joined.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => format!("{}…", &joined[..cut]),
-        None => joined,
-    }
+    crate::base::text::cut_chars(&joined, MAX_ERROR_CHARS, "…")
 }
 
 #[cfg(test)]

@@ -1,0 +1,3 @@
+//! Plumbing every room may use: it imports nothing from the crate.
+
+pub mod text;
