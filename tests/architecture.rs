@@ -62,7 +62,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("capture", &["proto"]),
     (
         "upstream",
-        &["config", "conn_tasks", "http", "secret", "tls"],
+        &["base", "config", "conn_tasks", "http", "secret", "tls"],
     ),
     ("provider", &["base", "cancel", "secret"]),
     ("config", &["provider", "secret"]),

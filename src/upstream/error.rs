@@ -1,11 +1,6 @@
 //! What can go wrong talking to the real origin, and which side is to blame.
 
-/// Who failed: the origin (or the network to it), or cursor-byok itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Upstream,
-    Us,
-}
+use crate::base::Side;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
@@ -32,9 +27,10 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The origin (or the network to it), or cursor-byok itself.
     pub fn side(&self) -> Side {
         match self {
-            UpstreamError::Loop { .. } | UpstreamError::Setup { .. } => Side::Us,
+            UpstreamError::Loop { .. } | UpstreamError::Setup { .. } => Side::Proxy,
             _ => Side::Upstream,
         }
     }
@@ -127,7 +123,7 @@ mod tests {
         let l = UpstreamError::Loop {
             addr: "127.0.0.1:8787".parse().unwrap(),
         };
-        assert_eq!(l.side(), Side::Us);
+        assert_eq!(l.side(), Side::Proxy);
         assert!(!l.retryable());
     }
 }

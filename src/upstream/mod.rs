@@ -35,7 +35,7 @@ use dial::origin_root;
 
 pub(crate) use connector::Stream;
 pub use dial::Dialer;
-pub use error::{Side, UpstreamError};
+pub use error::UpstreamError;
 pub use link::Link;
 pub use splice::{splice, SpliceEnd, SpliceLimits};
 
@@ -177,7 +177,7 @@ impl Upstream {
                 resp.map(boxed)
             }
             Err(err) => {
-                tracing::warn!(side = ?err.side(), error = %err, "upstream request failed");
+                tracing::warn!(side = %err.side(), error = %err, "upstream request failed");
                 error_response(&err, connect_style)
             }
         }
