@@ -13,98 +13,114 @@ pub fn run(
     cursor_settings: Option<&Path>,
     skip_providers: bool,
 ) -> anyhow::Result<()> {
-    let mut checks: Vec<Check> = Vec::new();
-    let report = |c: Check, checks: &mut Vec<Check>| {
-        println!("{c}");
-        checks.push(c);
-    };
-
-    let config = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(config) => {
-                report(config_ok(&path.display().to_string(), &config), &mut checks);
-                config
-            }
-            Err(e) => {
-                report(
-                    Check {
-                        level: Level::Fail,
-                        subject: "config".into(),
-                        detail: e.to_string(),
-                        fix: Some(format!(
-                            "correct the key named, then `cursor-byok check-config {}`",
-                            path.display()
-                        )),
-                    },
-                    &mut checks,
-                );
-                anyhow::bail!("the config is invalid; the other checks need it");
-            }
-        },
-        None => {
-            let config = Config::embedded_default();
-            report(
-                config_ok("embedded default (no --config)", &config),
-                &mut checks,
-            );
-            config
-        }
-    };
+    let mut report = Report::default();
+    let config = load_config(args.config.as_deref(), &mut report)?;
 
     let data_dir: PathBuf = args.data_dir.clone().unwrap_or_else(|| config.data_dir());
     let (ca_check, ca) = doctor::check_ca(&data_dir);
-    report(ca_check, &mut checks);
+    report.add(ca_check);
 
+    let (listener, providers) = network_checks(&config, skip_providers)?;
+    let listening = listener.first().is_some_and(|c| c.level == Level::Ok);
+    report.extend(listener);
+    report.extend(providers);
+    report.add(doctor::check_cursor_settings(
+        cursor_settings,
+        config.listen,
+    ));
+    report.add(doctor::check_wiring(
+        doctor::cursor_http_proxy(cursor_settings).as_deref(),
+        &crate::setup::cursor::proxy_url(config.listen),
+        doctor::system_pac_url(&data_dir).as_deref(),
+        listening,
+    ));
+    if let Some(ca) = &ca {
+        report.extend(doctor::check_trust(ca));
+    }
+    report.finish()
+}
+
+/// The checklist so far; each check is printed as it is added.
+#[derive(Default)]
+struct Report {
+    checks: Vec<Check>,
+}
+
+impl Report {
+    fn add(&mut self, c: Check) {
+        println!("{c}");
+        self.checks.push(c);
+    }
+
+    fn extend(&mut self, checks: impl IntoIterator<Item = Check>) {
+        for c in checks {
+            self.add(c);
+        }
+    }
+
+    /// The summary line; an error when any check failed.
+    fn finish(self) -> anyhow::Result<()> {
+        let checks = self.checks;
+        let failed = checks.iter().filter(|c| c.level == Level::Fail).count();
+        println!();
+        if failed == 0 {
+            println!("All {} checks passed.", checks.len());
+            Ok(())
+        } else {
+            anyhow::bail!(
+                "{failed} of {} checks failed; each [FAIL] line says how to fix it",
+                checks.len()
+            )
+        }
+    }
+}
+
+/// The config named by `--config`, or the embedded default; the other checks need it, so an
+/// invalid one ends the run after its check.
+fn load_config(path: Option<&Path>, report: &mut Report) -> anyhow::Result<Config> {
+    let Some(path) = path else {
+        let config = Config::embedded_default();
+        report.add(config_ok("embedded default (no --config)", &config));
+        return Ok(config);
+    };
+    match Config::load(path) {
+        Ok(config) => {
+            report.add(config_ok(&path.display().to_string(), &config));
+            Ok(config)
+        }
+        Err(e) => {
+            report.add(Check {
+                level: Level::Fail,
+                subject: "config".into(),
+                detail: e.to_string(),
+                fix: Some(format!(
+                    "correct the key named, then `cursor-byok check-config {}`",
+                    path.display()
+                )),
+            });
+            anyhow::bail!("the config is invalid; the other checks need it");
+        }
+    }
+}
+
+/// The checks that talk to the network: the running proxy, then (unless skipped) each provider.
+fn network_checks(
+    config: &Config,
+    skip_providers: bool,
+) -> anyhow::Result<(Vec<Check>, Vec<Check>)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let (listener, providers) = runtime.block_on(async {
-        let listener = doctor::check_running(&config).await;
+    Ok(runtime.block_on(async {
+        let listener = doctor::check_running(config).await;
         let providers = if skip_providers {
             Vec::new()
         } else {
-            doctor::check_providers(&config).await
+            doctor::check_providers(config).await
         };
         (listener, providers)
-    });
-    let listening = listener.first().is_some_and(|c| c.level == Level::Ok);
-    for c in listener {
-        report(c, &mut checks);
-    }
-    for c in providers {
-        report(c, &mut checks);
-    }
-    report(
-        doctor::check_cursor_settings(cursor_settings, config.listen),
-        &mut checks,
-    );
-    report(
-        doctor::check_wiring(
-            doctor::cursor_http_proxy(cursor_settings).as_deref(),
-            &crate::setup::cursor::proxy_url(config.listen),
-            doctor::system_pac_url(&data_dir).as_deref(),
-            listening,
-        ),
-        &mut checks,
-    );
-    if let Some(ca) = &ca {
-        for c in doctor::check_trust(ca) {
-            report(c, &mut checks);
-        }
-    }
-
-    let failed = checks.iter().filter(|c| c.level == Level::Fail).count();
-    println!();
-    if failed == 0 {
-        println!("All {} checks passed.", checks.len());
-        Ok(())
-    } else {
-        anyhow::bail!(
-            "{failed} of {} checks failed; each [FAIL] line says how to fix it",
-            checks.len()
-        )
-    }
+    }))
 }
 
 fn config_ok(origin: &str, config: &Config) -> Check {

@@ -333,7 +333,6 @@ fn banner(
     checks: &[crate::setup::doctor::Check],
 ) -> String {
     use crate::setup::cursor::proxy_url;
-    use crate::setup::doctor::Level;
     use std::fmt::Write;
     let url = proxy_url(listen);
     let mut b = String::new();
@@ -351,29 +350,50 @@ fn banner(
     }
     let _ = writeln!(b, "  CA: {} (SHA-256 {fingerprint})", cert.display());
     for m in &config.models {
-        let provider = config.providers.get(&m.provider);
-        let usable = provider.is_some_and(|p| p.resolve_api_key().is_some());
-        // Names the variable, never its value: the user sees which key to set.
-        let var = provider.and_then(|p| p.api_key_env.as_deref());
-        let note = match (usable, var) {
-            (true, Some(var)) => format!("  [${var} set]"),
-            (true, None) => String::new(),
-            (false, Some(var)) => format!("  [hidden: ${var} not set]"),
-            (false, None) => "  [hidden: no API key]".to_string(),
-        };
-        let _ = writeln!(
-            b,
-            "  model: {} -> {}/{} ({}){note}",
-            m.display_name(),
-            m.provider,
-            m.model,
-            m.cursor_id()
-        );
+        let _ = writeln!(b, "{}", model_line(config, m));
     }
     let _ = writeln!(
         b,
         "  Cursor settings: \"http.proxy\": \"{url}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true   (`cursor-byok setup cursor` writes them)"
     );
+    for w in banner_warnings(config, listen, checks) {
+        let _ = writeln!(b, "  warning: {w}");
+    }
+    let _ = write!(
+        b,
+        "  one summary line per finished run follows; `cursor-byok doctor` checks the whole set-up"
+    );
+    b
+}
+
+/// One configured model, and whether its key is set.
+fn model_line(config: &Config, m: &crate::config::ModelConfig) -> String {
+    let provider = config.providers.get(&m.provider);
+    let usable = provider.is_some_and(|p| p.resolve_api_key().is_some());
+    // Names the variable, never its value: the user sees which key to set.
+    let var = provider.and_then(|p| p.api_key_env.as_deref());
+    let note = match (usable, var) {
+        (true, Some(var)) => format!("  [${var} set]"),
+        (true, None) => String::new(),
+        (false, Some(var)) => format!("  [hidden: ${var} not set]"),
+        (false, None) => "  [hidden: no API key]".to_string(),
+    };
+    format!(
+        "  model: {} -> {}/{} ({}){note}",
+        m.display_name(),
+        m.provider,
+        m.model,
+        m.cursor_id()
+    )
+}
+
+/// Each problem with its fix: no usable model, an open listener, and the failed checks.
+fn banner_warnings(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    checks: &[crate::setup::doctor::Check],
+) -> Vec<String> {
+    use crate::setup::doctor::Level;
     let mut warnings = Vec::new();
     if config.usable_models().next().is_none() {
         let vars: Vec<String> = config
@@ -402,14 +422,7 @@ fn banner(
             None => format!("{}: {}", c.subject, c.detail),
         });
     }
-    for w in &warnings {
-        let _ = writeln!(b, "  warning: {w}");
-    }
-    let _ = write!(
-        b,
-        "  one summary line per finished run follows; `cursor-byok doctor` checks the whole set-up"
-    );
-    b
+    warnings
 }
 
 #[cfg(test)]

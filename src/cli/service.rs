@@ -220,18 +220,7 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> anyhow::Result<()> {
     let spec = spec(args, config, name)?;
     if os == Os::Linux {
-        if let Err(why) = user_systemd() {
-            let msg = format!(
-                "no systemd user manager here ({why}). In a desktop session it is there; over SSH \
-                 or in a container it is not. Start the proxy from your session's autostart \
-                 instead (e.g. ~/.config/autostart), or run `loginctl enable-linger $USER` and \
-                 log in again"
-            );
-            if !dry_run {
-                bail!("{msg}");
-            }
-            println!("note: {msg}");
-        }
+        require_user_systemd(dry_run)?;
     }
     let definition_path = spec.definition_path(os, &config_home()?);
     let definition = spec.definition(os);
@@ -241,6 +230,69 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
     let manifest_path = manifest_path(name)?;
     let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
 
+    print_install_plan(&spec, &definition_path, &names, &missing);
+    let start = service::start_commands(&spec, os, uid, &definition_path);
+    if dry_run {
+        println!();
+        println!("--- {}", definition_path.display());
+        print!("{definition}");
+        println!("---");
+        for c in &start {
+            println!("$ {c}");
+        }
+        println!("(dry run: nothing was written or run)");
+        return Ok(());
+    }
+
+    // A re-install replaces the running one.
+    if manifest_path.exists() {
+        for c in service::stop_commands(&spec, os, uid) {
+            let _ = run_cmd(&c, false);
+        }
+    }
+    let files = ServiceFiles {
+        definition: &definition_path,
+        env_text: &env_text,
+        manifest: &manifest_path,
+    };
+    write_service_files(&spec, os, &files)?;
+    for c in &start {
+        if let Err(e) = run_cmd(c, true) {
+            bail!(
+                "{e}\nThe files are in place; `cursor-byok service uninstall` removes them again"
+            );
+        }
+    }
+    println!();
+    println!(
+        "Installed: `{name}` starts at login and restarts on failure. Check it: \
+         `cursor-byok service status`; its log: `cursor-byok service logs`."
+    );
+    println!(
+        "A changed key or config needs `cursor-byok service install` again (it replaces this one)."
+    );
+    Ok(())
+}
+
+/// A systemd user manager, which the Linux service needs; a dry run only notes its absence.
+fn require_user_systemd(dry_run: bool) -> anyhow::Result<()> {
+    if let Err(why) = user_systemd() {
+        let msg = format!(
+            "no systemd user manager here ({why}). In a desktop session it is there; over SSH \
+             or in a container it is not. Start the proxy from your session's autostart \
+             instead (e.g. ~/.config/autostart), or run `loginctl enable-linger $USER` and \
+             log in again"
+        );
+        if !dry_run {
+            bail!("{msg}");
+        }
+        println!("note: {msg}");
+    }
+    Ok(())
+}
+
+/// Where the files go and what the environment file carries (by variable name only).
+fn print_install_plan(spec: &Spec, definition_path: &Path, names: &[&str], missing: &[String]) {
     println!("service definition: {}", definition_path.display());
     println!(
         "environment file:   {} (0600; read by the service at start)",
@@ -261,56 +313,33 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
         );
     }
     println!("log file:           {}", spec.log_file.display());
-    let start = service::start_commands(&spec, os, uid, &definition_path);
-    if dry_run {
-        println!();
-        println!("--- {}", definition_path.display());
-        print!("{definition}");
-        println!("---");
-        for c in &start {
-            println!("$ {c}");
-        }
-        println!("(dry run: nothing was written or run)");
-        return Ok(());
-    }
+}
 
-    // A re-install replaces the running one.
-    if manifest_path.exists() {
-        for c in service::stop_commands(&spec, os, uid) {
-            let _ = run_cmd(&c, false);
-        }
-    }
-    write_private(&spec.env_file, &env_text)?;
-    if let Some(dir) = definition_path.parent() {
+/// The files one install writes besides the env file's path, which the spec holds.
+struct ServiceFiles<'a> {
+    definition: &'a Path,
+    env_text: &'a str,
+    manifest: &'a Path,
+}
+
+/// Writes the env file, the service definition, and last the manifest that lets `uninstall`
+/// remove exactly these.
+fn write_service_files(spec: &Spec, os: Os, files: &ServiceFiles<'_>) -> anyhow::Result<()> {
+    write_private(&spec.env_file, files.env_text)?;
+    if let Some(dir) = files.definition.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    std::fs::write(&definition_path, spec.definition_bytes(os))
-        .with_context(|| format!("cannot write {}", definition_path.display()))?;
+    std::fs::write(files.definition, spec.definition_bytes(os))
+        .with_context(|| format!("cannot write {}", files.definition.display()))?;
     let manifest = Manifest {
         os,
-        name: name.to_string(),
-        files: vec![definition_path.clone(), spec.env_file.clone()],
+        name: spec.name.clone(),
+        files: vec![files.definition.to_path_buf(), spec.env_file.clone()],
     };
     write_private(
-        &manifest_path,
+        files.manifest,
         &serde_json::to_string_pretty(&manifest).context("manifest")?,
-    )?;
-    for c in &start {
-        if let Err(e) = run_cmd(c, true) {
-            bail!(
-                "{e}\nThe files are in place; `cursor-byok service uninstall` removes them again"
-            );
-        }
-    }
-    println!();
-    println!(
-        "Installed: `{name}` starts at login and restarts on failure. Check it: \
-         `cursor-byok service status`; its log: `cursor-byok service logs`."
-    );
-    println!(
-        "A changed key or config needs `cursor-byok service install` again (it replaces this one)."
-    );
-    Ok(())
+    )
 }
 
 fn uninstall(os: Os, name: &str) -> anyhow::Result<()> {

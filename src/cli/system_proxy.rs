@@ -75,15 +75,7 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
     if args.undo {
         return undo(&saved_path);
     }
-    if let Ok(text) = std::fs::read_to_string(&saved_path) {
-        let saved: Saved = serde_json::from_str(&text)
-            .with_context(|| format!("{} does not parse", saved_path.display()))?;
-        println!(
-            "The system proxy already points at {} (the previous values are in {}); \
-             `cursor-byok setup system-proxy --undo` restores them.",
-            saved.url,
-            saved_path.display()
-        );
+    if already_applied(&saved_path)? {
         return Ok(());
     }
     let targets = targets();
@@ -111,20 +103,7 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
         .flat_map(|p| pac::apply_commands(p, &url))
         .collect();
     if args.dry_run {
-        println!();
-        println!("Would write the PAC script to {}", file.display());
-        println!("Would save the values above to {}", saved_path.display());
-        println!("Would run:");
-        for c in &commands {
-            println!("$ {c}");
-        }
-        println!("`--undo` would then run:");
-        for p in &previous {
-            for c in pac::undo_commands(p) {
-                println!("$ {c}");
-            }
-        }
-        println!("(dry run: nothing was changed)");
+        print_dry_run(&file, &saved_path, &commands, &previous);
         return Ok(());
     }
     let written = pac::write_file(data_dir, config.listen, &config.intercept)
@@ -134,16 +113,7 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
         url: url.clone(),
         previous,
     };
-    std::fs::write(
-        &saved_path,
-        serde_json::to_string_pretty(&saved).context("cannot encode the saved values")?,
-    )
-    .with_context(|| {
-        format!(
-            "cannot save the previous values to {}",
-            saved_path.display()
-        )
-    })?;
+    save(&saved_path, &saved)?;
     println!("Saved the previous values to {}", saved_path.display());
     println!("Applying:");
     for c in &commands {
@@ -161,6 +131,54 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
     );
     println!("Undo: `cursor-byok setup system-proxy --undo`.");
     Ok(())
+}
+
+/// Says so when an earlier run's saved values are still there: applying twice would save our
+/// own settings as the ones to restore.
+fn already_applied(saved_path: &Path) -> anyhow::Result<bool> {
+    let Ok(text) = std::fs::read_to_string(saved_path) else {
+        return Ok(false);
+    };
+    let saved: Saved = serde_json::from_str(&text)
+        .with_context(|| format!("{} does not parse", saved_path.display()))?;
+    println!(
+        "The system proxy already points at {} (the previous values are in {}); \
+         `cursor-byok setup system-proxy --undo` restores them.",
+        saved.url,
+        saved_path.display()
+    );
+    Ok(true)
+}
+
+fn print_dry_run(file: &Path, saved_path: &Path, commands: &[Cmd], previous: &[Previous]) {
+    println!();
+    println!("Would write the PAC script to {}", file.display());
+    println!("Would save the values above to {}", saved_path.display());
+    println!("Would run:");
+    for c in commands {
+        println!("$ {c}");
+    }
+    println!("`--undo` would then run:");
+    for p in previous {
+        for c in pac::undo_commands(p) {
+            println!("$ {c}");
+        }
+    }
+    println!("(dry run: nothing was changed)");
+}
+
+/// The values found, for `--undo`.
+fn save(saved_path: &Path, saved: &Saved) -> anyhow::Result<()> {
+    std::fs::write(
+        saved_path,
+        serde_json::to_string_pretty(saved).context("cannot encode the saved values")?,
+    )
+    .with_context(|| {
+        format!(
+            "cannot save the previous values to {}",
+            saved_path.display()
+        )
+    })
 }
 
 fn undo(saved_path: &Path) -> anyhow::Result<()> {

@@ -520,6 +520,7 @@ impl Config {
         })
     }
 
+    /// Checks the sections in a fixed order and reports the first problem found.
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid {
             file: file.to_string(),
@@ -527,6 +528,15 @@ impl Config {
             line: None,
             reason,
         };
+        self.validate_intercept(&invalid)?;
+        self.validate_upstream(&invalid)?;
+        self.validate_direct(&invalid)?;
+        self.validate_providers(&invalid)?;
+        self.validate_models(&invalid)?;
+        self.validate_fallback(&invalid)
+    }
+
+    fn validate_intercept(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         if self.intercept.is_empty() {
             return Err(invalid(
                 "intercept".into(),
@@ -542,6 +552,10 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_upstream(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         if let Some(url) = &self.upstream.proxy {
             let url = url.expose();
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -551,6 +565,10 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_direct(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         // A direct door spends the user's provider key for whoever reaches it: beyond loopback
         // only with a credential it checks (a door token, or `proxy_auth`'s).
         let guarded = self.direct.token.is_some() || self.proxy_auth.is_some();
@@ -587,6 +605,10 @@ impl Config {
                 "must be an http(s):// URL".into(),
             ));
         }
+        Ok(())
+    }
+
+    fn validate_providers(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         for (name, p) in &self.providers {
             if let Some(url) = &p.base_url {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -603,6 +625,10 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_models(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         let mut seen = std::collections::BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
             let key = |field: &str| format!("models[{i}].{field}");
@@ -643,24 +669,39 @@ impl Config {
             }
             check_effort(m.reasoning_effort.as_deref())
                 .map_err(|reason| invalid(key("reasoning_effort"), reason))?;
-            for (j, t) in m.fallback.iter().enumerate() {
-                let key = |field: &str| format!("models[{i}].fallback[{j}].{field}");
-                if !self.providers.contains_key(&t.provider) {
-                    return Err(invalid(
-                        key("provider"),
-                        format!("no provider named `{}` in [providers]", t.provider),
-                    ));
-                }
-                if t.price.is_some_and(|p| !p.is_valid()) || t.max_output_tokens == Some(0) {
-                    return Err(invalid(
-                        key("price"),
-                        "prices must be finite and not negative, token limits positive".into(),
-                    ));
-                }
-                check_effort(t.reasoning_effort.as_deref())
-                    .map_err(|reason| invalid(key("reasoning_effort"), reason))?;
-            }
+            self.validate_model_fallback(i, m, invalid)?;
         }
+        Ok(())
+    }
+
+    /// The fallback targets of `models[i]`.
+    fn validate_model_fallback(
+        &self,
+        i: usize,
+        m: &ModelConfig,
+        invalid: &impl Invalid,
+    ) -> Result<(), ConfigError> {
+        for (j, t) in m.fallback.iter().enumerate() {
+            let key = |field: &str| format!("models[{i}].fallback[{j}].{field}");
+            if !self.providers.contains_key(&t.provider) {
+                return Err(invalid(
+                    key("provider"),
+                    format!("no provider named `{}` in [providers]", t.provider),
+                ));
+            }
+            if t.price.is_some_and(|p| !p.is_valid()) || t.max_output_tokens == Some(0) {
+                return Err(invalid(
+                    key("price"),
+                    "prices must be finite and not negative, token limits positive".into(),
+                ));
+            }
+            check_effort(t.reasoning_effort.as_deref())
+                .map_err(|reason| invalid(key("reasoning_effort"), reason))?;
+        }
+        Ok(())
+    }
+
+    fn validate_fallback(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
         if self.fallback.first_token_timeout_secs == 0 || self.fallback.cooldown_secs == 0 {
             return Err(invalid(
                 "fallback.first_token_timeout_secs".into(),
@@ -670,6 +711,10 @@ impl Config {
         Ok(())
     }
 }
+
+/// Builds the error for a broken rule from its key and reason; `validate` binds the file name.
+trait Invalid: Fn(String, String) -> ConfigError {}
+impl<F: Fn(String, String) -> ConfigError> Invalid for F {}
 
 fn check_effort(effort: Option<&str>) -> Result<(), String> {
     match effort {

@@ -91,51 +91,13 @@ impl Schema {
             .enumerate()
             .map(|(i, (name, _))| (name.clone(), i))
             .collect();
+        let index = FullNames {
+            messages: &by_full,
+            enums: &enum_index,
+        };
         let infos = messages
             .iter()
-            .map(|(name, m)| {
-                let real_oneof: Vec<bool> = (0..m.oneof_decl.len())
-                    .map(|i| {
-                        m.field.iter().any(|f| {
-                            f.oneof_index == Some(i32::try_from(i).unwrap_or(-1))
-                                && !f.proto3_optional()
-                        })
-                    })
-                    .collect();
-                let fields = m
-                    .field
-                    .iter()
-                    .map(|f| {
-                        let kind = match f.r#type() {
-                            Type::Message => by_full
-                                .get(f.type_name())
-                                .map_or(Kind::Other, |&i| Kind::Message(i)),
-                            Type::Enum => enum_index
-                                .get(f.type_name())
-                                .map_or(Kind::Other, |&i| Kind::Enum(i)),
-                            _ => Kind::Other,
-                        };
-                        let oneof = f
-                            .oneof_index
-                            .and_then(|i| usize::try_from(i).ok())
-                            .filter(|&i| real_oneof.get(i).copied().unwrap_or(false));
-                        let number = u32::try_from(f.number()).unwrap_or(0);
-                        (
-                            number,
-                            FieldInfo {
-                                name: f.name().to_string(),
-                                kind,
-                                oneof,
-                            },
-                        )
-                    })
-                    .collect();
-                MessageInfo {
-                    name: short(name),
-                    fields,
-                    oneofs: real_oneof.iter().filter(|r| **r).count(),
-                }
-            })
+            .map(|(name, m)| index.message_info(name, m))
             .collect();
         Schema {
             messages: infos,
@@ -289,6 +251,63 @@ impl Schema {
 }
 
 /// Every message of `m`'s tree and every enum in it, by fully qualified name.
+/// Fully qualified names (`.package.Message`) to their place in the index, for resolving the
+/// type names fields refer to.
+struct FullNames<'a> {
+    messages: &'a HashMap<String, usize>,
+    enums: &'a HashMap<String, usize>,
+}
+
+impl FullNames<'_> {
+    fn message_info(&self, name: &str, m: &prost_types::DescriptorProto) -> MessageInfo {
+        let real_oneof: Vec<bool> = (0..m.oneof_decl.len())
+            .map(|i| {
+                m.field.iter().any(|f| {
+                    f.oneof_index == Some(i32::try_from(i).unwrap_or(-1)) && !f.proto3_optional()
+                })
+            })
+            .collect();
+        let fields = m
+            .field
+            .iter()
+            .map(|f| {
+                let oneof = f
+                    .oneof_index
+                    .and_then(|i| usize::try_from(i).ok())
+                    .filter(|&i| real_oneof.get(i).copied().unwrap_or(false));
+                let number = u32::try_from(f.number()).unwrap_or(0);
+                (
+                    number,
+                    FieldInfo {
+                        name: f.name().to_string(),
+                        kind: self.kind(f),
+                        oneof,
+                    },
+                )
+            })
+            .collect();
+        MessageInfo {
+            name: short(name),
+            fields,
+            oneofs: real_oneof.iter().filter(|r| **r).count(),
+        }
+    }
+
+    fn kind(&self, f: &prost_types::FieldDescriptorProto) -> Kind {
+        match f.r#type() {
+            Type::Message => self
+                .messages
+                .get(f.type_name())
+                .map_or(Kind::Other, |&i| Kind::Message(i)),
+            Type::Enum => self
+                .enums
+                .get(f.type_name())
+                .map_or(Kind::Other, |&i| Kind::Enum(i)),
+            _ => Kind::Other,
+        }
+    }
+}
+
 fn collect<'a>(
     prefix: &str,
     m: &'a prost_types::DescriptorProto,

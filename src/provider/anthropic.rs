@@ -25,55 +25,7 @@ const MIN_THINKING_BUDGET: u32 = 1024;
 /// to 1024 if lower and `max_tokens` raised above it, and `temperature` is omitted (the API
 /// rejects it with thinking).
 pub(crate) fn build_body(req: &ProviderRequest, ctx: &DecodeCtx) -> Value {
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    let mut push = |role: &'static str, blocks: Vec<Value>| {
-        if blocks.is_empty() {
-            return;
-        }
-        // The API wants alternating roles: tool results and a following user message merge.
-        match turns.last_mut() {
-            Some((r, existing)) if *r == role => existing.extend(blocks),
-            _ => turns.push((role, blocks)),
-        }
-    };
-    for m in &req.messages {
-        match m {
-            Message::User { parts } => push("user", parts.iter().filter_map(user_block).collect()),
-            Message::Assistant { parts } => push(
-                "assistant",
-                parts
-                    .iter()
-                    .filter_map(|p| assistant_block(p, ctx))
-                    .collect(),
-            ),
-            Message::ToolResult {
-                call_id,
-                content,
-                is_error,
-                ..
-            } => {
-                let mut block = json!({
-                    "type": "tool_result",
-                    "tool_use_id": call_id,
-                    "content": if content.is_empty() { "(no output)" } else { content.as_str() },
-                });
-                if *is_error {
-                    block["is_error"] = json!(true);
-                }
-                push("user", vec![block]);
-            }
-        }
-    }
-    for (_, blocks) in turns.iter_mut().filter(|(r, _)| *r == "user").rev().take(2) {
-        if let Some(last) = blocks.last_mut() {
-            last["cache_control"] = json!({"type": "ephemeral"});
-        }
-    }
-    let messages: Vec<Value> = turns
-        .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect();
-
+    let messages = messages(req, ctx);
     let o = &req.options;
     let mut max_tokens = o.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let mut body = Map::new();
@@ -108,6 +60,60 @@ pub(crate) fn build_body(req: &ProviderRequest, ctx: &DecodeCtx) -> Value {
         body.insert("tools".into(), Value::Array(tools));
     }
     Value::Object(body)
+}
+
+/// The conversation as alternating turns, the last two user turns marked for caching.
+fn messages(req: &ProviderRequest, ctx: &DecodeCtx) -> Vec<Value> {
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    let mut push = |role: &'static str, blocks: Vec<Value>| {
+        if blocks.is_empty() {
+            return;
+        }
+        // The API wants alternating roles: tool results and a following user message merge.
+        match turns.last_mut() {
+            Some((r, existing)) if *r == role => existing.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    };
+    for m in &req.messages {
+        match m {
+            Message::User { parts } => push("user", parts.iter().filter_map(user_block).collect()),
+            Message::Assistant { parts } => push(
+                "assistant",
+                parts
+                    .iter()
+                    .filter_map(|p| assistant_block(p, ctx))
+                    .collect(),
+            ),
+            Message::ToolResult {
+                call_id,
+                content,
+                is_error,
+                ..
+            } => push("user", vec![tool_result_block(call_id, content, *is_error)]),
+        }
+    }
+    for (_, blocks) in turns.iter_mut().filter(|(r, _)| *r == "user").rev().take(2) {
+        if let Some(last) = blocks.last_mut() {
+            last["cache_control"] = json!({"type": "ephemeral"});
+        }
+    }
+    turns
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+fn tool_result_block(call_id: &str, content: &str, is_error: bool) -> Value {
+    let mut block = json!({
+        "type": "tool_result",
+        "tool_use_id": call_id,
+        "content": if content.is_empty() { "(no output)" } else { content },
+    });
+    if is_error {
+        block["is_error"] = json!(true);
+    }
+    block
 }
 
 fn user_block(p: &UserPart) -> Option<Value> {

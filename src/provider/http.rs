@@ -115,6 +115,8 @@ fn retry_delay(err: &ProviderError, attempt: u32, p: &RetryPolicy) -> Option<Dur
     Some(capped.mul_f64(jitter))
 }
 
+/// One request and its stream: send, turn a reply that is no event stream into an error, then
+/// forward the decoded events.
 async fn attempt_once(
     http: &reqwest::Client,
     r: &Resolved,
@@ -123,28 +125,54 @@ async fn attempt_once(
     cancel: &CancellationToken,
     emitted: &mut bool,
 ) -> Outcome {
+    let resp = match send(http, r, call, cancel).await {
+        Ok(resp) => expect_stream(resp, r, cancel).await,
+        Err(e) => Err(e),
+    };
+    match resp {
+        Ok(resp) => forward_stream(resp, r, call, tx, cancel, emitted).await,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Sends the request and waits for the response head.
+async fn send(
+    http: &reqwest::Client,
+    r: &Resolved,
+    call: &Call,
+    cancel: &CancellationToken,
+) -> Result<reqwest::Response, ProviderError> {
     let name = r.name.as_str();
     let send = http
         .post(call.url.clone())
         .headers(r.headers.clone())
         .body(call.body.clone())
         .send();
-    let resp = tokio::select! {
-        _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
+    tokio::select! {
+        _ = cancel.cancelled() => Err(ProviderError::canceled(name)),
         res = tokio::time::timeout(r.idle_timeout, send) => match res {
-            Err(_) => return Outcome::Failed(idle_timeout(name, r.idle_timeout, "waiting for the response")),
-            Ok(Err(e)) => return Outcome::Failed(from_reqwest(name, e)),
-            Ok(Ok(resp)) => resp,
+            Err(_) => Err(idle_timeout(name, r.idle_timeout, "waiting for the response")),
+            Ok(res) => res.map_err(|e| from_reqwest(name, e)),
         },
-    };
+    }
+}
+
+/// The response if it is a stream; an error status, or a JSON body where a stream belongs, as the
+/// error it reports.
+async fn expect_stream(
+    resp: reqwest::Response,
+    r: &Resolved,
+    cancel: &CancellationToken,
+) -> Result<reqwest::Response, ProviderError> {
+    let name = r.name.as_str();
     let status = resp.status();
     if !status.is_success() {
         let retry_after = header_retry_after(resp.headers());
         let body = tokio::select! {
-            _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
+            _ = cancel.cancelled() => return Err(ProviderError::canceled(name)),
             b = read_capped(resp, r.idle_timeout) => b,
         };
-        return Outcome::Failed(ProviderError::from_http(
+        return Err(ProviderError::from_http(
             name,
             status.as_u16(),
             retry_after,
@@ -159,11 +187,11 @@ async fn attempt_once(
     if is_json {
         // A JSON body on 200 instead of a stream: an error some gateways send, or `stream` ignored.
         let body = tokio::select! {
-            _ = cancel.cancelled() => return Outcome::Failed(ProviderError::canceled(name)),
+            _ = cancel.cancelled() => return Err(ProviderError::canceled(name)),
             b = read_capped(resp, r.idle_timeout) => b,
         };
         let parsed = super::error::parse_error_body(&body);
-        return Outcome::Failed(match parsed.message {
+        return Err(match parsed.message {
             Some(_) => {
                 let v = serde_json::from_slice(&body).unwrap_or_default();
                 ProviderError::from_stream_payload(name, &v).with_status(status.as_u16())
@@ -175,7 +203,20 @@ async fn attempt_once(
             ),
         });
     }
+    Ok(resp)
+}
 
+/// Decodes the stream and sends its events on, until a terminal event, an error, the end of the
+/// stream, or the receiver gone.
+async fn forward_stream(
+    resp: reqwest::Response,
+    r: &Resolved,
+    call: &Call,
+    tx: &mpsc::Sender<ProviderEvent>,
+    cancel: &CancellationToken,
+    emitted: &mut bool,
+) -> Outcome {
+    let name = r.name.as_str();
     let mut decoder = StreamDecoder::new(r.kind, &r.ctx.origin, name);
     decoder.set_tool_names(call.names.clone());
     let mut chunks = resp.bytes_stream();

@@ -290,6 +290,49 @@ impl ResponsesMachine {
         };
         out.push(ProviderEvent::Finished { reason });
     }
+
+    /// More arguments for the function call `item_id`.
+    fn args_delta(&mut self, item_id: String, d: String, out: &mut Vec<ProviderEvent>) {
+        if let Some(Item::Call { call_id, args, .. }) = self.items.get_mut(&item_id) {
+            if !d.is_empty() {
+                args.push_str(&d);
+                out.push(ProviderEvent::ToolCallArgsDelta {
+                    id: call_id.clone(),
+                    delta: d,
+                });
+            }
+        }
+    }
+
+    /// `response.incomplete`: finished, for the reason its details give.
+    fn incomplete(&mut self, response: Option<&Value>, out: &mut Vec<ProviderEvent>) {
+        let why = response
+            .and_then(|r| r.get("incomplete_details"))
+            .and_then(|d| d.get("reason"))
+            .and_then(Value::as_str)
+            .unwrap_or("incomplete");
+        let reason = match why {
+            "max_output_tokens" => FinishReason::Length,
+            "content_filter" => FinishReason::ContentFilter,
+            other => FinishReason::Other(other.to_string()),
+        };
+        self.finish(response, reason, out);
+    }
+
+    /// `response.failed`: the error the response carries, or a generic one.
+    fn failure(&self, response: Option<&Value>) -> ProviderError {
+        response
+            .and_then(|r| r.get("error"))
+            .filter(|e| !e.is_null())
+            .map(|e| ProviderError::from_stream_payload(&self.ctx.name, e))
+            .unwrap_or_else(|| {
+                ProviderError::new(
+                    ProviderErrorKind::StreamError,
+                    &self.ctx.name,
+                    "the response failed",
+                )
+            })
+    }
 }
 
 fn usage_from(u: &Value) -> Usage {
@@ -351,47 +394,12 @@ impl Machine for ResponsesMachine {
                 }
             }
             "response.function_call_arguments.delta" => {
-                let d = str_field("delta");
-                if let Some(Item::Call { call_id, args, .. }) =
-                    self.items.get_mut(&str_field("item_id"))
-                {
-                    if !d.is_empty() {
-                        args.push_str(&d);
-                        out.push(ProviderEvent::ToolCallArgsDelta {
-                            id: call_id.clone(),
-                            delta: d,
-                        });
-                    }
-                }
+                self.args_delta(str_field("item_id"), str_field("delta"), out)
             }
             "response.completed" => self.finish(v.get("response"), FinishReason::Stop, out),
-            "response.incomplete" => {
-                let response = v.get("response");
-                let why = response
-                    .and_then(|r| r.get("incomplete_details"))
-                    .and_then(|d| d.get("reason"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("incomplete");
-                let reason = match why {
-                    "max_output_tokens" => FinishReason::Length,
-                    "content_filter" => FinishReason::ContentFilter,
-                    other => FinishReason::Other(other.to_string()),
-                };
-                self.finish(response, reason, out);
-            }
+            "response.incomplete" => self.incomplete(v.get("response"), out),
             "response.failed" => {
-                let err = v
-                    .get("response")
-                    .and_then(|r| r.get("error"))
-                    .filter(|e| !e.is_null())
-                    .map(|e| ProviderError::from_stream_payload(&self.ctx.name, e))
-                    .unwrap_or_else(|| {
-                        ProviderError::new(
-                            ProviderErrorKind::StreamError,
-                            &self.ctx.name,
-                            "the response failed",
-                        )
-                    });
+                let err = self.failure(v.get("response"));
                 out.push(ProviderEvent::Error(err));
             }
             "error" => out.push(ProviderEvent::Error(ProviderError::from_stream_payload(

@@ -73,18 +73,8 @@ impl ServerBuilder {
         // From here on, error text leaving the process is scrubbed of the config's secrets.
         crate::secret::register(config.secret_values().iter().map(String::as_str));
         let origin = Origin::parse(&config.direct.origin)?;
-        let proxy = bind(config.listen).await?;
-        let tls = match config.direct.tls_listen {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        let http = match config.direct.http_listen {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        let proxy_addr = local_addr(&proxy)?;
-        let tls_addr = tls.as_ref().map(local_addr).transpose()?;
-        let http_addr = http.as_ref().map(local_addr).transpose()?;
+        let doors = Doors::bind(&config).await?;
+        let (proxy_addr, tls_addr, http_addr) = (doors.proxy_addr, doors.tls_addr, doors.http_addr);
         let own: Vec<SocketAddr> = [Some(proxy_addr), tls_addr, http_addr]
             .into_iter()
             .flatten()
@@ -119,29 +109,7 @@ impl ServerBuilder {
                 body: Duration::from_secs(limits.body_timeout_secs.max(1)),
             },
         });
-        let cap = config.limits.max_connections.max(1);
-        let mut accept_loops = vec![tokio::spawn(accept_loop(
-            proxy,
-            state.clone(),
-            Kind::Proxy,
-            cap,
-        ))];
-        if let Some(listener) = tls {
-            accept_loops.push(tokio::spawn(accept_loop(
-                listener,
-                state.clone(),
-                Kind::DirectTls,
-                cap,
-            )));
-        }
-        if let Some(listener) = http {
-            accept_loops.push(tokio::spawn(accept_loop(
-                listener,
-                state.clone(),
-                Kind::DirectHttp,
-                cap,
-            )));
-        }
+        let accept_loops = doors.accept(&state, config.limits.max_connections.max(1));
         tracing::info!(%proxy_addr, ?tls_addr, ?http_addr, "listening");
         Ok(Server {
             proxy_addr,
@@ -242,6 +210,68 @@ async fn wait_for_signal() -> std::io::Result<()> {
 #[cfg(not(unix))]
 async fn wait_for_signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
+}
+
+/// The listeners of the enabled doors, with the addresses they got (a port 0 resolved).
+struct Doors {
+    proxy: TcpListener,
+    tls: Option<TcpListener>,
+    http: Option<TcpListener>,
+    proxy_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+}
+
+impl Doors {
+    async fn bind(config: &Config) -> Result<Doors, ProxyError> {
+        let proxy = bind(config.listen).await?;
+        let tls = match config.direct.tls_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let http = match config.direct.http_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let proxy_addr = local_addr(&proxy)?;
+        let tls_addr = tls.as_ref().map(local_addr).transpose()?;
+        let http_addr = http.as_ref().map(local_addr).transpose()?;
+        Ok(Doors {
+            proxy,
+            tls,
+            http,
+            proxy_addr,
+            tls_addr,
+            http_addr,
+        })
+    }
+
+    /// One accept loop per door, each allowing `cap` connections at once.
+    fn accept(self, state: &Arc<State>, cap: usize) -> Vec<JoinHandle<()>> {
+        let mut accept_loops = vec![tokio::spawn(accept_loop(
+            self.proxy,
+            state.clone(),
+            Kind::Proxy,
+            cap,
+        ))];
+        if let Some(listener) = self.tls {
+            accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                state.clone(),
+                Kind::DirectTls,
+                cap,
+            )));
+        }
+        if let Some(listener) = self.http {
+            accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                state.clone(),
+                Kind::DirectHttp,
+                cap,
+            )));
+        }
+        accept_loops
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {

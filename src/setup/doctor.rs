@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::cursor;
 use super::trust::{self, CaFiles};
-use crate::config::{Config, ProviderConfig};
+use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::provider::{
-    Message, ProviderClient, ProviderErrorKind, ProviderEvent, ProviderRequest, ProviderSettings,
-    RequestOptions, RetryPolicy,
+    Message, ProviderClient, ProviderError, ProviderErrorKind, ProviderEvent, ProviderRequest,
+    ProviderSettings, RequestOptions, RetryPolicy,
 };
 use crate::status::{StatusSnapshot, SNAPSHOT_PATH};
 use crate::tls::CertificateAuthority;
@@ -303,8 +303,49 @@ async fn check_provider(name: &str, p: &ProviderConfig, config: &Config) -> Chec
                 .fix(format!("correct [providers.{name}] in the config"))
         }
     };
+    let started = Instant::now();
+    match probe(&client, &model.model, started).await {
+        Probe::TimedOut => Check::new(
+            Level::Fail,
+            subject,
+            format!("no complete answer within {}s", PROBE_TIMEOUT.as_secs()),
+        )
+        .fix(format!(
+            "check providers.{name}.base_url and your network (behind a corporate proxy, set \
+             HTTPS_PROXY for cursor-byok)"
+        )),
+        Probe::Failed(e) => {
+            let fix = probe_failure_fix(&e.kind, name, p, model, &key_hint);
+            Check::new(Level::Fail, subject, e.to_string()).fix(fix)
+        }
+        Probe::Answered { first } => {
+            let ms = first.unwrap_or_else(|| started.elapsed()).as_millis();
+            Check::new(
+                Level::Ok,
+                subject,
+                format!(
+                    "answered in {ms} ms (first byte), {} ms in all",
+                    started.elapsed().as_millis()
+                ),
+            )
+        }
+    }
+}
+
+/// How a probe call ended.
+enum Probe {
+    /// No complete answer within `PROBE_TIMEOUT`.
+    TimedOut,
+    /// The stream reported this error.
+    Failed(ProviderError),
+    /// The stream ended cleanly; `first` is when its first event arrived, counted from `started`.
+    Answered { first: Option<Duration> },
+}
+
+/// Asks `model` for a one-word answer and waits for the whole stream.
+async fn probe(client: &ProviderClient, model: &str, started: Instant) -> Probe {
     let req = ProviderRequest {
-        model: model.model.clone(),
+        model: model.to_string(),
         messages: vec![Message::user_text("Reply with the single word: ok")],
         options: RequestOptions {
             max_output_tokens: Some(PROBE_MAX_TOKENS),
@@ -312,7 +353,6 @@ async fn check_provider(name: &str, p: &ProviderConfig, config: &Config) -> Chec
         },
         ..ProviderRequest::default()
     };
-    let started = Instant::now();
     let mut stream = client.stream(req, CancellationToken::new());
     let mut first: Option<Duration> = None;
     let mut failure = None;
@@ -325,119 +365,69 @@ async fn check_provider(name: &str, p: &ProviderConfig, config: &Config) -> Chec
         }
     })
     .await;
-    if outcome.is_err() {
-        return Check::new(
-            Level::Fail,
-            subject,
-            format!("no complete answer within {}s", PROBE_TIMEOUT.as_secs()),
-        )
-        .fix(format!(
-            "check providers.{name}.base_url and your network (behind a corporate proxy, set \
-             HTTPS_PROXY for cursor-byok)"
-        ));
+    match (outcome, failure) {
+        (Err(_), _) => Probe::TimedOut,
+        (Ok(()), Some(e)) => Probe::Failed(e),
+        (Ok(()), None) => Probe::Answered { first },
     }
-    if let Some(e) = failure {
-        let fix = match e.kind {
-            ProviderErrorKind::Auth => format!(
-                "put a valid API key for this endpoint in {key_hint} (it is sent as {})",
-                match p.auth() {
-                    crate::provider::AuthMode::Bearer => "Authorization: Bearer",
-                    crate::provider::AuthMode::ApiKey => "api-key",
-                    crate::provider::AuthMode::XApiKey => "x-api-key",
-                    crate::provider::AuthMode::XGoogApiKey => "x-goog-api-key",
-                }
-            ),
-            ProviderErrorKind::NotFound => format!(
-                "check `model = \"{}\"` (model `{}`) and providers.{name}.base_url",
-                model.model, model.id
-            ),
-            ProviderErrorKind::RateLimited { .. } => {
-                "wait, or check the plan and quota of this key".into()
-            }
-            ProviderErrorKind::Network | ProviderErrorKind::Timeout => format!(
-                "check providers.{name}.base_url and your network (behind a corporate proxy, \
-                 set HTTPS_PROXY for cursor-byok)"
-            ),
-            ProviderErrorKind::InvalidRequest => format!(
-                "the endpoint refused a minimal request: check providers.{name}.kind and \
-                 model `{}`",
-                model.id
-            ),
-            ProviderErrorKind::Config => format!("correct [providers.{name}] in the config"),
-            _ => "try again later; if it persists, check the provider's status page".into(),
-        };
-        return Check::new(Level::Fail, subject, e.to_string()).fix(fix);
-    }
-    let ms = first.unwrap_or_else(|| started.elapsed()).as_millis();
-    Check::new(
-        Level::Ok,
-        subject,
-        format!(
-            "answered in {ms} ms (first byte), {} ms in all",
-            started.elapsed().as_millis()
-        ),
-    )
 }
+
+/// The fix for a failed probe, by what kind of failure it was.
+fn probe_failure_fix(
+    kind: &ProviderErrorKind,
+    name: &str,
+    p: &ProviderConfig,
+    model: &ModelConfig,
+    key_hint: &str,
+) -> String {
+    match kind {
+        ProviderErrorKind::Auth => format!(
+            "put a valid API key for this endpoint in {key_hint} (it is sent as {})",
+            match p.auth() {
+                crate::provider::AuthMode::Bearer => "Authorization: Bearer",
+                crate::provider::AuthMode::ApiKey => "api-key",
+                crate::provider::AuthMode::XApiKey => "x-api-key",
+                crate::provider::AuthMode::XGoogApiKey => "x-goog-api-key",
+            }
+        ),
+        ProviderErrorKind::NotFound => format!(
+            "check `model = \"{}\"` (model `{}`) and providers.{name}.base_url",
+            model.model, model.id
+        ),
+        ProviderErrorKind::RateLimited { .. } => {
+            "wait, or check the plan and quota of this key".into()
+        }
+        ProviderErrorKind::Network | ProviderErrorKind::Timeout => format!(
+            "check providers.{name}.base_url and your network (behind a corporate proxy, \
+             set HTTPS_PROXY for cursor-byok)"
+        ),
+        ProviderErrorKind::InvalidRequest => format!(
+            "the endpoint refused a minimal request: check providers.{name}.kind and \
+             model `{}`",
+            model.id
+        ),
+        ProviderErrorKind::Config => format!("correct [providers.{name}] in the config"),
+        _ => "try again later; if it persists, check the provider's status page".into(),
+    }
+}
+
+/// The subject of every Cursor settings check.
+const CURSOR_SETTINGS: &str = "Cursor settings";
 
 /// Does Cursor's settings file carry the wiring for `listen`?
 pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
-    let subject = "Cursor settings";
+    let subject = CURSOR_SETTINGS;
     // The command that fixes it names the same file the check read.
     let setup = match path {
         Some(p) => format!("cursor-byok setup cursor --settings \"{}\"", p.display()),
         None => "cursor-byok setup cursor".to_string(),
     };
-    let path: PathBuf = match path {
-        Some(p) => p.to_path_buf(),
-        None => match cursor::default_settings_path() {
-            Ok(p) => p,
-            Err(e) => return Check::new(Level::Skip, subject, e.to_string()),
-        },
-    };
-    let text = match std::fs::read(&path) {
-        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Check::new(
-                Level::Fail,
-                subject,
-                format!("{} not found", path.display()),
-            )
-            .fix(format!(
-                "run `{setup}` (with the same --config), or pass --cursor-settings FILE"
-            ))
-        }
-        Err(e) => {
-            return Check::new(
-                Level::Fail,
-                subject,
-                format!("cannot read {}: {e}", path.display()),
-            )
-        }
+    let (path, text) = match read_cursor_settings(path, &setup) {
+        Ok(found) => found,
+        Err(check) => return check,
     };
     match cursor::mismatches(&text, &cursor::desired_settings(listen)) {
-        Ok(m) if m.is_empty() => match remote_route(&text) {
-            // The user's own value, kept by setup: Remote-SSH windows will not reach us.
-            Some(other) => Check::new(
-                Level::Warn,
-                subject,
-                format!(
-                    "{} points at {}, but {} is {other}: a Remote-SSH window's agent will try the proxy on the remote host and fail",
-                    path.display(),
-                    cursor::proxy_url(listen),
-                    cursor::REMOTE_INFERENCE_ROUTE
-                ),
-            )
-            .fix(format!(
-                "set \"{}\": \"always\" in {} if you use Remote-SSH",
-                cursor::REMOTE_INFERENCE_ROUTE,
-                path.display()
-            )),
-            None => Check::new(
-                Level::Ok,
-                subject,
-                format!("{} points at {}", path.display(), cursor::proxy_url(listen)),
-            ),
-        },
+        Ok(m) if m.is_empty() => check_remote_route(&path, &text, listen),
         Ok(m) => {
             let what: Vec<String> = m
                 .iter()
@@ -461,6 +451,66 @@ pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
             format!("{} does not parse: {e}", path.display()),
         )
         .fix("fix the file in Cursor (\"Preferences: Open User Settings (JSON)\")"),
+    }
+}
+
+/// Cursor's settings file (`path`, or the per-OS default) and its text, or the check that says
+/// why it could not be read; `setup` is the command that writes it.
+fn read_cursor_settings(path: Option<&Path>, setup: &str) -> Result<(PathBuf, String), Check> {
+    let subject = CURSOR_SETTINGS;
+    let path: PathBuf = match path {
+        Some(p) => p.to_path_buf(),
+        None => match cursor::default_settings_path() {
+            Ok(p) => p,
+            Err(e) => return Err(Check::new(Level::Skip, subject, e.to_string())),
+        },
+    };
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            Ok((path, text))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Check::new(
+            Level::Fail,
+            subject,
+            format!("{} not found", path.display()),
+        )
+        .fix(format!(
+            "run `{setup}` (with the same --config), or pass --cursor-settings FILE"
+        ))),
+        Err(e) => Err(Check::new(
+            Level::Fail,
+            subject,
+            format!("cannot read {}: {e}", path.display()),
+        )),
+    }
+}
+
+/// Settings wired for `listen`: fine, unless the Remote-SSH route sends agents elsewhere.
+fn check_remote_route(path: &Path, text: &str, listen: SocketAddr) -> Check {
+    let subject = CURSOR_SETTINGS;
+    match remote_route(text) {
+        // The user's own value, kept by setup: Remote-SSH windows will not reach us.
+        Some(other) => Check::new(
+            Level::Warn,
+            subject,
+            format!(
+                "{} points at {}, but {} is {other}: a Remote-SSH window's agent will try the proxy on the remote host and fail",
+                path.display(),
+                cursor::proxy_url(listen),
+                cursor::REMOTE_INFERENCE_ROUTE
+            ),
+        )
+        .fix(format!(
+            "set \"{}\": \"always\" in {} if you use Remote-SSH",
+            cursor::REMOTE_INFERENCE_ROUTE,
+            path.display()
+        )),
+        None => Check::new(
+            Level::Ok,
+            subject,
+            format!("{} points at {}", path.display(), cursor::proxy_url(listen)),
+        ),
     }
 }
 
