@@ -5,38 +5,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::{Subcommand, ValueEnum};
 
+use super::args::{CaAction, CertFormat};
 use crate::setup::trust::{self, Applied, CaFiles, Group, Os};
 use crate::tls::{CaOrigin, CertificateAuthority};
-
-#[derive(Debug, Subcommand)]
-pub enum CaAction {
-    /// Print the exact commands that make this OS (and Cursor) trust the CA; --apply runs them
-    /// where a user may.
-    Trust {
-        /// Run the commands for this machine (keychain / user store / NSS database; the Linux
-        /// system store only as root).
-        #[arg(long)]
-        apply: bool,
-    },
-    /// Write the CA certificate (never the key) as PEM or DER.
-    Export {
-        #[arg(long, value_enum, default_value_t = CertFormat::Pem)]
-        format: CertFormat,
-        /// File to write; standard output when omitted.
-        #[arg(long, short)]
-        out: Option<PathBuf>,
-    },
-    /// Print the commands that remove the CA from the OS and NSS stores.
-    Untrust,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CertFormat {
-    Pem,
-    Der,
-}
 
 pub fn run(data_dir: &Path, action: Option<CaAction>) -> anyhow::Result<()> {
     match action {

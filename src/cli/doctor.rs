@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::Args;
+use super::args::Args;
 use crate::config::Config;
 use crate::setup::doctor::{self, Check, Level};
 

@@ -2,6 +2,7 @@
 //! `check-config`, `setup cursor`, `setup system-proxy`, `service`, `doctor`, `models`, `usage`,
 //! `status`.
 
+mod args;
 mod ca;
 mod doctor;
 mod models;
@@ -16,100 +17,10 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "cursor-byok",
-    version,
-    about = "Run Cursor's Agent on your own model provider and API key"
-)]
-pub struct Args {
-    /// Config file (TOML). Without it, an embedded default is used: loopback listener, models
-    /// from OPENAI_API_KEY / ANTHROPIC_API_KEY / GEMINI_API_KEY / OPENROUTER_API_KEY /
-    /// DEEPSEEK_API_KEY.
-    #[arg(long, short, global = true, env = "CURSOR_BYOK_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Data directory (CA, caches); overrides the config's `data_dir`.
-    #[arg(long, global = true)]
-    pub data_dir: Option<PathBuf>,
-    /// More logging (-v debug, -vv trace); RUST_LOG takes precedence.
-    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
-    pub verbose: u8,
-    #[command(subcommand)]
-    pub command: Option<Command>,
-}
-
-/// Options of `run`.
-#[derive(Debug, Default, clap::Args)]
-pub struct RunArgs {
-    /// Record a redacted trace of the agent traffic into FILE, to attach to a bug report:
-    /// message types, field numbers and sizes, what this version does not know, the Cursor
-    /// version, timings. No file contents, prompts, keys, tokens or paths.
-    #[arg(long, value_name = "FILE")]
-    pub capture: Option<PathBuf>,
-    /// Stop recording after this many minutes.
-    #[arg(long, value_name = "N", requires = "capture")]
-    pub capture_minutes: Option<u64>,
-    /// Also record each message's decoded content (prompts, file contents…). Only for your
-    /// own debugging: do not share such a capture.
-    #[arg(long, requires = "capture")]
-    pub include_content: bool,
-    /// Read NAME=value lines into the environment first (the API keys of `service install`);
-    /// variables already set win.
-    #[arg(long, value_name = "FILE")]
-    pub env_file: Option<PathBuf>,
-    /// Log to FILE (rotated at 4 MiB to FILE.1, no colour) instead of standard error.
-    #[arg(long, value_name = "FILE")]
-    pub log_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the proxy (the default).
-    Run(RunArgs),
-    /// Create the CA if missing; print its path, fingerprint and how to trust it.
-    Ca {
-        #[command(subcommand)]
-        action: Option<ca::CaAction>,
-    },
-    /// Validate a config file (default: the one given with --config).
-    CheckConfig { file: Option<PathBuf> },
-    /// Wire an application to the proxy (`setup cursor`), or the OS (`setup system-proxy`).
-    Setup {
-        #[command(subcommand)]
-        target: setup::SetupTarget,
-    },
-    /// Check the whole set-up: config, CA, listener, providers, Cursor's settings, OS trust.
-    Doctor {
-        /// Cursor's settings.json (default: the per-OS location).
-        #[arg(long, value_name = "FILE")]
-        cursor_settings: Option<PathBuf>,
-        /// Do not send the one small request per provider.
-        #[arg(long)]
-        skip_providers: bool,
-    },
-    /// List the configured models with the ids Cursor sees.
-    Models,
-    /// Runs, tokens in/out, cache-read share and cost per model, from the usage record in the
-    /// data directory (every finished run since it was started, across restarts).
-    Usage,
-    /// Run the proxy as a per-user service that starts at login (`install`, `uninstall`,
-    /// `status`, `logs`).
-    Service {
-        #[command(subcommand)]
-        action: service::ServiceAction,
-    },
-    /// What the status page shows: whether the proxy runs, active runs, today's cost per model,
-    /// the last errors.
-    Status {
-        /// One JSON object, for scripts.
-        #[arg(long)]
-        json: bool,
-    },
-}
+pub use args::{Args, Command, RunArgs};
 
 /// Logging for these arguments: to the rotated `--log-file` of `run` (no colour), else to
 /// standard error. `Err` when the log file cannot be opened.

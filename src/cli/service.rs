@@ -5,43 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
 
-use super::Args;
+use super::args::{Args, ServiceAction};
 use crate::config::Config;
 use crate::setup::logfile;
 use crate::setup::pac::Cmd;
 use crate::setup::service::{self, Manifest, Os, Spec};
-
-#[derive(Debug, Subcommand)]
-pub enum ServiceAction {
-    /// Install and start the per-user service: starts at login, restarts on failure, same
-    /// binary, config and data directory as this command; API keys go to an env file (0600).
-    Install {
-        /// Print the files and commands without writing or running anything.
-        #[arg(long)]
-        dry_run: bool,
-        /// The service's name (for a second instance).
-        #[arg(long, default_value = service::DEFAULT_NAME, hide = true)]
-        name: String,
-    },
-    /// Stop the service and remove exactly the files `install` wrote.
-    Uninstall {
-        #[arg(long, default_value = service::DEFAULT_NAME, hide = true)]
-        name: String,
-    },
-    /// Whether it runs, since when, on which port, and the last error from its log.
-    Status {
-        #[arg(long, default_value = service::DEFAULT_NAME, hide = true)]
-        name: String,
-    },
-    /// The tail of the service's log file.
-    Logs {
-        /// How many lines.
-        #[arg(long, short = 'n', default_value_t = 50)]
-        lines: usize,
-    },
-}
 
 pub fn run(args: &Args, config: &Config, action: ServiceAction) -> anyhow::Result<()> {
     let os = Os::current().context("no login service is known for this OS")?;

@@ -2,37 +2,11 @@
 //! `setup system-proxy` (in `system_proxy`).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use clap::{Args as ClapArgs, Subcommand};
-
+use super::args::SetupTarget;
 use crate::config::Config;
 use crate::setup::cursor::{self, Undo, SETTINGS_LOCATIONS};
-
-#[derive(Debug, Subcommand)]
-pub enum SetupTarget {
-    /// Point Cursor at the proxy: sets http.proxy, http.proxySupport,
-    /// cursor.general.disableHttp2 (and keeps certificate checks on) in its user settings.json,
-    /// keeping comments and formatting; a timestamped backup is written first.
-    Cursor(CursorArgs),
-    /// Point the OS's automatic proxy configuration at a PAC script that sends only Cursor's
-    /// hosts to the proxy, DIRECT when it is not running (macOS networksetup, GNOME/KDE,
-    /// Windows Internet Settings); prints each command first.
-    SystemProxy(super::system_proxy::SystemProxyArgs),
-}
-
-#[derive(Debug, ClapArgs)]
-pub struct CursorArgs {
-    /// Cursor's settings.json (default: the per-OS location of Cursor's user settings).
-    #[arg(long, value_name = "FILE")]
-    pub settings: Option<PathBuf>,
-    /// Restore the settings as they were before cursor-byok changed them.
-    #[arg(long, conflicts_with = "dry_run")]
-    pub undo: bool,
-    /// Show what would change (a diff) without writing anything.
-    #[arg(long)]
-    pub dry_run: bool,
-}
 
 pub fn run(target: SetupTarget, config: &Config, data_dir: &Path) -> anyhow::Result<()> {
     let args = match target {

@@ -4,25 +4,11 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use clap::Args as ClapArgs;
 
+use super::args::SystemProxyArgs;
 use super::service::run_cmd;
 use crate::config::Config;
 use crate::setup::pac::{self, Cmd, Previous, Saved, Target};
-
-#[derive(Debug, ClapArgs)]
-pub struct SystemProxyArgs {
-    /// Put back the values `setup system-proxy` found.
-    #[arg(long, conflicts_with = "dry_run")]
-    pub undo: bool,
-    /// Print the commands (reading the current values only) without changing anything.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Point the OS at the copy in the data directory (`file://`) instead of the proxy's own
-    /// URL; only some OS proxy stacks accept file URLs.
-    #[arg(long)]
-    pub file_url: bool,
-}
 
 /// The proxy settings this machine has that we know how to set.
 fn targets() -> Vec<Target> {

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use super::failover::FailoverOn;
+
 /// Used when no config file is given. Models appear only for providers whose key variable is set.
 pub const EMBEDDED_DEFAULT: &str = r#"
 listen = "127.0.0.1:8787"
@@ -172,8 +174,8 @@ pub(super) fn max_output_tokens() -> u32 {
     16_000
 }
 
-pub(super) fn failover_on() -> Vec<super::FailoverOn> {
-    use super::FailoverOn::*;
+pub(super) fn failover_on() -> Vec<FailoverOn> {
+    use FailoverOn::*;
     vec![Connect, RateLimit, Server, Overloaded, Timeout]
 }
 

@@ -5,6 +5,7 @@
 
 mod defaults;
 mod error;
+mod failover;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ pub use crate::provider::{AuthMode, Price, ProviderKind};
 
 pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
 pub use error::ConfigError;
+pub use failover::FailoverOn;
 
 /// Prefix of every model id Cursor sees for a configured model, so ours can never collide with
 /// Cursor's own ids.
@@ -211,22 +213,6 @@ impl Default for AgentConfig {
             detect_loops: true,
         }
     }
-}
-
-/// A failure, before any output, that hands a request to the model's next fallback target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FailoverOn {
-    /// The connection failed or broke before anything arrived.
-    Connect,
-    /// HTTP 429 or a rate-limit error.
-    RateLimit,
-    /// HTTP 5xx or a server error.
-    Server,
-    /// HTTP 529 or an `overloaded` error.
-    Overloaded,
-    /// No first token within `first_token_timeout_secs` (or a connect/408 timeout).
-    Timeout,
 }
 
 /// How fallback chains behave (`[fallback]`).

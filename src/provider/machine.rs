@@ -27,10 +27,7 @@ impl DecodeCtx {
     }
 
     pub(crate) fn decode_error(&self, err: &serde_json::Error, data: &str) -> ProviderEvent {
-        let mut snippet: String = data.chars().take(120).collect();
-        if snippet.len() < data.len() {
-            snippet.push('…');
-        }
+        let snippet = crate::base::text::cut_chars(data, 120, "…");
         ProviderEvent::Error(ProviderError::new(
             ProviderErrorKind::Decode,
             &self.name,
