@@ -19,7 +19,7 @@ use super::frame::{self, ConnError, FrameReader};
 use super::headers::{Opener, Wants};
 use super::limits::Limits;
 use super::side::Side;
-use super::state::{State, Usage};
+use super::state::State;
 use crate::cancel::WhenWoken;
 use crate::upstream::UpstreamError;
 
@@ -202,7 +202,7 @@ impl Relay {
 
     /// What the connection holds now, for tests to check against the limits.
     #[cfg(test)]
-    pub(crate) fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> super::state::Usage {
         self.state.usage()
     }
 
