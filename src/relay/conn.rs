@@ -196,7 +196,7 @@ impl Relay {
 
     /// Call `f` for every stream the client opens.
     pub(crate) fn on_stream(mut self, f: Box<dyn FnMut() + Send>) -> Self {
-        self.state.opener.on_stream = Some(f);
+        self.state.on_stream(f);
         self
     }
 
@@ -258,7 +258,7 @@ impl Relay {
     /// Read every peer that may be read, and make the connections that asked for.
     fn read_all(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
         let mut progress = false;
-        if !self.state.closing {
+        if !self.state.closing() {
             progress |= self.read_client(cx)?;
         }
         self.make_connections();
@@ -303,7 +303,7 @@ impl Relay {
     fn raise_errors(&mut self) -> bool {
         let mut raised = false;
         if let Some(e) = self.state.take_client_error() {
-            if !self.state.closing {
+            if !self.state.closing() {
                 self.state.client_error(e);
                 raised = true;
             }
@@ -426,7 +426,7 @@ impl Relay {
         let Some(io) = socket.io.as_mut() else {
             return Ok(false);
         };
-        if socket.rbuf.len() >= self.state.flow.limits.max_probe {
+        if socket.rbuf.len() >= self.state.limits().max_probe {
             return Ok(false);
         }
         if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {

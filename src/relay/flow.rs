@@ -11,6 +11,7 @@ use super::peer::{Credit, Peer, Peers};
 use super::side::{Direction, Side, CONN_WINDOW, STREAM_WINDOW};
 use super::stream::{Data, Half, Item, Stream};
 
+/// The stream table and the three peers, with the limits they are held to.
 pub(super) struct Flow {
     pub(super) peers: Peers,
     pub(super) streams: HashMap<u32, Stream>,

@@ -41,14 +41,14 @@ impl Usage {
 }
 
 pub(super) struct State {
-    pub(super) flow: Flow,
-    pub(super) opener: Opener,
+    flow: Flow,
+    opener: Opener,
     /// We told the client GOAWAY (shutdown): no new streams, close when the last one ends.
     draining: bool,
     /// The client said GOAWAY: close when the last stream ends.
     client_goaway: bool,
     /// A connection error: close once the GOAWAY is written.
-    pub(super) closing: bool,
+    closing: bool,
 }
 
 impl State {
@@ -125,6 +125,20 @@ impl State {
             headers::on_response(&mut self.flow, side, block);
             Ok(())
         }
+    }
+
+    pub(super) fn limits(&self) -> &Limits {
+        &self.flow.limits
+    }
+
+    /// Call `f` for every stream the client opens.
+    pub(super) fn on_stream(&mut self, f: Box<dyn FnMut() + Send>) {
+        self.opener.on_stream = Some(f);
+    }
+
+    /// A connection error was raised: nothing more is read from the client.
+    pub(super) fn closing(&self) -> bool {
+        self.closing
     }
 
     /// Connections asked for since the last call.
