@@ -164,17 +164,13 @@ impl Relay {
     }
 
     pub(crate) fn with_limits(client: BoxIo, setup: Setup, limits: Limits) -> Self {
-        let opener = Opener {
-            authority_port: format!("{}:{}", setup.host_for_port(), setup.port),
-            authority: setup.authority,
+        let authority_port = format!("{}:{}", setup.host_for_port(), setup.port);
+        let opener = Opener::new(
+            setup.authority,
+            authority_port,
             #[cfg(test)]
-            passthrough: setup.passthrough,
-            on_stream: None,
-            dialled: false,
-            may_redial: false,
-            redials: 0,
-            wants: Wants::default(),
-        };
+            setup.passthrough,
+        );
         Relay {
             state: State::new(limits, opener),
             sockets: Sockets {

@@ -119,18 +119,18 @@ fn is_connect_style(headers: &Headers) -> bool {
 /// started with the first stream that is ours. The driver does both when asked (`wants`).
 pub(super) struct Opener {
     /// The `:authority` passthrough requests carry, without and with the port.
-    pub(super) authority: String,
-    pub(super) authority_port: String,
+    authority: String,
+    authority_port: String,
     #[cfg(test)]
-    pub(super) passthrough: fn(&str) -> bool,
+    passthrough: fn(&str) -> bool,
     /// Told of every stream the client opens (the front door's head deadline).
     pub(super) on_stream: Option<Box<dyn FnMut() + Send>>,
     /// The origin is dialled for the first passthrough stream, not before.
-    pub(super) dialled: bool,
+    dialled: bool,
     /// The origin closed a connection with no stream on it: the next passthrough stream
     /// dials it again (at most `limits.max_redials` times).
     pub(super) may_redial: bool,
-    pub(super) redials: u32,
+    redials: u32,
     /// Work for the driver.
     pub(super) wants: Wants,
 }
@@ -145,6 +145,24 @@ pub(super) struct Wants {
 }
 
 impl Opener {
+    pub(super) fn new(
+        authority: String,
+        authority_port: String,
+        #[cfg(test)] passthrough: fn(&str) -> bool,
+    ) -> Self {
+        Opener {
+            authority,
+            authority_port,
+            #[cfg(test)]
+            passthrough,
+            on_stream: None,
+            dialled: false,
+            may_redial: false,
+            redials: 0,
+            wants: Wants::default(),
+        }
+    }
+
     /// A request block from the client: trailers of an open stream, or a new stream.
     pub(super) fn on_request(
         &mut self,
