@@ -12,10 +12,11 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-use super::conn::{BoxFuture, BoxIo, Relay, Setup, Usage};
+use super::conn::{BoxFuture, BoxIo, Relay, Setup};
 use super::frame::{self, flag, kind, setting, Frame, FrameReader, Reason};
 use super::hpack::{Decoder, Encoding, Headers};
 use super::limits::Limits;
+use super::state::Usage;
 use crate::upstream::UpstreamError;
 
 const STEP: Duration = Duration::from_secs(5);

@@ -1,30 +1,25 @@
-//! The relay's state machine: one client connection, its upstream connection, and (when a
-//! stream is ours) an in-memory connection to our own HTTP/2 server, driven by one future.
+//! The relay's driver: one client connection, its upstream connection, and (when a stream
+//! is ours) an in-memory connection to our own HTTP/2 server, driven by one future. It owns
+//! the sockets, the dial and the timers; what the frames mean is the state's (`state`).
 //!
 //! Each hop keeps its own settings, connection window and stream windows. Data read from one
 //! side is granted back to it (WINDOW_UPDATE) only once it has been written to the other
 //! side's socket, so what a slow reader costs us is bounded by the windows we advertise.
-//!
-//! The parts: the peers and their credits (`peer`), streams and their two directions
-//! (`stream`), header blocks and where a new stream goes (`headers`), the other frames
-//! (`control`), failures (`failure`), and here the drive loop that reads and writes.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Buf;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
 use tokio::time::{Instant, Sleep};
 
-use super::failure::{io_fault, Fault};
-use super::frame::{self, setting, ConnError, Reason};
-use super::hpack::Encoding;
-use super::limits::{Bucket, Limits};
-use super::peer::{peer_of, Credit, Peer, Side, CONN_WINDOW, STREAM_WINDOW};
-use super::stream::Stream;
+use super::frame::{self, ConnError, FrameReader};
+use super::headers::{Opener, Wants};
+use super::limits::Limits;
+use super::side::Side;
+use super::state::State;
 use crate::cancel::WhenWoken;
 use crate::upstream::UpstreamError;
 
@@ -33,7 +28,10 @@ pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 
 /// Upstream liveness: a PING when streams are open and nothing arrived for this long; no
 /// answer by the next tick and the upstream connection counts as dead.
-pub(super) const KEEP_ALIVE: Duration = Duration::from_secs(30);
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
+/// Buffer of the in-memory connection to our own server.
+const INTERNAL_BUF: usize = 256 * 1024;
 
 pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
@@ -76,81 +74,88 @@ impl Setup {
     }
 }
 
-/// What a relay holds at one moment (largest of its peers).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Usage {
-    /// Output waiting for one peer, in bytes.
-    pub(crate) out: usize,
-    /// DATA held for windows from one peer, in accounted bytes.
-    pub(crate) buffered: usize,
-    pub(crate) streams: usize,
-    /// Items waiting in stream queues.
-    pub(crate) queued_items: usize,
+/// Why a peer's connection ended.
+enum Fault {
+    Closed(String),
+    Protocol(ConnError),
 }
 
-impl Usage {
-    #[cfg(test)]
-    pub(crate) fn max(self, other: Usage) -> Usage {
-        Usage {
-            out: self.out.max(other.out),
-            buffered: self.buffered.max(other.buffered),
-            streams: self.streams.max(other.streams),
-            queued_items: self.queued_items.max(other.queued_items),
+impl From<ConnError> for Fault {
+    fn from(e: ConnError) -> Self {
+        Fault::Protocol(e)
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Closed(why) => f.write_str(why),
+            Fault::Protocol(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+fn io_fault(e: &std::io::Error) -> Fault {
+    Fault::Closed(format!("connection failed: {e}"))
+}
+
+/// The client's connection is over: the relay's future is done.
+struct ClientGone;
+
+/// One peer's socket and what is read from it but not yet a whole frame.
+struct Socket {
+    /// `None` while the upstream is dialled, or before our own server is started.
+    io: Option<BoxIo>,
+    rbuf: BytesMut,
+    reader: FrameReader,
+    /// Written since the last flush.
+    flush: bool,
+    /// Read from since the last keep-alive tick.
+    active: bool,
+}
+
+impl Socket {
+    fn new(io: Option<BoxIo>) -> Self {
+        Socket {
+            io,
+            rbuf: BytesMut::new(),
+            reader: FrameReader::new(frame::DEFAULT_MAX_FRAME),
+            flush: false,
+            active: false,
+        }
+    }
+}
+
+struct Sockets {
+    client: Socket,
+    upstream: Socket,
+    internal: Socket,
+}
+
+impl Sockets {
+    fn get_mut(&mut self, side: Side) -> &mut Socket {
+        match side {
+            Side::Client => &mut self.client,
+            Side::Upstream => &mut self.upstream,
+            Side::Internal => &mut self.internal,
         }
     }
 }
 
 pub(crate) struct Relay {
-    pub(super) authority: String,
-    pub(super) authority_port: String,
-    pub(super) host: String,
-    #[cfg(test)]
-    pub(super) passthrough: fn(&str) -> bool,
-    pub(super) make_internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
-    pub(super) stopping: Option<BoxFuture<()>>,
-    pub(super) dial: Option<BoxFuture<Result<BoxIo, UpstreamError>>>,
-    pub(super) dialer: Dialer,
-    /// The origin closed a connection with no stream on it: the next passthrough stream
-    /// dials it again (at most `limits.max_redials` times).
-    pub(super) may_redial: bool,
-    pub(super) redials: u32,
-    pub(super) limits: Limits,
-    /// Streams the client reset before their answer (rapid reset).
-    pub(super) premature_resets: Bucket,
-    /// Frames from the client that carry nothing for a stream (PING, SETTINGS, ...).
-    pub(super) control_frames: Bucket,
-    /// Streams we reset because the client broke their rules.
-    pub(super) error_resets: usize,
-    /// A connection error found while moving frames (not while reading the client): raised
-    /// toward the client by the drive loop.
-    pub(super) pending_error: Option<ConnError>,
-    /// Likewise, an error of the origin's.
-    pub(super) upstream_fault: Option<ConnError>,
-    pub(super) client: Peer,
-    /// The origin; `None` once it failed or closed (new streams then go to our server, whose
-    /// own upstream link redials).
-    pub(super) upstream: Option<Peer>,
-    /// Our own server, for the streams that are ours; started with the first one.
-    pub(super) internal: Option<Peer>,
-    pub(super) internal_server: Option<WhenWoken<BoxFuture<()>>>,
-    pub(super) streams: HashMap<u32, Stream>,
-    /// Highest stream id the client opened.
-    pub(super) last_stream: u32,
-    pub(super) preface_seen: bool,
-    /// We told the client GOAWAY (shutdown): no new streams, close when the last one ends.
-    pub(super) draining: bool,
-    /// The client said GOAWAY: close when the last stream ends.
-    pub(super) client_goaway: bool,
-    /// A connection error: close once the GOAWAY is written.
-    pub(super) closing: bool,
-    pub(super) keep_alive: Pin<Box<Sleep>>,
-    pub(super) released: Vec<Credit>,
-    /// The origin is dialled for the first passthrough stream, not before.
-    pub(super) dialled: bool,
-    /// Told of every stream the client opens (the front door's head deadline).
-    pub(super) on_stream: Option<Box<dyn FnMut() + Send>>,
+    state: State,
+    sockets: Sockets,
+    /// The origin's host, for error messages.
+    host: String,
+    make_internal: Box<dyn FnMut(DuplexStream) -> BoxFuture<()> + Send>,
+    internal_server: Option<WhenWoken<BoxFuture<()>>>,
+    stopping: Option<BoxFuture<()>>,
+    dial: Option<BoxFuture<Result<BoxIo, UpstreamError>>>,
+    dialer: Dialer,
+    keep_alive: Pin<Box<Sleep>>,
+    preface_seen: bool,
     /// Bytes read from the client while it was held back, not yet parsed.
-    pub(super) probed: bool,
+    probed: bool,
 }
 
 impl Relay {
@@ -159,85 +164,47 @@ impl Relay {
     }
 
     pub(crate) fn with_limits(client: BoxIo, setup: Setup, limits: Limits) -> Self {
-        let mut client = Peer::new(Some(client), Encoding::Raw);
-        frame::put_settings(
-            &mut client.out,
-            &[
-                (setting::MAX_CONCURRENT_STREAMS, limits.max_streams as u32),
-                (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                (
-                    setting::MAX_HEADER_LIST_SIZE,
-                    super::hpack::MAX_LIST_SIZE as u32,
-                ),
-            ],
-        );
-        frame::put_window_update(&mut client.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
-        // Frames for the origin wait in its buffer while it is dialled.
-        let upstream = Peer::client_role(None, Encoding::Raw);
-        Relay {
-            authority_port: format!("{}:{}", setup.host_for_port(), setup.port),
-            authority: setup.authority,
-            host: setup.host,
+        let authority_port = format!("{}:{}", setup.host_for_port(), setup.port);
+        let opener = Opener::new(
+            setup.authority,
+            authority_port,
             #[cfg(test)]
-            passthrough: setup.passthrough,
+            setup.passthrough,
+        );
+        Relay {
+            state: State::new(limits, opener),
+            sockets: Sockets {
+                client: Socket::new(Some(client)),
+                upstream: Socket::new(None),
+                internal: Socket::new(None),
+            },
+            host: setup.host,
             make_internal: setup.internal,
+            internal_server: None,
             stopping: Some(setup.stopping),
             dial: None,
             dialer: setup.dial,
-            may_redial: false,
-            redials: 0,
-            premature_resets: Bucket::new(limits.premature_resets),
-            control_frames: Bucket::new(limits.control_frames),
-            limits,
-            error_resets: 0,
-            pending_error: None,
-            upstream_fault: None,
-            client,
-            upstream: Some(upstream),
-            internal: None,
-            internal_server: None,
-            streams: HashMap::new(),
-            last_stream: 0,
-            preface_seen: false,
-            draining: false,
-            client_goaway: false,
-            closing: false,
             keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
-            released: Vec::new(),
-            dialled: false,
-            on_stream: None,
+            preface_seen: false,
             probed: false,
         }
     }
 
     /// Call `f` for every stream the client opens.
     pub(crate) fn on_stream(mut self, f: Box<dyn FnMut() + Send>) -> Self {
-        self.on_stream = Some(f);
+        self.state.on_stream(f);
         self
     }
 
-    /// Start the first dial of the origin, once a passthrough stream needs it.
-    pub(super) fn dial_first(&mut self) {
-        if !self.dialled {
-            self.dialled = true;
-            self.dial = Some((self.dialer)());
-        }
+    /// What the connection holds now, for tests to check against the limits.
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> super::state::Usage {
+        self.state.usage()
     }
 
-    pub(super) fn peer(&mut self, side: Side) -> Option<&mut Peer> {
-        peer_of(
-            &mut self.client,
-            &mut self.upstream,
-            &mut self.internal,
-            side,
-        )
-    }
-
-    /// The peer a frame came from. Only `drive` removes peers, never a frame handler, so it
-    /// is there; the error is for the impossible case, not a panic.
-    pub(super) fn source(&mut self, side: Side) -> Result<&mut Peer, ConnError> {
-        self.peer(side)
-            .ok_or_else(|| ConnError::new(Reason::INTERNAL_ERROR, "frame from a closed peer"))
+    /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
+    pub(crate) fn check_limits(&self) -> Result<(), String> {
+        self.state.check_limits()
     }
 
     /// Everything that can move now; `Ready` when the client's connection is over.
@@ -245,7 +212,7 @@ impl Relay {
         if let Some(stopping) = self.stopping.as_mut() {
             if stopping.as_mut().poll(cx).is_ready() {
                 self.stopping = None;
-                self.drain();
+                self.state.drain();
             }
         }
         self.poll_keep_alive(cx);
@@ -257,65 +224,13 @@ impl Relay {
                     self.internal_server = None;
                 }
             }
-            if !self.closing && !self.may_read(Side::Client) {
-                // Held back, the client is still watched for leaving.
-                match self.probe_client(cx) {
-                    Ok(p) => progress |= p,
-                    Err(why) => {
-                        tracing::debug!(%why, "client connection ended while held back");
-                        return Poll::Ready(());
-                    }
-                }
+            match self.move_frames(cx) {
+                Ok(p) => progress |= p,
+                Err(ClientGone) => return Poll::Ready(()),
             }
-            if !self.closing && self.may_read(Side::Client) {
-                match self.read(Side::Client, cx) {
-                    Ok(p) => progress |= p,
-                    Err(Fault::Closed(why)) => {
-                        tracing::debug!(%why, "client connection ended");
-                        return Poll::Ready(());
-                    }
-                    Err(Fault::Protocol(e)) => {
-                        self.client_error(e);
-                        progress = true;
-                    }
-                }
-            }
-            for side in [Side::Upstream, Side::Internal] {
-                if !self.may_read(side) {
-                    continue;
-                }
-                match self.read(side, cx) {
-                    Ok(p) => progress |= p,
-                    Err(fault) => {
-                        self.peer_gone(side, fault);
-                        progress = true;
-                    }
-                }
-            }
-            if let Some(e) = self.pending_error.take().filter(|_| !self.closing) {
-                self.client_error(e);
-                progress = true;
-            }
-            if let Some(e) = self.upstream_fault.take() {
-                self.peer_gone(Side::Upstream, Fault::Protocol(e));
-                progress = true;
-            }
-            for side in [Side::Client, Side::Upstream, Side::Internal] {
-                match self.write(side, cx) {
-                    Ok(p) => progress |= p,
-                    Err(fault) if side == Side::Client => {
-                        tracing::debug!(why = %fault, "client connection ended");
-                        return Poll::Ready(());
-                    }
-                    Err(fault) => {
-                        self.peer_gone(side, fault);
-                        progress = true;
-                    }
-                }
-            }
-            if self.finished() && self.client.out.is_empty() {
+            if self.state.closed() {
                 // Best effort: the close_notify; the socket closes when we return anyway.
-                if let Some(io) = self.client.io.as_mut() {
+                if let Some(io) = self.sockets.client.io.as_mut() {
                     if Pin::new(io).poll_shutdown(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -328,101 +243,133 @@ impl Relay {
         }
     }
 
-    /// What the connection holds now, for tests and fuzzing to check against the limits.
-    pub(crate) fn usage(&self) -> Usage {
-        let peers = [
-            Some(&self.client),
-            self.upstream.as_ref(),
-            self.internal.as_ref(),
-        ];
-        let peers = peers.into_iter().flatten();
-        let mut usage = Usage {
-            streams: self.streams.len(),
-            ..Usage::default()
-        };
-        for p in peers {
-            usage.out = usage.out.max(p.out.len());
-            usage.buffered = usage.buffered.max(p.buffered);
-        }
-        for st in self.streams.values() {
-            usage.queued_items += st.up.queue.len() + st.down.queue.len();
-        }
-        usage
+    /// Read, raise what went wrong meanwhile, write; `Ok(true)` if anything moved.
+    fn move_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
+        let read = self.read_all(cx)?;
+        let raised = self.raise_errors();
+        let written = self.write_all(cx)?;
+        Ok(read | raised | written)
     }
 
-    /// Backpressure: a peer is not read while output waits for it beyond the bound (it does
-    /// not read what we owe it) or its DATA held for windows is over the bound; the client is
-    /// not read either while a peer it feeds is that far behind.
-    fn may_read(&self, side: Side) -> bool {
-        let limits = &self.limits;
-        let behind = |p: &Peer| p.out.len() > limits.max_pending_out;
-        let Some(peer) = self.peer_ref(side) else {
-            return true;
-        };
-        // What one peer sends mostly lands in another's buffer: none is read while any is
-        // behind.
-        let any_behind = [Side::Client, Side::Upstream, Side::Internal]
-            .into_iter()
-            .filter_map(|s| self.peer_ref(s))
-            .any(behind);
-        !any_behind && peer.buffered <= limits.max_buffered
-    }
-
-    fn peer_ref(&self, side: Side) -> Option<&Peer> {
-        match side {
-            Side::Client => Some(&self.client),
-            Side::Upstream => self.upstream.as_ref(),
-            Side::Internal => self.internal.as_ref(),
+    /// Read every peer that may be read, and make the connections that asked for.
+    fn read_all(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
+        let mut progress = false;
+        if !self.state.closing() {
+            progress |= self.read_client(cx)?;
         }
-    }
-
-    /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
-    pub(crate) fn check_limits(&self) -> Result<(), String> {
-        let limits = &self.limits;
-        let usage = self.usage();
-        // One read's worth of output on top of each bound (a read is at most a few frames
-        // of 16 KiB; a block re-encoded may take `reencode_per_block` more).
-        let slack = 4 * 1024 * 1024;
-        if usage.out > limits.max_pending_out + limits.max_buffered + slack {
-            return Err(format!("output over its bound: {usage:?}"));
-        }
-        if usage.buffered > limits.max_buffered + slack {
-            return Err(format!("held DATA over its bound: {usage:?}"));
-        }
-        if usage.streams > limits.max_streams {
-            return Err(format!("streams over the limit: {usage:?}"));
-        }
-        for side in [Side::Client, Side::Upstream, Side::Internal] {
-            let Some(peer) = self.peer_ref(side) else {
+        self.make_connections();
+        for side in [Side::Upstream, Side::Internal] {
+            if !self.state.may_read(side) {
                 continue;
-            };
-            let mut held = 0;
-            for st in self.streams.values() {
-                for item in st.up.queue.iter().chain(st.down.queue.iter()) {
-                    if let super::stream::Item::Data {
-                        bytes,
-                        from: Some(from),
-                        ..
-                    } = item
-                    {
-                        if *from == side {
-                            held += bytes.len() + limits.frame_overhead;
-                        }
-                    }
+            }
+            match self.read(side, cx) {
+                Ok(p) => progress |= p,
+                Err(fault) => {
+                    self.peer_gone(side, fault);
+                    progress = true;
                 }
             }
-            if held != peer.buffered {
-                return Err(format!(
-                    "{side:?}: {held} bytes held, {} accounted",
-                    peer.buffered
-                ));
-            }
         }
-        Ok(())
+        Ok(progress)
     }
 
-    pub(super) fn finished(&self) -> bool {
-        self.closing || ((self.draining || self.client_goaway) && self.streams.is_empty())
+    fn read_client(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
+        if !self.state.may_read(Side::Client) {
+            // Held back, the client is still watched for leaving.
+            return self.probe_client(cx).map_err(|why| {
+                tracing::debug!(%why, "client connection ended while held back");
+                ClientGone
+            });
+        }
+        match self.read(Side::Client, cx) {
+            Ok(p) => Ok(p),
+            Err(Fault::Closed(why)) => {
+                tracing::debug!(%why, "client connection ended");
+                Err(ClientGone)
+            }
+            Err(Fault::Protocol(e)) => {
+                self.state.client_error(e);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Errors found while moving frames: the client's ends its connection, the origin's
+    /// the upstream connection. `true` if there was one.
+    fn raise_errors(&mut self) -> bool {
+        let mut raised = false;
+        if let Some(e) = self.state.take_client_error() {
+            if !self.state.closing() {
+                self.state.client_error(e);
+                raised = true;
+            }
+        }
+        if let Some(e) = self.state.take_upstream_fault() {
+            self.peer_gone(Side::Upstream, Fault::Protocol(e));
+            raised = true;
+        }
+        raised
+    }
+
+    /// Write to every peer; the client's failure ends the relay, another's ends that peer.
+    fn write_all(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
+        let mut progress = false;
+        for side in Side::ALL {
+            match self.write(side, cx) {
+                Ok(p) => progress |= p,
+                Err(fault) if side == Side::Client => {
+                    tracing::debug!(why = %fault, "client connection ended");
+                    return Err(ClientGone);
+                }
+                Err(fault) => {
+                    self.peer_gone(side, fault);
+                    progress = true;
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// The dial and our own server, if a new stream asked for them.
+    fn make_connections(&mut self) {
+        let Wants { dial, internal } = self.state.take_wants();
+        if dial {
+            // A redial replaces the old connection, if there was one.
+            self.sockets.upstream = Socket::new(None);
+            self.dial = Some((self.dialer)());
+        }
+        if internal {
+            let (ours, theirs) = tokio::io::duplex(INTERNAL_BUF);
+            self.internal_server = Some(WhenWoken::new((self.make_internal)(theirs)));
+            self.sockets.internal = Socket::new(Some(Box::new(ours)));
+            self.state.connected(Side::Internal);
+        }
+    }
+
+    fn peer_gone(&mut self, side: Side, fault: Fault) {
+        match side {
+            Side::Upstream => {
+                let err = UpstreamError::Request {
+                    host: self.host.clone(),
+                    reason: fault.to_string(),
+                };
+                self.upstream_gone(err);
+            }
+            Side::Internal => {
+                tracing::warn!(why = %fault, "connection to our own server ended");
+                self.internal_server = None;
+                self.sockets.internal = Socket::new(None);
+                self.state.internal_gone();
+            }
+            Side::Client => {}
+        }
+    }
+
+    fn upstream_gone(&mut self, err: UpstreamError) {
+        if self.state.upstream_gone(&err) {
+            self.dial = None;
+            self.sockets.upstream = Socket::new(None);
+        }
     }
 
     fn poll_dial(&mut self, cx: &mut Context<'_>) -> bool {
@@ -435,8 +382,8 @@ impl Relay {
         self.dial = None;
         match result {
             Ok(io) => {
-                if let Some(upstream) = self.upstream.as_mut() {
-                    upstream.io = Some(io);
+                if self.state.connected(Side::Upstream) {
+                    self.sockets.upstream.io = Some(io);
                 }
             }
             Err(e) => self.upstream_gone(e),
@@ -451,20 +398,17 @@ impl Relay {
         }
         self.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
         let _ = self.keep_alive.as_mut().poll(cx);
-        let Some(upstream) = self.upstream.as_mut().filter(|u| u.io.is_some()) else {
+        let upstream = &mut self.sockets.upstream;
+        if upstream.io.is_none() {
             return;
-        };
-        if upstream.ping_out {
+        }
+        if !self.state.ping_upstream(upstream.active) {
             let err = UpstreamError::Timeout {
                 host: self.host.clone(),
                 secs: KEEP_ALIVE.as_secs(),
             };
             self.upstream_gone(err);
             return;
-        }
-        if upstream.open_streams > 0 && !upstream.active {
-            frame::put_ping(&mut upstream.out, false, *b"byok-ka!");
-            upstream.ping_out = true;
         }
         upstream.active = false;
     }
@@ -474,17 +418,17 @@ impl Relay {
     /// its leaving (EOF or an error) ends the connection instead of holding it. `Ok(true)` if
     /// bytes came.
     fn probe_client(&mut self, cx: &mut Context<'_>) -> Result<bool, Fault> {
-        let peer = &mut self.client;
-        let Some(io) = peer.io.as_mut() else {
+        let socket = &mut self.sockets.client;
+        let Some(io) = socket.io.as_mut() else {
             return Ok(false);
         };
-        if peer.rbuf.len() >= self.limits.max_probe {
+        if socket.rbuf.len() >= self.state.limits().max_probe {
             return Ok(false);
         }
-        if peer.rbuf.capacity() - peer.rbuf.len() < 4096 {
-            peer.rbuf.reserve(READ_CHUNK);
+        if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
+            socket.rbuf.reserve(READ_CHUNK);
         }
-        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut peer.rbuf) {
+        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut socket.rbuf) {
             Poll::Pending => Ok(false),
             Poll::Ready(Ok(0)) => Err(Fault::Closed("closed by the peer".into())),
             Poll::Ready(Ok(_)) => {
@@ -495,58 +439,46 @@ impl Relay {
         }
     }
 
-    /// Read once from `side` and handle every whole frame; `Ok(true)` if anything came.
-    pub(super) fn read(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
+    /// Read once from `side` and hand every whole frame to the state; `Ok(true)` if anything
+    /// came.
+    fn read(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
         // Bytes a probe left unparsed are handled even if the socket has nothing new.
         let probed = side == Side::Client && std::mem::take(&mut self.probed);
-        let Some(peer) = self.peer(side) else {
+        let socket = self.sockets.get_mut(side);
+        let Some(io) = socket.io.as_mut() else {
             return Ok(false);
         };
-        let Some(io) = peer.io.as_mut() else {
-            return Ok(false);
-        };
-        if peer.rbuf.capacity() - peer.rbuf.len() < 4096 {
-            peer.rbuf.reserve(READ_CHUNK);
+        if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
+            socket.rbuf.reserve(READ_CHUNK);
         }
-        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut peer.rbuf) {
+        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut socket.rbuf) {
             Poll::Pending if probed => {}
             Poll::Pending => return Ok(false),
             Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed by the peer".into())),
             Poll::Ready(Ok(_)) => {}
             Poll::Ready(Err(e)) => return Err(io_fault(&e)),
         }
-        peer.active = true;
+        socket.active = true;
         if side == Side::Client && !self.preface_seen {
-            let have = self.client.rbuf.len().min(frame::PREFACE.len());
-            if self.client.rbuf[..have] != frame::PREFACE[..have] {
+            let rbuf = &mut socket.rbuf;
+            let have = rbuf.len().min(frame::PREFACE.len());
+            if rbuf[..have] != frame::PREFACE[..have] {
                 return Err(ConnError::protocol("not the HTTP/2 client preface").into());
             }
             if have < frame::PREFACE.len() {
                 return Ok(true);
             }
-            self.client.rbuf.advance(have);
+            rbuf.advance(have);
             self.preface_seen = true;
         }
         loop {
-            let Some(peer) = self.peer(side) else {
+            let socket = self.sockets.get_mut(side);
+            let Some(frame) = socket.reader.next(&mut socket.rbuf)? else {
                 return Ok(true);
             };
-            let Some(frame) = peer.reader.next(&mut peer.rbuf)? else {
-                return Ok(true);
-            };
-            if !peer.settings_seen {
-                if frame.kind != frame::kind::SETTINGS || frame.has(frame::flag::ACK) {
-                    return Err(ConnError::protocol(format!(
-                        "{}: the first frame is not SETTINGS (RFC 9113 §3.4)",
-                        side.name()
-                    ))
-                    .into());
-                }
-                peer.settings_seen = true;
-            }
-            self.on_frame(side, frame)?;
+            self.state.on_frame(side, frame)?;
             if side == Side::Client {
-                if let Some(e) = self.pending_error.take() {
+                if let Some(e) = self.state.take_client_error() {
                     return Err(e.into());
                 }
             }
@@ -554,16 +486,12 @@ impl Relay {
     }
 
     /// Write what is buffered for `side`, then grant back the data that left.
-    pub(super) fn write(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
-        let Some(peer) = peer_of(
-            &mut self.client,
-            &mut self.upstream,
-            &mut self.internal,
-            side,
-        ) else {
+    fn write(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
+        let socket = self.sockets.get_mut(side);
+        let Some(io) = socket.io.as_mut() else {
             return Ok(false);
         };
-        let Some(io) = peer.io.as_mut() else {
+        let Some(peer) = self.state.peer_mut(side) else {
             return Ok(false);
         };
         let mut progress = false;
@@ -571,36 +499,22 @@ impl Relay {
             match Pin::new(&mut *io).poll_write(cx, &peer.out) {
                 Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed while writing".into())),
                 Poll::Ready(Ok(n)) => {
-                    peer.out.advance(n);
-                    peer.written += n as u64;
-                    peer.flush = true;
+                    peer.sent(n);
+                    socket.flush = true;
                     progress = true;
                 }
                 Poll::Ready(Err(e)) => return Err(io_fault(&e)),
                 Poll::Pending => break,
             }
         }
-        if peer.out.is_empty() && peer.flush {
+        if peer.out.is_empty() && socket.flush {
             match Pin::new(&mut *io).poll_flush(cx) {
-                Poll::Ready(Ok(())) => peer.flush = false,
+                Poll::Ready(Ok(())) => socket.flush = false,
                 Poll::Ready(Err(e)) => return Err(io_fault(&e)),
                 Poll::Pending => {}
             }
         }
-        while peer.credits.front().is_some_and(|c| c.end <= peer.written) {
-            if let Some(credit) = peer.credits.pop_front() {
-                self.released.push(credit);
-            }
-        }
-        if !self.released.is_empty() {
-            let released = std::mem::take(&mut self.released);
-            for credit in &released {
-                self.grant(credit.from, Some(credit.stream), credit.len);
-            }
-            self.released = released;
-            self.released.clear();
-            progress = true;
-        }
+        progress |= self.state.release_written(side);
         Ok(progress)
     }
 }

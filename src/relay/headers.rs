@@ -1,26 +1,109 @@
-//! Header blocks: decoded to route new streams (by the router's own decision) and forwarded
-//! as received while both ends' HPACK tables stay in step, else re-encoded.
+//! Header blocks: gathered from HEADERS and CONTINUATION frames, decoded to route new
+//! streams (by the router's own decision), and forwarded as received while both ends' HPACK
+//! tables stay in step, else re-encoded.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
-use super::conn::Relay;
-use super::frame::{self, ConnError, Reason};
-use super::hpack::{Encoding, Headers};
-use super::peer::{Peer, Side};
-use super::stream::{Dir, Direction, Item, Stream};
-use crate::cancel::WhenWoken;
+use super::flow::Flow;
+use super::frame::{self, flag, ConnError, Frame, Reason};
+use super::hpack::{self, Encoding, Headers};
+use super::limits::calm;
+use super::peer::{Partial, Peer};
+use super::side::{Direction, Side};
+use super::stream::Item;
 use crate::router::Route;
-
-/// Buffer of the in-memory connection to our own server.
-pub(super) const INTERNAL_BUF: usize = 256 * 1024;
 
 /// A decoded header block, with what is needed to forward it as received.
 pub(super) struct Block {
+    pub(super) stream: u32,
     pub(super) headers: Headers,
     pub(super) hpack: Bytes,
     /// The single HEADERS frame it came in, when it can be forwarded byte for byte.
     pub(super) raw: Option<Bytes>,
     pub(super) end: bool,
+}
+
+/// A HEADERS frame: the whole block, or the start of one that CONTINUATIONs finish.
+pub(super) fn on_headers(
+    flow: &mut Flow,
+    side: Side,
+    frame: &Frame,
+) -> Result<Option<Block>, ConnError> {
+    if frame.stream == 0 {
+        return Err(ConnError::protocol("HEADERS on stream 0"));
+    }
+    let fragment = frame.header_fragment()?;
+    let end_stream = frame.has(flag::END_STREAM);
+    if frame.has(flag::END_HEADERS) {
+        let whole = !frame.has(flag::PADDED) && !frame.has(flag::PRIORITY);
+        let raw = whole.then(|| frame.raw.clone());
+        return decode(flow, side, frame.stream, end_stream, fragment, raw).map(Some);
+    }
+    let peer = flow.source(side)?;
+    peer.partial = Some(Partial {
+        stream: frame.stream,
+        end_stream,
+        block: BytesMut::from(&fragment[..]),
+        continuations: 0,
+    });
+    Ok(None)
+}
+
+/// A CONTINUATION frame: the block once it ends.
+pub(super) fn on_continuation(
+    flow: &mut Flow,
+    side: Side,
+    frame: &Frame,
+) -> Result<Option<Block>, ConnError> {
+    let peer = flow.source(side)?;
+    let Some(mut partial) = peer.partial.take() else {
+        return Err(ConnError::protocol("CONTINUATION without HEADERS"));
+    };
+    if partial.stream != frame.stream {
+        return Err(ConnError::protocol("CONTINUATION on another stream"));
+    }
+    partial.block.extend_from_slice(frame.payload());
+    partial.continuations += 1;
+    let limits = &flow.limits;
+    if partial.block.len() > limits.max_block {
+        return Err(ConnError::protocol(format!(
+            "{}: a header block over {} bytes",
+            side.name(),
+            limits.max_block
+        )));
+    }
+    if partial.continuations > limits.max_continuations {
+        return Err(calm(format!(
+            "{}: a header block in over {} CONTINUATION frames",
+            side.name(),
+            limits.max_continuations
+        )));
+    }
+    let peer = flow.source(side)?;
+    if !frame.has(flag::END_HEADERS) {
+        peer.partial = Some(partial);
+        return Ok(None);
+    }
+    let block = partial.block.freeze();
+    decode(flow, side, partial.stream, partial.end_stream, block, None).map(Some)
+}
+
+fn decode(
+    flow: &mut Flow,
+    side: Side,
+    stream: u32,
+    end: bool,
+    hpack: Bytes,
+    raw: Option<Bytes>,
+) -> Result<Block, ConnError> {
+    let headers = flow.source(side)?.decoder.decode(&hpack)?;
+    Ok(Block {
+        stream,
+        headers,
+        hpack,
+        raw,
+        end,
+    })
 }
 
 /// Does the client speak Connect (and so read `{"code","message"}` error bodies)?
@@ -31,74 +114,91 @@ fn is_connect_style(headers: &Headers) -> bool {
         || headers.get(b"connect-protocol-version").is_some()
 }
 
-impl Relay {
-    pub(super) fn on_block(
-        &mut self,
-        side: Side,
-        id: u32,
-        end: bool,
-        block: Bytes,
-        raw: Option<Bytes>,
-    ) -> Result<(), ConnError> {
-        let peer = self.source(side)?;
-        let headers = peer.decoder.decode(&block)?;
-        let block = Block {
-            headers,
-            hpack: block,
-            raw,
-            end,
-        };
-        if side == Side::Client {
-            self.on_request_block(id, block)
-        } else {
-            self.on_response_block(side, id, block);
-            Ok(())
+/// Where the client's new streams go, and the connections that takes: the origin is dialled
+/// for the first passthrough stream (and again after it closed while idle), our own server
+/// started with the first stream that is ours. The driver does both when asked (`wants`).
+pub(super) struct Opener {
+    /// The `:authority` passthrough requests carry, without and with the port.
+    authority: String,
+    authority_port: String,
+    #[cfg(test)]
+    passthrough: fn(&str) -> bool,
+    /// Told of every stream the client opens (the front door's head deadline).
+    pub(super) on_stream: Option<Box<dyn FnMut() + Send>>,
+    /// The origin is dialled for the first passthrough stream, not before.
+    dialled: bool,
+    /// The origin closed a connection with no stream on it: the next passthrough stream
+    /// dials it again (at most `limits.max_redials` times).
+    pub(super) may_redial: bool,
+    redials: u32,
+    /// Work for the driver.
+    pub(super) wants: Wants,
+}
+
+/// Connections the state asked for; the driver takes them after each read.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Wants {
+    /// Dial the origin (its `Peer` is new, without a socket).
+    pub(super) dial: bool,
+    /// Start our own server (its `Peer` is new, without a socket).
+    pub(super) internal: bool,
+}
+
+impl Opener {
+    pub(super) fn new(
+        authority: String,
+        authority_port: String,
+        #[cfg(test)] passthrough: fn(&str) -> bool,
+    ) -> Self {
+        Opener {
+            authority,
+            authority_port,
+            #[cfg(test)]
+            passthrough,
+            on_stream: None,
+            dialled: false,
+            may_redial: false,
+            redials: 0,
+            wants: Wants::default(),
         }
     }
 
-    fn on_request_block(&mut self, id: u32, block: Block) -> Result<(), ConnError> {
-        if let Some(st) = self.streams.get_mut(&id) {
-            // Trailers.
-            if st.discard_up {
-                self.desync(Side::Upstream);
-                return Ok(());
-            }
-            if st.up.ended_in || !block.end {
-                self.desync(Side::Upstream);
-                return self.stream_error(Side::Client, id, Reason::PROTOCOL_ERROR);
-            }
-            st.up.ended_in = true;
-            if st.target != Side::Upstream {
-                self.desync(Side::Upstream);
-            }
-            self.send_block(id, Direction::Up, block);
-            return Ok(());
+    /// A request block from the client: trailers of an open stream, or a new stream.
+    pub(super) fn on_request(
+        &mut self,
+        flow: &mut Flow,
+        block: Block,
+        draining: bool,
+    ) -> Result<(), ConnError> {
+        let id = block.stream;
+        if flow.streams.contains_key(&id) {
+            return on_trailers(flow, block);
         }
-        if id <= self.last_stream {
+        if id <= flow.last_stream {
             // HEADERS on a closed stream: not forwarded.
-            self.desync(Side::Upstream);
-            return self.stream_error(Side::Client, id, Reason::STREAM_CLOSED);
+            flow.peers.desync(Side::Upstream);
+            return flow.stream_error(Side::Client, id, Reason::STREAM_CLOSED);
         }
         if id % 2 == 0 {
             return Err(ConnError::protocol("an even stream id from the client"));
         }
-        self.last_stream = id;
+        flow.last_stream = id;
         if let Some(on_stream) = self.on_stream.as_mut() {
             on_stream();
         }
-        let target = self.target_for(&block.headers);
-        let room = self.streams.len() < self.limits.max_streams;
-        let Some(target) = target.filter(|_| !self.draining && room) else {
-            self.desync(Side::Upstream);
+        let target = self.target_for(flow, &block.headers);
+        let room = flow.streams.len() < flow.limits.max_streams;
+        let Some(target) = target.filter(|_| !draining && room) else {
+            flow.peers.desync(Side::Upstream);
             if !room {
                 // Over the limit we announced: the client's error.
-                return self.stream_error(Side::Client, id, Reason::REFUSED_STREAM);
+                return flow.stream_error(Side::Client, id, Reason::REFUSED_STREAM);
             }
-            frame::put_rst(&mut self.client.out, id, Reason::REFUSED_STREAM);
+            frame::put_rst(&mut flow.peers.client.out, id, Reason::REFUSED_STREAM);
             return Ok(());
         };
         if target != Side::Upstream {
-            self.desync(Side::Upstream);
+            flow.peers.desync(Side::Upstream);
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
             // The path without its query, as the router's request span shows it.
@@ -108,30 +208,14 @@ impl Relay {
             tracing::debug!(stream = id, %path, to = ?target, "stream opened");
         }
         let connect_style = is_connect_style(&block.headers);
-        let client_window = self.client.init_window;
-        let Some(dest) = self.peer(target) else {
-            return Ok(());
-        };
-        dest.open_streams += 1;
-        let mut up = Dir::new(dest.init_window);
-        up.ended_in = block.end;
-        self.streams.insert(
-            id,
-            Stream {
-                target,
-                up,
-                down: Dir::new(client_window),
-                answered: false,
-                connect_style,
-                discard_up: false,
-            },
-        );
-        self.send_block(id, Direction::Up, block);
+        if flow.open(id, target, block.end, connect_style) {
+            send_block(flow, Direction::Up, block);
+        }
         Ok(())
     }
 
     /// Where a new stream goes: the origin for plain passthrough, else our own server.
-    fn target_for(&mut self, headers: &Headers) -> Option<Side> {
+    fn target_for(&mut self, flow: &mut Flow, headers: &Headers) -> Option<Side> {
         let path = headers
             .get(b":path")
             .and_then(|p| std::str::from_utf8(p).ok())
@@ -143,14 +227,22 @@ impl Relay {
             })
             && path.is_some_and(|p| self.passes_through(p));
         if plain {
-            self.dial_first();
-            self.redial_if_idle_closed();
+            if !self.dialled {
+                self.dialled = true;
+                self.wants.dial = true;
+            }
+            self.redial_if_idle_closed(flow);
         }
-        if plain && self.upstream.as_ref().is_some_and(Peer::usable) {
+        let peers = &mut flow.peers;
+        if plain && peers.upstream.as_ref().is_some_and(Peer::usable) {
             return Some(Side::Upstream);
         }
-        self.ensure_internal();
-        self.internal
+        if peers.internal.is_none() {
+            peers.internal = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
+            self.wants.internal = true;
+        }
+        peers
+            .internal
             .as_ref()
             .filter(|p| p.usable())
             .map(|_| Side::Internal)
@@ -158,19 +250,19 @@ impl Relay {
 
     /// The origin closed its connection (GOAWAY or EOF) with no stream on it, as origins do
     /// when idle: dial it again, so passthrough does not end with the first idle timeout.
-    fn redial_if_idle_closed(&mut self) {
-        let idle_goaway = self
+    fn redial_if_idle_closed(&mut self, flow: &mut Flow) {
+        // Connected: its dial is over (a connection that said GOAWAY always is).
+        let idle_goaway = flow
+            .peers
             .upstream
             .as_ref()
-            .is_some_and(|u| u.goaway.is_some() && u.open_streams == 0 && self.dial.is_none());
-        let closed = self.upstream.is_none() && self.may_redial;
-        if !(idle_goaway || closed) || self.redials >= self.limits.max_redials {
+            .is_some_and(|u| u.goaway.is_some() && u.open_streams == 0 && u.connected);
+        let closed = flow.peers.upstream.is_none() && self.may_redial;
+        if !(idle_goaway || closed) || self.redials >= flow.limits.max_redials {
             return;
         }
-        if let Some(old) = self.upstream.take() {
-            for credit in old.credits {
-                self.grant(credit.from, None, credit.len);
-            }
+        if let Some(old) = flow.peers.upstream.take() {
+            flow.release_credits(old);
         }
         self.redials += 1;
         self.may_redial = false;
@@ -181,12 +273,9 @@ impl Relay {
         // A new connection starts with an empty table on both of its ends: blocks toward it
         // are ours, and so are the blocks toward the client (its table still holds what the
         // old connection's encoder put there).
-        self.upstream = Some(Peer::client_role(
-            None,
-            Encoding::own(super::hpack::TABLE_SIZE),
-        ));
-        self.desync(Side::Client);
-        self.dial = Some((self.dialer)());
+        flow.peers.upstream = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
+        flow.peers.desync(Side::Client);
+        self.wants.dial = true;
     }
 
     /// Does a stream for `path` go to the origin untouched? The router's decision, so the
@@ -198,92 +287,91 @@ impl Relay {
         let narrowed = true;
         narrowed && crate::router::route(path) == Route::Upstream
     }
+}
 
-    fn ensure_internal(&mut self) {
-        if self.internal.is_some() {
-            return;
-        }
-        let (ours, theirs) = tokio::io::duplex(INTERNAL_BUF);
-        self.internal_server = Some(WhenWoken::new((self.make_internal)(theirs)));
-        let peer = Peer::client_role(
-            Some(Box::new(ours)),
-            Encoding::own(super::hpack::TABLE_SIZE),
-        );
-        self.internal = Some(peer);
+/// Trailers from the client on an open stream.
+fn on_trailers(flow: &mut Flow, block: Block) -> Result<(), ConnError> {
+    let id = block.stream;
+    let Some(st) = flow.streams.get_mut(&id) else {
+        return Ok(());
+    };
+    if st.discard_up {
+        flow.peers.desync(Side::Upstream);
+        return Ok(());
     }
-
-    fn on_response_block(&mut self, side: Side, id: u32, block: Block) {
-        let Some(st) = self.streams.get_mut(&id).filter(|st| st.target == side) else {
-            // The client reset it already: its table must still see what the origin's
-            // encoder did, so from now on blocks toward it are ours.
-            if side == Side::Upstream {
-                self.desync(Side::Client);
-            }
-            return;
-        };
-        if st.down.ended_in {
-            if side == Side::Upstream {
-                self.desync(Side::Client);
-            }
-            self.reset_stream(id, Reason::STREAM_CLOSED);
-            return;
-        }
-        let informational = block
-            .headers
-            .get(b":status")
-            .is_some_and(|s| s.first() == Some(&b'1'));
-        if !st.answered && !informational {
-            st.answered = true;
-        }
-        st.down.ended_in = block.end;
-        self.send_block(id, Direction::Down, block);
+    if st.up.ended_in || !block.end {
+        flow.peers.desync(Side::Upstream);
+        return flow.stream_error(Side::Client, id, Reason::PROTOCOL_ERROR);
     }
+    st.up.ended_in = true;
+    if st.target != Side::Upstream {
+        flow.peers.desync(Side::Upstream);
+    }
+    send_block(flow, Direction::Up, block);
+    Ok(())
+}
 
-    /// Forward a header block toward the stream's other side, as received when that keeps
-    /// the two tables in step, else re-encoded (after any DATA queued before it).
-    fn send_block(&mut self, id: u32, to: Direction, block: Block) {
-        let Some((target, dir, dest)) = self.route_of(id, to) else {
-            return;
-        };
-        // Raw forwarding pairs the client with the origin only.
-        let counterpart = target == Side::Upstream;
-        if counterpart && dest.encoding.is_raw() {
-            if dir.queue.is_empty() {
-                match &block.raw {
-                    Some(raw) => {
-                        dest.out.extend_from_slice(raw);
-                    }
-                    None => frame::put_headers(
-                        &mut dest.out,
-                        id,
-                        block.end,
-                        &block.hpack,
-                        dest.max_frame,
-                    ),
+/// A response block from a target.
+pub(super) fn on_response(flow: &mut Flow, side: Side, block: Block) {
+    let id = block.stream;
+    let Some(st) = flow.streams.get_mut(&id).filter(|st| st.target == side) else {
+        // The client reset it already: its table must still see what the origin's
+        // encoder did, so from now on blocks toward it are ours.
+        if side == Side::Upstream {
+            flow.peers.desync(Side::Client);
+        }
+        return;
+    };
+    if st.down.ended_in {
+        if side == Side::Upstream {
+            flow.peers.desync(Side::Client);
+        }
+        flow.reset_stream(id, Reason::STREAM_CLOSED);
+        return;
+    }
+    let informational = block
+        .headers
+        .get(b":status")
+        .is_some_and(|s| s.first() == Some(&b'1'));
+    if !st.answered && !informational {
+        st.answered = true;
+    }
+    st.down.ended_in = block.end;
+    send_block(flow, Direction::Down, block);
+}
+
+/// Forward a header block toward the stream's other side, as received when that keeps the
+/// two tables in step, else re-encoded (after any DATA queued before it).
+fn send_block(flow: &mut Flow, to: Direction, block: Block) {
+    let id = block.stream;
+    let Some(st) = flow.streams.get_mut(&id) else {
+        return;
+    };
+    // Raw forwarding pairs the client with the origin only.
+    let counterpart = st.target == Side::Upstream;
+    let (dest_side, half) = st.toward(to);
+    let Some(dest) = flow.peers.get_mut(dest_side) else {
+        return;
+    };
+    if counterpart && dest.encoding.is_raw() {
+        if half.queue.is_empty() {
+            match &block.raw {
+                Some(raw) => dest.out.extend_from_slice(raw),
+                None => {
+                    frame::put_headers(&mut dest.out, id, block.end, &block.hpack, dest.max_frame)
                 }
-                dir.ended_out |= block.end;
-                self.finish_if_done(id);
-                return;
             }
-            // Behind queued DATA: it would reach the peer out of its encoder's order.
-            dest.encoding = Encoding::own(super::hpack::TABLE_SIZE);
+            half.ended_out |= block.end;
+            flow.finish_if_done(id);
+            return;
         }
-        let input = block.hpack.len();
-        dir.queue.push_back(Item::Headers {
-            headers: block.headers,
-            end: block.end,
-            input,
-        });
-        self.flush_dir(id, to);
+        // Behind queued DATA: it would reach the peer out of its encoder's order.
+        dest.encoding = Encoding::own(hpack::TABLE_SIZE);
     }
-
-    /// The blocks toward `side` can no longer be the counterpart's own: encode them ourselves.
-    fn desync(&mut self, side: Side) {
-        if let Some(peer) = self.peer(side) {
-            if peer.encoding.is_raw() {
-                tracing::trace!(?side, "header blocks re-encoded from now on");
-                peer.encoding = Encoding::own(super::hpack::TABLE_SIZE);
-            }
-        }
-    }
+    half.queue.push_back(Item::Headers {
+        input: block.hpack.len(),
+        headers: block.headers,
+        end: block.end,
+    });
+    flow.flush_dir(id, to);
 }

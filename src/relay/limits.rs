@@ -3,6 +3,8 @@
 
 use tokio::time::Instant;
 
+use super::frame::{ConnError, Reason};
+
 /// What one connection may cost us.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -121,6 +123,65 @@ impl Bucket {
         }
         self.tokens -= 1.0;
         true
+    }
+}
+
+/// ENHANCE_YOUR_CALM: a peer past one of our limits.
+pub(super) fn calm(what: impl Into<String>) -> ConnError {
+    ConnError::new(Reason::ENHANCE_YOUR_CALM, what)
+}
+
+/// What the client has spent of the budgets [`Limits`] gives it.
+#[derive(Debug)]
+pub(super) struct Spent {
+    /// Streams the client reset before their answer (rapid reset).
+    premature_resets: Bucket,
+    /// Frames from the client that carry nothing for a stream (PING, SETTINGS, ...).
+    control_frames: Bucket,
+    /// Streams we reset because the client broke their rules.
+    error_resets: usize,
+}
+
+impl Spent {
+    pub(super) fn new(limits: &Limits) -> Self {
+        Spent {
+            premature_resets: Bucket::new(limits.premature_resets),
+            control_frames: Bucket::new(limits.control_frames),
+            error_resets: 0,
+        }
+    }
+
+    /// A frame that costs us work without carrying anything for a stream.
+    pub(super) fn control_frame(&mut self) -> Result<(), ConnError> {
+        if self.control_frames.take() {
+            return Ok(());
+        }
+        Err(calm(
+            "client: too many PING, SETTINGS, PRIORITY, empty DATA or unknown frames",
+        ))
+    }
+
+    /// A stream reset by the client before its answer.
+    pub(super) fn premature_reset(&mut self) -> Result<(), ConnError> {
+        if self.premature_resets.take() {
+            return Ok(());
+        }
+        Err(calm(format!(
+            "client: over {} streams reset before their answer (rapid reset)",
+            self.premature_resets.rate.burst
+        )))
+    }
+
+    /// A stream we reset for the client's error.
+    pub(super) fn error_reset(&mut self, limits: &Limits) -> Result<(), ConnError> {
+        self.error_resets += 1;
+        if self.error_resets > limits.max_error_resets {
+            return Err(calm(format!(
+                "client: over {} streams reset for its errors",
+                limits.max_error_resets
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -17,12 +17,15 @@
 mod conn;
 mod control;
 mod failure;
+mod flow;
 mod frame;
 mod fuzz;
 mod headers;
 mod hpack;
 mod limits;
 mod peer;
+mod side;
+mod state;
 mod stream;
 
 pub(crate) use conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};

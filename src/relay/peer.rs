@@ -1,36 +1,14 @@
-//! The connections the relay speaks on (client, origin, our own server) and the credits
-//! that give a sender's window back once its bytes left toward the other side.
+//! The connections the relay speaks on (client, origin, our own server), as protocol state:
+//! settings, windows, HPACK, and the output waiting for the socket. The sockets themselves
+//! are the driver's.
 
 use std::collections::VecDeque;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
-use super::conn::{BoxIo, Relay};
-use super::frame::{self, setting, FrameReader};
-use super::hpack::{Decoder, Encoding};
-
-/// Per-stream and per-connection receive windows we grant each side (as hyper is set up).
-pub(super) const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
-
-pub(super) const CONN_WINDOW: u32 = 4 * 1024 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Side {
-    Client,
-    Upstream,
-    Internal,
-}
-
-impl Side {
-    /// Who misbehaved, as errors say it.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Side::Client => "client",
-            Side::Upstream => "origin",
-            Side::Internal => "our server",
-        }
-    }
-}
+use super::frame::{self, setting};
+use super::hpack::{self, Decoder, Encoding};
+use super::side::{Side, CONN_WINDOW, STREAM_WINDOW};
 
 /// Bytes of DATA that came from `from` on `stream`, granted back once written up to `end`.
 pub(super) struct Credit {
@@ -42,15 +20,14 @@ pub(super) struct Credit {
 
 /// One HTTP/2 connection we speak on.
 pub(super) struct Peer {
-    /// `None` while the upstream is being dialled: frames wait in `out`.
-    pub(super) io: Option<BoxIo>,
-    pub(super) rbuf: BytesMut,
+    /// Its socket is there (the upstream has no socket while it is dialled: frames wait in
+    /// `out`).
+    pub(super) connected: bool,
+    /// Frames waiting for the socket.
     pub(super) out: BytesMut,
     /// Bytes ever written to this peer (positions in its byte stream, for credits).
     pub(super) written: u64,
-    pub(super) flush: bool,
     pub(super) credits: VecDeque<Credit>,
-    pub(super) reader: FrameReader,
     /// Follows the peer's encoder.
     pub(super) decoder: Decoder,
     /// How header blocks toward the peer are made.
@@ -68,9 +45,8 @@ pub(super) struct Peer {
     pub(super) open_streams: u32,
     /// The peer said GOAWAY: no stream above this id is processed.
     pub(super) goaway: Option<u32>,
-    /// Keep-alive (upstream): a PING is unanswered; something was read since the last tick.
+    /// Keep-alive (upstream): a PING is unanswered.
     pub(super) ping_out: bool,
-    pub(super) active: bool,
     /// Its first frame (a SETTINGS) arrived.
     pub(super) settings_seen: bool,
     /// DATA from this peer held in stream queues: bytes plus a per-frame overhead.
@@ -91,15 +67,12 @@ pub(super) struct Partial {
 }
 
 impl Peer {
-    pub(super) fn new(io: Option<BoxIo>, encoding: Encoding) -> Self {
+    pub(super) fn new(connected: bool, encoding: Encoding) -> Self {
         Peer {
-            io,
-            rbuf: BytesMut::new(),
+            connected,
             out: BytesMut::new(),
             written: 0,
-            flush: false,
             credits: VecDeque::new(),
-            reader: FrameReader::new(frame::DEFAULT_MAX_FRAME),
             decoder: Decoder::new(),
             encoding,
             partial: None,
@@ -112,7 +85,6 @@ impl Peer {
             open_streams: 0,
             goaway: None,
             ping_out: false,
-            active: false,
             settings_seen: false,
             buffered: 0,
             reencoded_in: 0,
@@ -122,18 +94,15 @@ impl Peer {
     }
 
     /// A connection where we are the client: preface, settings, the larger connection window.
-    pub(super) fn client_role(io: Option<BoxIo>, encoding: Encoding) -> Self {
-        let mut peer = Peer::new(io, encoding);
+    pub(super) fn client_role(connected: bool, encoding: Encoding) -> Self {
+        let mut peer = Peer::new(connected, encoding);
         peer.out.extend_from_slice(frame::PREFACE);
         frame::put_settings(
             &mut peer.out,
             &[
                 (setting::ENABLE_PUSH, 0),
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                (
-                    setting::MAX_HEADER_LIST_SIZE,
-                    super::hpack::MAX_LIST_SIZE as u32,
-                ),
+                (setting::MAX_HEADER_LIST_SIZE, hpack::MAX_LIST_SIZE as u32),
             ],
         );
         frame::put_window_update(&mut peer.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
@@ -145,56 +114,84 @@ impl Peer {
         self.written + self.out.len() as u64
     }
 
+    /// `n` bytes of `out` reached the socket.
+    pub(super) fn sent(&mut self, n: usize) {
+        self.out.advance(n);
+        self.written += n as u64;
+    }
+
     pub(super) fn usable(&self) -> bool {
         self.goaway.is_none() && self.open_streams < self.max_streams
     }
-}
 
-/// The peer a side names, out of the relay's disjoint fields.
-pub(super) fn peer_of<'a>(
-    client: &'a mut Peer,
-    upstream: &'a mut Option<Peer>,
-    internal: &'a mut Option<Peer>,
-    side: Side,
-) -> Option<&'a mut Peer> {
-    match side {
-        Side::Client => Some(client),
-        Side::Upstream => upstream.as_mut(),
-        Side::Internal => internal.as_mut(),
+    /// `len` bytes it sent are off our hands: the connection window back, in batches.
+    fn grant_conn(&mut self, len: u32) {
+        self.recv_pending += len;
+        if self.recv_pending >= CONN_WINDOW / 2 {
+            frame::put_window_update(&mut self.out, 0, self.recv_pending);
+            self.recv_conn += self.recv_pending as i64;
+            self.recv_pending = 0;
+        }
     }
 }
 
-impl Relay {
-    /// `len` bytes that `from` sent are off our hands: give the windows back, in batches.
-    pub(super) fn grant(&mut self, from: Side, stream: Option<u32>, len: u32) {
-        let mut stream_update = None;
-        if let Some(st) = stream.and_then(|id| self.streams.get_mut(&id).map(|st| (id, st))) {
-            let (id, st) = st;
-            let dir = match from {
-                Side::Client => Some(&mut st.up),
-                side if side == st.target => Some(&mut st.down),
-                _ => None,
-            };
-            if let Some(dir) = dir.filter(|d| !d.ended_in) {
-                dir.recv_pending += len;
-                if dir.recv_pending >= STREAM_WINDOW / 2 {
-                    stream_update = Some((id, dir.recv_pending));
-                    dir.recv_window += dir.recv_pending as i64;
-                    dir.recv_pending = 0;
-                }
-            }
+/// The three peers; the origin and our own server may be missing.
+pub(super) struct Peers {
+    pub(super) client: Peer,
+    /// The origin; `None` once it failed or closed (new streams then go to our server, whose
+    /// own upstream link redials).
+    pub(super) upstream: Option<Peer>,
+    /// Our own server, for the streams that are ours; started with the first one.
+    pub(super) internal: Option<Peer>,
+}
+
+impl Peers {
+    pub(super) fn get(&self, side: Side) -> Option<&Peer> {
+        match side {
+            Side::Client => Some(&self.client),
+            Side::Upstream => self.upstream.as_ref(),
+            Side::Internal => self.internal.as_ref(),
         }
-        let Some(peer) = self.peer(from) else {
+    }
+
+    pub(super) fn get_mut(&mut self, side: Side) -> Option<&mut Peer> {
+        match side {
+            Side::Client => Some(&mut self.client),
+            Side::Upstream => self.upstream.as_mut(),
+            Side::Internal => self.internal.as_mut(),
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Peer> {
+        Side::ALL.into_iter().filter_map(|s| self.get(s))
+    }
+
+    /// `len` accounted bytes of DATA from `from` are no longer held.
+    pub(super) fn unhold(&mut self, from: Side, len: usize) {
+        if let Some(peer) = self.get_mut(from) {
+            peer.buffered = peer.buffered.saturating_sub(len);
+        }
+    }
+
+    /// `len` bytes that `from` sent are off our hands: its connection window back, and the
+    /// stream's (`stream_update`: id and increment) when that one is due.
+    pub(super) fn grant(&mut self, from: Side, stream_update: Option<(u32, u32)>, len: u32) {
+        let Some(peer) = self.get_mut(from) else {
             return;
         };
         if let Some((id, increment)) = stream_update {
             frame::put_window_update(&mut peer.out, id, increment);
         }
-        peer.recv_pending += len;
-        if peer.recv_pending >= CONN_WINDOW / 2 {
-            frame::put_window_update(&mut peer.out, 0, peer.recv_pending);
-            peer.recv_conn += peer.recv_pending as i64;
-            peer.recv_pending = 0;
+        peer.grant_conn(len);
+    }
+
+    /// The blocks toward `side` can no longer be the counterpart's own: encode them ourselves.
+    pub(super) fn desync(&mut self, side: Side) {
+        if let Some(peer) = self.get_mut(side) {
+            if peer.encoding.is_raw() {
+                tracing::trace!(?side, "header blocks re-encoded from now on");
+                peer.encoding = Encoding::own(hpack::TABLE_SIZE);
+            }
         }
     }
 }
