@@ -40,7 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "upstream",
         ],
     ),
-    ("relay", &["cancel", "router", "upstream"]),
+    ("relay", &["cancel", "http", "router", "upstream"]),
     ("router", &["agent", "cursor", "http", "status", "upstream"]),
     (
         "agent",

@@ -9,18 +9,18 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
 use tokio::time::{Instant, Sleep};
 
+use super::common::Conn;
 use super::frame::{self, ConnError, FrameReader};
 use super::headers::{Opener, Wants};
 use super::limits::Limits;
-use super::side::Side;
 use super::state::State;
 use crate::cancel::WhenWoken;
+use crate::http::H2_KEEP_ALIVE;
 use crate::upstream::UpstreamError;
 
 /// Read buffer growth: one largest frame we accept, and its header.
@@ -28,7 +28,6 @@ pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 
 /// Upstream liveness: a PING when streams are open and nothing arrived for this long; no
 /// answer by the next tick and the upstream connection counts as dead.
-const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// Buffer of the in-memory connection to our own server.
 const INTERNAL_BUF: usize = 256 * 1024;
@@ -133,11 +132,11 @@ struct Sockets {
 }
 
 impl Sockets {
-    fn get_mut(&mut self, side: Side) -> &mut Socket {
+    fn get_mut(&mut self, side: Conn) -> &mut Socket {
         match side {
-            Side::Client => &mut self.client,
-            Side::Upstream => &mut self.upstream,
-            Side::Internal => &mut self.internal,
+            Conn::Client => &mut self.client,
+            Conn::Upstream => &mut self.upstream,
+            Conn::Internal => &mut self.internal,
         }
     }
 }
@@ -184,7 +183,7 @@ impl Relay {
             stopping: Some(setup.stopping),
             dial: None,
             dialer: setup.dial,
-            keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
+            keep_alive: Box::pin(tokio::time::sleep(H2_KEEP_ALIVE)),
             preface_seen: false,
             probed: false,
         }
@@ -258,7 +257,7 @@ impl Relay {
             progress |= self.read_client(cx)?;
         }
         self.make_connections();
-        for side in [Side::Upstream, Side::Internal] {
+        for side in [Conn::Upstream, Conn::Internal] {
             if !self.state.may_read(side) {
                 continue;
             }
@@ -274,14 +273,14 @@ impl Relay {
     }
 
     fn read_client(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
-        if !self.state.may_read(Side::Client) {
+        if !self.state.may_read(Conn::Client) {
             // Held back, the client is still watched for leaving.
             return self.probe_client(cx).map_err(|why| {
                 tracing::debug!(%why, "client connection ended while held back");
                 ClientGone
             });
         }
-        match self.read(Side::Client, cx) {
+        match self.read(Conn::Client, cx) {
             Ok(p) => Ok(p),
             Err(Fault::Closed(why)) => {
                 tracing::debug!(%why, "client connection ended");
@@ -305,7 +304,7 @@ impl Relay {
             }
         }
         if let Some(e) = self.state.take_upstream_fault() {
-            self.peer_gone(Side::Upstream, Fault::Protocol(e));
+            self.peer_gone(Conn::Upstream, Fault::Protocol(e));
             raised = true;
         }
         raised
@@ -314,10 +313,10 @@ impl Relay {
     /// Write to every peer; the client's failure ends the relay, another's ends that peer.
     fn write_all(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
         let mut progress = false;
-        for side in Side::ALL {
+        for side in Conn::ALL {
             match self.write(side, cx) {
                 Ok(p) => progress |= p,
-                Err(fault) if side == Side::Client => {
+                Err(fault) if side == Conn::Client => {
                     tracing::debug!(why = %fault, "client connection ended");
                     return Err(ClientGone);
                 }
@@ -342,26 +341,26 @@ impl Relay {
             let (ours, theirs) = tokio::io::duplex(INTERNAL_BUF);
             self.internal_server = Some(WhenWoken::new((self.make_internal)(theirs)));
             self.sockets.internal = Socket::new(Some(Box::new(ours)));
-            self.state.connected(Side::Internal);
+            self.state.connected(Conn::Internal);
         }
     }
 
-    fn peer_gone(&mut self, side: Side, fault: Fault) {
+    fn peer_gone(&mut self, side: Conn, fault: Fault) {
         match side {
-            Side::Upstream => {
+            Conn::Upstream => {
                 let err = UpstreamError::Request {
                     host: self.host.clone(),
                     reason: fault.to_string(),
                 };
                 self.upstream_gone(err);
             }
-            Side::Internal => {
+            Conn::Internal => {
                 tracing::warn!(why = %fault, "connection to our own server ended");
                 self.internal_server = None;
                 self.sockets.internal = Socket::new(None);
                 self.state.internal_gone();
             }
-            Side::Client => {}
+            Conn::Client => {}
         }
     }
 
@@ -382,7 +381,7 @@ impl Relay {
         self.dial = None;
         match result {
             Ok(io) => {
-                if self.state.connected(Side::Upstream) {
+                if self.state.connected(Conn::Upstream) {
                     self.sockets.upstream.io = Some(io);
                 }
             }
@@ -396,7 +395,9 @@ impl Relay {
         if self.keep_alive.as_mut().poll(cx).is_pending() {
             return;
         }
-        self.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
+        self.keep_alive
+            .as_mut()
+            .reset(Instant::now() + H2_KEEP_ALIVE);
         let _ = self.keep_alive.as_mut().poll(cx);
         let upstream = &mut self.sockets.upstream;
         if upstream.io.is_none() {
@@ -405,7 +406,7 @@ impl Relay {
         if !self.state.ping_upstream(upstream.active) {
             let err = UpstreamError::Timeout {
                 host: self.host.clone(),
-                secs: KEEP_ALIVE.as_secs(),
+                secs: H2_KEEP_ALIVE.as_secs(),
             };
             self.upstream_gone(err);
             return;
@@ -441,9 +442,9 @@ impl Relay {
 
     /// Read once from `side` and hand every whole frame to the state; `Ok(true)` if anything
     /// came.
-    fn read(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
+    fn read(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
         // Bytes a probe left unparsed are handled even if the socket has nothing new.
-        let probed = side == Side::Client && std::mem::take(&mut self.probed);
+        let probed = side == Conn::Client && std::mem::take(&mut self.probed);
         let socket = self.sockets.get_mut(side);
         let Some(io) = socket.io.as_mut() else {
             return Ok(false);
@@ -459,7 +460,7 @@ impl Relay {
             Poll::Ready(Err(e)) => return Err(io_fault(&e)),
         }
         socket.active = true;
-        if side == Side::Client && !self.preface_seen {
+        if side == Conn::Client && !self.preface_seen {
             let rbuf = &mut socket.rbuf;
             let have = rbuf.len().min(frame::PREFACE.len());
             if rbuf[..have] != frame::PREFACE[..have] {
@@ -477,7 +478,7 @@ impl Relay {
                 return Ok(true);
             };
             self.state.on_frame(side, frame)?;
-            if side == Side::Client {
+            if side == Conn::Client {
                 if let Some(e) = self.state.take_client_error() {
                     return Err(e.into());
                 }
@@ -486,7 +487,7 @@ impl Relay {
     }
 
     /// Write what is buffered for `side`, then grant back the data that left.
-    fn write(&mut self, side: Side, cx: &mut Context<'_>) -> Result<bool, Fault> {
+    fn write(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
         let socket = self.sockets.get_mut(side);
         let Some(io) = socket.io.as_mut() else {
             return Ok(false);

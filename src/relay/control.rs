@@ -1,10 +1,10 @@
 //! The frames that are not header blocks: DATA, SETTINGS, WINDOW_UPDATE, GOAWAY,
 //! RST_STREAM and PING, each applied to the streams and peers (`flow`).
 
+use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, flag, kind, setting, ConnError, Frame, Reason};
 use super::hpack::{self, Encoding};
-use super::side::{Direction, Side};
 use super::stream::{Data, Item};
 
 /// Does this frame from the client cost us work without carrying anything for a stream?
@@ -22,7 +22,7 @@ pub(super) fn costs_without_carrying(frame: &Frame) -> bool {
     }
 }
 
-pub(super) fn on_ping(flow: &mut Flow, side: Side, frame: &Frame) -> Result<(), ConnError> {
+pub(super) fn on_ping(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<(), ConnError> {
     let payload: [u8; 8] = frame
         .payload()
         .try_into()
@@ -36,7 +36,7 @@ pub(super) fn on_ping(flow: &mut Flow, side: Side, frame: &Frame) -> Result<(), 
     Ok(())
 }
 
-pub(super) fn on_settings(flow: &mut Flow, side: Side, frame: &Frame) -> Result<(), ConnError> {
+pub(super) fn on_settings(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<(), ConnError> {
     if frame.stream != 0 {
         return Err(ConnError::protocol("SETTINGS on a stream"));
     }
@@ -86,10 +86,10 @@ pub(super) fn on_settings(flow: &mut Flow, side: Side, frame: &Frame) -> Result<
 }
 
 /// A new INITIAL_WINDOW_SIZE from `side` moves the send window of every stream toward it.
-fn shift_stream_windows(flow: &mut Flow, side: Side, delta: i64) -> Result<(), ConnError> {
+fn shift_stream_windows(flow: &mut Flow, side: Conn, delta: i64) -> Result<(), ConnError> {
     let mut overflow = false;
     for st in flow.streams.values_mut() {
-        let half = if side == Side::Client {
+        let half = if side == Conn::Client {
             &mut st.down
         } else if st.target == side {
             &mut st.up
@@ -114,7 +114,7 @@ fn shift_stream_windows(flow: &mut Flow, side: Side, delta: i64) -> Result<(), C
 
 pub(super) fn on_window_update(
     flow: &mut Flow,
-    side: Side,
+    side: Conn,
     frame: &Frame,
 ) -> Result<(), ConnError> {
     let increment = (frame::u32_payload(frame, "WINDOW_UPDATE")? & 0x7fff_ffff) as i64;
@@ -138,7 +138,7 @@ pub(super) fn on_window_update(
         return Ok(());
     };
     let (half, to) = match side {
-        Side::Client => (&mut st.down, Direction::Down),
+        Conn::Client => (&mut st.down, Direction::Down),
         side if side == st.target => (&mut st.up, Direction::Up),
         _ => return Ok(()),
     };
@@ -169,7 +169,7 @@ pub(super) fn goaway(frame: &Frame) -> Result<(u32, Reason), ConnError> {
 }
 
 /// A target said GOAWAY: streams above `last` it will not process.
-pub(super) fn target_goaway(flow: &mut Flow, side: Side, last: u32, code: Reason) {
+pub(super) fn target_goaway(flow: &mut Flow, side: Conn, last: u32, code: Reason) {
     tracing::debug!(?side, last, %code, "GOAWAY");
     if let Some(peer) = flow.peers.get_mut(side) {
         peer.goaway = Some(last);
@@ -190,7 +190,7 @@ pub(super) fn target_goaway(flow: &mut Flow, side: Side, last: u32, code: Reason
     }
 }
 
-pub(super) fn on_rst_stream(flow: &mut Flow, side: Side, frame: &Frame) -> Result<(), ConnError> {
+pub(super) fn on_rst_stream(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<(), ConnError> {
     let code = frame::u32_payload(frame, "RST_STREAM")?;
     if frame.stream == 0 {
         return Err(ConnError::protocol("RST_STREAM on stream 0"));
@@ -199,27 +199,27 @@ pub(super) fn on_rst_stream(flow: &mut Flow, side: Side, frame: &Frame) -> Resul
     on_reset(flow, side, frame.stream, Reason(code))
 }
 
-fn on_reset(flow: &mut Flow, side: Side, id: u32, reason: Reason) -> Result<(), ConnError> {
+fn on_reset(flow: &mut Flow, side: Conn, id: u32, reason: Reason) -> Result<(), ConnError> {
     let Some(st) = flow.streams.get(&id) else {
         return Ok(());
     };
-    if side != Side::Client && st.target != side {
+    if side != Conn::Client && st.target != side {
         return Ok(());
     }
-    if side == Side::Client && !st.answered {
+    if side == Conn::Client && !st.answered {
         flow.spent.premature_reset()?;
     }
-    if side != Side::Client && reason == Reason::NO_ERROR && answer_in_flight(flow, id) {
+    if side != Conn::Client && reason == Reason::NO_ERROR && answer_in_flight(flow, id) {
         reset_after_answer(flow, id);
         return Ok(());
     }
     let Some(st) = flow.remove(id) else {
         return Ok(());
     };
-    let other = if side == Side::Client {
+    let other = if side == Conn::Client {
         st.target
     } else {
-        Side::Client
+        Conn::Client
     };
     // Our own answer (an error): nothing behind it to tell.
     if other == side {
@@ -233,7 +233,7 @@ fn on_reset(flow: &mut Flow, side: Side, id: u32, reason: Reason) -> Result<(), 
 
 /// A frame that refers to a stream must not name one never opened (RFC 9113 §5.1): ids
 /// above the client's last, or even ones (we allow no push).
-fn idle_check(flow: &Flow, side: Side, id: u32, what: &str) -> Result<(), ConnError> {
+fn idle_check(flow: &Flow, side: Conn, id: u32, what: &str) -> Result<(), ConnError> {
     let idle = (id > flow.last_stream || id % 2 == 0) && !flow.streams.contains_key(&id);
     if idle {
         return Err(ConnError::protocol(format!(
@@ -277,13 +277,13 @@ fn reset_after_answer(flow: &mut Flow, id: u32) {
     }
     let overhead = flow.limits.frame_overhead;
     for len in dropped {
-        flow.peers.unhold(Side::Client, len as usize + overhead);
-        flow.grant(Side::Client, None, len);
+        flow.peers.unhold(Conn::Client, len as usize + overhead);
+        flow.grant(Conn::Client, None, len);
     }
     flow.flush_dir(id, Direction::Down);
 }
 
-pub(super) fn on_data(flow: &mut Flow, side: Side, frame: Frame) -> Result<(), ConnError> {
+pub(super) fn on_data(flow: &mut Flow, side: Conn, frame: Frame) -> Result<(), ConnError> {
     let id = frame.stream;
     if id == 0 {
         return Err(ConnError::protocol("DATA on stream 0"));
@@ -302,16 +302,16 @@ pub(super) fn on_data(flow: &mut Flow, side: Side, frame: Frame) -> Result<(), C
     let belongs = flow
         .streams
         .get(&id)
-        .is_some_and(|st| side == Side::Client || st.target == side);
+        .is_some_and(|st| side == Conn::Client || st.target == side);
     if !belongs {
-        if side == Side::Client && id > flow.last_stream {
+        if side == Conn::Client && id > flow.last_stream {
             return Err(ConnError::protocol("DATA on a stream never opened"));
         }
         // A stream that was reset or finished: drop it, give the window back.
         flow.grant(side, None, len);
         return Ok(());
     }
-    let to = if side == Side::Client {
+    let to = if side == Conn::Client {
         Direction::Up
     } else {
         Direction::Down

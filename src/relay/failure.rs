@@ -3,10 +3,10 @@
 
 use bytes::Bytes;
 
+use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, ConnError, Reason};
 use super::hpack::Headers;
-use super::side::{Direction, Side};
 use super::stream::{Data, Half, Item, Stream};
 use crate::upstream::UpstreamError;
 
@@ -23,7 +23,7 @@ pub(super) fn client_error(flow: &mut Flow, e: &ConnError) {
     for id in ids {
         if let Some(st) = flow.remove(id) {
             let target = flow.peers.get_mut(st.target);
-            if let Some(peer) = target.filter(|_| st.target != Side::Client) {
+            if let Some(peer) = target.filter(|_| st.target != Conn::Client) {
                 frame::put_rst(&mut peer.out, id, Reason::CANCEL);
             }
         }
@@ -35,7 +35,7 @@ pub(super) fn internal_gone(flow: &mut Flow) {
     if let Some(peer) = flow.peers.internal.take() {
         flow.release_credits(peer);
     }
-    streams_lost(flow, Side::Internal, None);
+    streams_lost(flow, Conn::Internal, None);
 }
 
 /// The origin failed (dial, I/O, protocol): streams it had not answered get the same 502
@@ -46,7 +46,7 @@ pub(super) fn upstream_gone(flow: &mut Flow, err: &UpstreamError) -> Option<bool
     let affected = flow
         .streams
         .values()
-        .filter(|st| st.target == Side::Upstream)
+        .filter(|st| st.target == Conn::Upstream)
         .count();
     let idle = affected == 0 && peer.connected;
     if affected > 0 {
@@ -55,11 +55,11 @@ pub(super) fn upstream_gone(flow: &mut Flow, err: &UpstreamError) -> Option<bool
         tracing::debug!(error = %err, "upstream connection ended");
     }
     flow.release_credits(peer);
-    streams_lost(flow, Side::Upstream, Some(err));
+    streams_lost(flow, Conn::Upstream, Some(err));
     Some(idle)
 }
 
-fn streams_lost(flow: &mut Flow, side: Side, err: Option<&UpstreamError>) {
+fn streams_lost(flow: &mut Flow, side: Conn, err: Option<&UpstreamError>) {
     let ids: Vec<u32> = flow
         .streams
         .iter()
@@ -110,7 +110,7 @@ fn answer_error(flow: &mut Flow, id: u32, old: Stream, err: &UpstreamError) {
     flow.streams.insert(
         id,
         Stream {
-            target: Side::Client,
+            target: Conn::Client,
             up,
             down,
             answered: true,

@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
+use super::common::{Conn, Direction, CONN_WINDOW, STREAM_WINDOW};
 use super::frame::{self, setting, ConnError, Reason};
 use super::hpack::{self, Encoding};
 use super::limits::{calm, Limits, Spent};
 use super::peer::{Credit, Peer, Peers};
-use super::side::{Direction, Side, CONN_WINDOW, STREAM_WINDOW};
 use super::stream::{Data, Half, Item, Stream};
 
 /// The stream table and the three peers, with the limits they are held to.
@@ -60,18 +60,18 @@ impl Flow {
 
     /// The peer a frame came from. Only the driver removes peers, never a frame handler, so
     /// it is there; the error is for the impossible case, not a panic.
-    pub(super) fn source(&mut self, side: Side) -> Result<&mut Peer, ConnError> {
+    pub(super) fn source(&mut self, side: Conn) -> Result<&mut Peer, ConnError> {
         self.peers
             .get_mut(side)
             .ok_or_else(|| ConnError::new(Reason::INTERNAL_ERROR, "frame from a closed peer"))
     }
 
     /// `len` bytes that `from` sent are off our hands: give the windows back, in batches.
-    pub(super) fn grant(&mut self, from: Side, stream: Option<u32>, len: u32) {
+    pub(super) fn grant(&mut self, from: Conn, stream: Option<u32>, len: u32) {
         let mut stream_update = None;
         if let Some((id, st)) = stream.and_then(|id| self.streams.get_mut(&id).map(|st| (id, st))) {
             let half = match from {
-                Side::Client => Some(&mut st.up),
+                Conn::Client => Some(&mut st.up),
                 side if side == st.target => Some(&mut st.down),
                 _ => None,
             };
@@ -95,7 +95,7 @@ impl Flow {
     }
 
     /// After a write toward `side`: grant back the data that left. `true` if any did.
-    pub(super) fn release_written(&mut self, side: Side) -> bool {
+    pub(super) fn release_written(&mut self, side: Conn) -> bool {
         let Some(peer) = self.peers.get_mut(side) else {
             return false;
         };
@@ -133,7 +133,7 @@ impl Flow {
         // own answers).
         let budgeted = match to {
             Direction::Up => true,
-            Direction::Down => st.target == Side::Upstream,
+            Direction::Down => st.target == Conn::Upstream,
         };
         let (dest_side, half) = st.toward(to);
         let Some(dest) = self.peers.get_mut(dest_side) else {
@@ -150,7 +150,7 @@ impl Flow {
 
     /// Header blocks from `source` re-encoded toward `dest` would take `out` bytes, over the
     /// budget (header amplification): the source's connection fails.
-    fn over_budget(&mut self, source: Side, dest: Side, out: usize) {
+    fn over_budget(&mut self, source: Conn, dest: Conn, out: usize) {
         let input = self.peers.get(dest).map_or(0, |p| p.reencoded_in);
         let e = calm(format!(
             "{}: its {input} bytes of header blocks would take {out} re-encoded toward \
@@ -160,20 +160,20 @@ impl Flow {
             self.limits.reencode_ratio
         ));
         match source {
-            Side::Client => self.pending_error = Some(e),
+            Conn::Client => self.pending_error = Some(e),
             _ => self.upstream_fault = Some(e),
         }
     }
 
     /// Flush every stream with something queued toward `side`.
-    pub(super) fn flush_toward(&mut self, side: Side) {
+    pub(super) fn flush_toward(&mut self, side: Conn) {
         let ids: Vec<(u32, Direction)> = self
             .streams
             .iter()
             .filter_map(|(id, st)| {
-                if side == Side::Client && !st.down.queue.is_empty() {
+                if side == Conn::Client && !st.down.queue.is_empty() {
                     Some((*id, Direction::Down))
-                } else if side != Side::Client && st.target == side && !st.up.queue.is_empty() {
+                } else if side != Conn::Client && st.target == side && !st.up.queue.is_empty() {
                     Some((*id, Direction::Up))
                 } else {
                     None
@@ -202,7 +202,7 @@ impl Flow {
         if let Some(peer) = self
             .peers
             .get_mut(st.target)
-            .filter(|_| st.target != Side::Client)
+            .filter(|_| st.target != Conn::Client)
         {
             peer.open_streams = peer.open_streams.saturating_sub(1);
         }
@@ -233,7 +233,7 @@ impl Flow {
         let Some(st) = self.remove(id) else {
             return;
         };
-        for side in [Side::Client, st.target] {
+        for side in [Conn::Client, st.target] {
             if let Some(peer) = self.peers.get_mut(side) {
                 frame::put_rst(&mut peer.out, id, reason);
             }
@@ -244,7 +244,7 @@ impl Flow {
     /// `limits.max_error_resets`.
     pub(super) fn stream_error(
         &mut self,
-        side: Side,
+        side: Conn,
         id: u32,
         reason: Reason,
     ) -> Result<(), ConnError> {
@@ -253,7 +253,7 @@ impl Flow {
         } else {
             frame::put_rst(&mut self.peers.client.out, id, reason);
         }
-        if side != Side::Client {
+        if side != Conn::Client {
             return Ok(());
         }
         self.spent.error_reset(&self.limits)
@@ -264,7 +264,7 @@ impl Flow {
     pub(super) fn open(
         &mut self,
         id: u32,
-        target: Side,
+        target: Conn,
         ended_in: bool,
         connect_style: bool,
     ) -> bool {

@@ -4,12 +4,12 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, flag, ConnError, Frame, Reason};
 use super::hpack::{self, Encoding, Headers};
 use super::limits::calm;
 use super::peer::{Partial, Peer};
-use super::side::{Direction, Side};
 use super::stream::Item;
 use crate::router::Route;
 
@@ -26,7 +26,7 @@ pub(super) struct Block {
 /// A HEADERS frame: the whole block, or the start of one that CONTINUATIONs finish.
 pub(super) fn on_headers(
     flow: &mut Flow,
-    side: Side,
+    side: Conn,
     frame: &Frame,
 ) -> Result<Option<Block>, ConnError> {
     if frame.stream == 0 {
@@ -52,7 +52,7 @@ pub(super) fn on_headers(
 /// A CONTINUATION frame: the block once it ends.
 pub(super) fn on_continuation(
     flow: &mut Flow,
-    side: Side,
+    side: Conn,
     frame: &Frame,
 ) -> Result<Option<Block>, ConnError> {
     let peer = flow.source(side)?;
@@ -90,7 +90,7 @@ pub(super) fn on_continuation(
 
 fn decode(
     flow: &mut Flow,
-    side: Side,
+    side: Conn,
     stream: u32,
     end: bool,
     hpack: Bytes,
@@ -176,8 +176,8 @@ impl Opener {
         }
         if id <= flow.last_stream {
             // HEADERS on a closed stream: not forwarded.
-            flow.peers.desync(Side::Upstream);
-            return flow.stream_error(Side::Client, id, Reason::STREAM_CLOSED);
+            flow.peers.desync(Conn::Upstream);
+            return flow.stream_error(Conn::Client, id, Reason::STREAM_CLOSED);
         }
         if id % 2 == 0 {
             return Err(ConnError::protocol("an even stream id from the client"));
@@ -189,16 +189,16 @@ impl Opener {
         let target = self.target_for(flow, &block.headers);
         let room = flow.streams.len() < flow.limits.max_streams;
         let Some(target) = target.filter(|_| !draining && room) else {
-            flow.peers.desync(Side::Upstream);
+            flow.peers.desync(Conn::Upstream);
             if !room {
                 // Over the limit we announced: the client's error.
-                return flow.stream_error(Side::Client, id, Reason::REFUSED_STREAM);
+                return flow.stream_error(Conn::Client, id, Reason::REFUSED_STREAM);
             }
             frame::put_rst(&mut flow.peers.client.out, id, Reason::REFUSED_STREAM);
             return Ok(());
         };
-        if target != Side::Upstream {
-            flow.peers.desync(Side::Upstream);
+        if target != Conn::Upstream {
+            flow.peers.desync(Conn::Upstream);
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
             // The path without its query, as the router's request span shows it.
@@ -215,7 +215,7 @@ impl Opener {
     }
 
     /// Where a new stream goes: the origin for plain passthrough, else our own server.
-    fn target_for(&mut self, flow: &mut Flow, headers: &Headers) -> Option<Side> {
+    fn target_for(&mut self, flow: &mut Flow, headers: &Headers) -> Option<Conn> {
         let path = headers
             .get(b":path")
             .and_then(|p| std::str::from_utf8(p).ok())
@@ -235,7 +235,7 @@ impl Opener {
         }
         let peers = &mut flow.peers;
         if plain && peers.upstream.as_ref().is_some_and(Peer::usable) {
-            return Some(Side::Upstream);
+            return Some(Conn::Upstream);
         }
         if peers.internal.is_none() {
             peers.internal = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
@@ -245,7 +245,7 @@ impl Opener {
             .internal
             .as_ref()
             .filter(|p| p.usable())
-            .map(|_| Side::Internal)
+            .map(|_| Conn::Internal)
     }
 
     /// The origin closed its connection (GOAWAY or EOF) with no stream on it, as origins do
@@ -274,7 +274,7 @@ impl Opener {
         // are ours, and so are the blocks toward the client (its table still holds what the
         // old connection's encoder put there).
         flow.peers.upstream = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
-        flow.peers.desync(Side::Client);
+        flow.peers.desync(Conn::Client);
         self.wants.dial = true;
     }
 
@@ -296,35 +296,35 @@ fn on_trailers(flow: &mut Flow, block: Block) -> Result<(), ConnError> {
         return Ok(());
     };
     if st.discard_up {
-        flow.peers.desync(Side::Upstream);
+        flow.peers.desync(Conn::Upstream);
         return Ok(());
     }
     if st.up.ended_in || !block.end {
-        flow.peers.desync(Side::Upstream);
-        return flow.stream_error(Side::Client, id, Reason::PROTOCOL_ERROR);
+        flow.peers.desync(Conn::Upstream);
+        return flow.stream_error(Conn::Client, id, Reason::PROTOCOL_ERROR);
     }
     st.up.ended_in = true;
-    if st.target != Side::Upstream {
-        flow.peers.desync(Side::Upstream);
+    if st.target != Conn::Upstream {
+        flow.peers.desync(Conn::Upstream);
     }
     send_block(flow, Direction::Up, block);
     Ok(())
 }
 
 /// A response block from a target.
-pub(super) fn on_response(flow: &mut Flow, side: Side, block: Block) {
+pub(super) fn on_response(flow: &mut Flow, side: Conn, block: Block) {
     let id = block.stream;
     let Some(st) = flow.streams.get_mut(&id).filter(|st| st.target == side) else {
         // The client reset it already: its table must still see what the origin's
         // encoder did, so from now on blocks toward it are ours.
-        if side == Side::Upstream {
-            flow.peers.desync(Side::Client);
+        if side == Conn::Upstream {
+            flow.peers.desync(Conn::Client);
         }
         return;
     };
     if st.down.ended_in {
-        if side == Side::Upstream {
-            flow.peers.desync(Side::Client);
+        if side == Conn::Upstream {
+            flow.peers.desync(Conn::Client);
         }
         flow.reset_stream(id, Reason::STREAM_CLOSED);
         return;
@@ -348,7 +348,7 @@ fn send_block(flow: &mut Flow, to: Direction, block: Block) {
         return;
     };
     // Raw forwarding pairs the client with the origin only.
-    let counterpart = st.target == Side::Upstream;
+    let counterpart = st.target == Conn::Upstream;
     let (dest_side, half) = st.toward(to);
     let Some(dest) = flow.peers.get_mut(dest_side) else {
         return;

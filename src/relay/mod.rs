@@ -14,6 +14,7 @@
 //! per-stream state machines, the request/response objects and body channels (figures in
 //! docs/benchmarks.md).
 
+mod common;
 mod conn;
 mod control;
 mod failure;
@@ -24,7 +25,6 @@ mod headers;
 mod hpack;
 mod limits;
 mod peer;
-mod side;
 mod state;
 mod stream;
 

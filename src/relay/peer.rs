@@ -6,14 +6,14 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, BytesMut};
 
+use super::common::{Conn, CONN_WINDOW, STREAM_WINDOW};
 use super::frame::{self, setting};
 use super::hpack::{self, Decoder, Encoding};
-use super::side::{Side, CONN_WINDOW, STREAM_WINDOW};
 
 /// Bytes of DATA that came from `from` on `stream`, granted back once written up to `end`.
 pub(super) struct Credit {
     pub(super) end: u64,
-    pub(super) from: Side,
+    pub(super) from: Conn,
     pub(super) stream: u32,
     pub(super) len: u32,
 }
@@ -146,28 +146,28 @@ pub(super) struct Peers {
 }
 
 impl Peers {
-    pub(super) fn get(&self, side: Side) -> Option<&Peer> {
+    pub(super) fn get(&self, side: Conn) -> Option<&Peer> {
         match side {
-            Side::Client => Some(&self.client),
-            Side::Upstream => self.upstream.as_ref(),
-            Side::Internal => self.internal.as_ref(),
+            Conn::Client => Some(&self.client),
+            Conn::Upstream => self.upstream.as_ref(),
+            Conn::Internal => self.internal.as_ref(),
         }
     }
 
-    pub(super) fn get_mut(&mut self, side: Side) -> Option<&mut Peer> {
+    pub(super) fn get_mut(&mut self, side: Conn) -> Option<&mut Peer> {
         match side {
-            Side::Client => Some(&mut self.client),
-            Side::Upstream => self.upstream.as_mut(),
-            Side::Internal => self.internal.as_mut(),
+            Conn::Client => Some(&mut self.client),
+            Conn::Upstream => self.upstream.as_mut(),
+            Conn::Internal => self.internal.as_mut(),
         }
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Peer> {
-        Side::ALL.into_iter().filter_map(|s| self.get(s))
+        Conn::ALL.into_iter().filter_map(|s| self.get(s))
     }
 
     /// `len` accounted bytes of DATA from `from` are no longer held.
-    pub(super) fn unhold(&mut self, from: Side, len: usize) {
+    pub(super) fn unhold(&mut self, from: Conn, len: usize) {
         if let Some(peer) = self.get_mut(from) {
             peer.buffered = peer.buffered.saturating_sub(len);
         }
@@ -175,7 +175,7 @@ impl Peers {
 
     /// `len` bytes that `from` sent are off our hands: its connection window back, and the
     /// stream's (`stream_update`: id and increment) when that one is due.
-    pub(super) fn grant(&mut self, from: Side, stream_update: Option<(u32, u32)>, len: u32) {
+    pub(super) fn grant(&mut self, from: Conn, stream_update: Option<(u32, u32)>, len: u32) {
         let Some(peer) = self.get_mut(from) else {
             return;
         };
@@ -186,7 +186,7 @@ impl Peers {
     }
 
     /// The blocks toward `side` can no longer be the counterpart's own: encode them ourselves.
-    pub(super) fn desync(&mut self, side: Side) {
+    pub(super) fn desync(&mut self, side: Conn) {
         if let Some(peer) = self.get_mut(side) {
             if peer.encoding.is_raw() {
                 tracing::trace!(?side, "header blocks re-encoded from now on");

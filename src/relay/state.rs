@@ -5,6 +5,7 @@
 //! The parts: the streams and the peers they flow between (`flow`), header blocks and where
 //! a new stream goes (`headers`), the other frames (`control`), failures (`failure`).
 
+use super::common::Conn;
 use super::control;
 use super::failure;
 use super::flow::Flow;
@@ -12,7 +13,6 @@ use super::frame::{self, kind, ConnError, Frame, Reason};
 use super::headers::{self, Block, Opener, Wants};
 use super::limits::Limits;
 use super::peer::Peer;
-use super::side::Side;
 use super::stream::{Data, Item};
 use crate::upstream::UpstreamError;
 
@@ -63,7 +63,7 @@ impl State {
     }
 
     /// One frame from `side`.
-    pub(super) fn on_frame(&mut self, side: Side, frame: Frame) -> Result<(), ConnError> {
+    pub(super) fn on_frame(&mut self, side: Conn, frame: Frame) -> Result<(), ConnError> {
         let peer = self.flow.source(side)?;
         if !peer.settings_seen {
             if frame.kind != kind::SETTINGS || frame.has(frame::flag::ACK) {
@@ -79,7 +79,7 @@ impl State {
                 "a frame inside a header block (RFC 9113 §6.10)",
             ));
         }
-        if side == Side::Client && control::costs_without_carrying(&frame) {
+        if side == Conn::Client && control::costs_without_carrying(&frame) {
             self.flow.spent.control_frame()?;
         }
         let flow = &mut self.flow;
@@ -100,7 +100,7 @@ impl State {
             kind::PING => control::on_ping(flow, side, &frame),
             kind::GOAWAY => {
                 let (last, code) = control::goaway(&frame)?;
-                if side == Side::Client {
+                if side == Conn::Client {
                     self.client_goaway = true;
                     tracing::debug!(%code, "client sent GOAWAY");
                 } else {
@@ -115,11 +115,11 @@ impl State {
     }
 
     /// A whole header block, if the frame ended one.
-    fn on_block(&mut self, side: Side, block: Option<Block>) -> Result<(), ConnError> {
+    fn on_block(&mut self, side: Conn, block: Option<Block>) -> Result<(), ConnError> {
         let Some(block) = block else {
             return Ok(());
         };
-        if side == Side::Client {
+        if side == Conn::Client {
             self.opener.on_request(&mut self.flow, block, self.draining)
         } else {
             headers::on_response(&mut self.flow, side, block);
@@ -147,7 +147,7 @@ impl State {
     }
 
     /// The socket of `side` is there; `false` if the peer is gone meanwhile.
-    pub(super) fn connected(&mut self, side: Side) -> bool {
+    pub(super) fn connected(&mut self, side: Conn) -> bool {
         let Some(peer) = self.flow.peers.get_mut(side) else {
             return false;
         };
@@ -155,12 +155,12 @@ impl State {
         true
     }
 
-    pub(super) fn peer_mut(&mut self, side: Side) -> Option<&mut Peer> {
+    pub(super) fn peer_mut(&mut self, side: Conn) -> Option<&mut Peer> {
         self.flow.peers.get_mut(side)
     }
 
     /// After a write toward `side`: grant back the data that left. `true` if any did.
-    pub(super) fn release_written(&mut self, side: Side) -> bool {
+    pub(super) fn release_written(&mut self, side: Conn) -> bool {
         self.flow.release_written(side)
     }
 
@@ -233,7 +233,7 @@ impl State {
     /// Backpressure: a peer is not read while output waits for it beyond the bound (it does
     /// not read what we owe it) or its DATA held for windows is over the bound; the client is
     /// not read either while a peer it feeds is that far behind.
-    pub(super) fn may_read(&self, side: Side) -> bool {
+    pub(super) fn may_read(&self, side: Conn) -> bool {
         let limits = &self.flow.limits;
         let peers = &self.flow.peers;
         let Some(peer) = peers.get(side) else {
@@ -277,7 +277,7 @@ impl State {
         if usage.streams > limits.max_streams {
             return Err(format!("streams over the limit: {usage:?}"));
         }
-        for side in Side::ALL {
+        for side in Conn::ALL {
             let Some(peer) = self.flow.peers.get(side) else {
                 continue;
             };
@@ -293,7 +293,7 @@ impl State {
     }
 
     /// DATA from `side` in the stream queues, in accounted bytes.
-    fn held_from(&self, side: Side) -> usize {
+    fn held_from(&self, side: Conn) -> usize {
         let overhead = self.flow.limits.frame_overhead;
         let queues = self.flow.streams.values();
         let items = queues.flat_map(|st| st.up.queue.iter().chain(st.down.queue.iter()));

@@ -5,11 +5,11 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes};
 
+use super::common::{Conn, Direction, STREAM_WINDOW};
 use super::frame::{self, Reason};
 use super::hpack::Headers;
 use super::limits::Limits;
 use super::peer::{Credit, Peer};
-use super::side::{Direction, Side, STREAM_WINDOW};
 
 /// A DATA frame's content waiting for a window.
 pub(super) struct Data {
@@ -18,7 +18,7 @@ pub(super) struct Data {
     /// The frame as received, when it can be forwarded as is.
     pub(super) raw: Option<Bytes>,
     /// Whose window it counts against (none for our own error bodies).
-    pub(super) from: Option<Side>,
+    pub(super) from: Option<Conn>,
 }
 
 /// Items waiting for a window (DATA) or behind DATA (trailers).
@@ -174,7 +174,7 @@ fn reencoded(dest: &mut Peer, input: usize, output: usize, limits: &Limits) -> O
 
 pub(super) struct Stream {
     /// Where the stream goes: the origin, our server, or `Client` for an answer of our own.
-    pub(super) target: Side,
+    pub(super) target: Conn,
     /// Client → target.
     pub(super) up: Half,
     /// Target → client.
@@ -191,10 +191,10 @@ pub(super) struct Stream {
 impl Stream {
     /// The destination of a direction (the target for `Up`, the client for `Down`) and its
     /// half.
-    pub(super) fn toward(&mut self, to: Direction) -> (Side, &mut Half) {
+    pub(super) fn toward(&mut self, to: Direction) -> (Conn, &mut Half) {
         match to {
             Direction::Up => (self.target, &mut self.up),
-            Direction::Down => (Side::Client, &mut self.down),
+            Direction::Down => (Conn::Client, &mut self.down),
         }
     }
 
@@ -203,9 +203,9 @@ impl Stream {
     }
 
     /// Where a direction's items come from: the client for `Up`, the target for `Down`.
-    pub(super) fn source(&self, to: Direction) -> Side {
+    pub(super) fn source(&self, to: Direction) -> Conn {
         match to {
-            Direction::Up => Side::Client,
+            Direction::Up => Conn::Client,
             Direction::Down => self.target,
         }
     }

@@ -1,4 +1,4 @@
-//! The small words every part of the relay shares: which connection (`Side`), which way
+//! The small words every part of the relay shares: which connection (`Conn`), which way
 //! along a stream (`Direction`), and the windows we grant.
 
 /// Per-stream and per-connection receive windows we grant each side (as hyper is set up).
@@ -8,21 +8,21 @@ pub(super) const CONN_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// One of the connections the relay speaks on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Side {
+pub(super) enum Conn {
     Client,
     Upstream,
     Internal,
 }
 
-impl Side {
-    pub(super) const ALL: [Side; 3] = [Side::Client, Side::Upstream, Side::Internal];
+impl Conn {
+    pub(super) const ALL: [Conn; 3] = [Conn::Client, Conn::Upstream, Conn::Internal];
 
     /// Who misbehaved, as errors say it.
     pub(super) fn name(self) -> &'static str {
         match self {
-            Side::Client => "client",
-            Side::Upstream => "origin",
-            Side::Internal => "our server",
+            Conn::Client => "client",
+            Conn::Upstream => "origin",
+            Conn::Internal => "our server",
         }
     }
 }
