@@ -176,7 +176,7 @@ impl Steering {
 
     /// A run without a model turn (summarize, a user command), or a turn being recorded:
     /// injections go to the next turn, which the client sends them as.
-    pub(super) fn to_next_turn(&mut self) {
+    pub(super) fn defer_to_next_turn(&mut self) {
         self.closed = Some(State::QueuedForNextTurn(
             pb::ContextInjectionQueuedForNextTurn {},
         ));
@@ -226,7 +226,7 @@ impl Steering {
     /// at its end. Later ones are answered `queued_for_next_turn` without a record (the client
     /// sends them as the next turn).
     pub(super) fn take_carried(&mut self) -> Vec<String> {
-        self.to_next_turn();
+        self.defer_to_next_turn();
         let carried = std::mem::take(&mut self.carried);
         carried.iter().map(|i| message_text(&i.message)).collect()
     }

@@ -200,20 +200,20 @@ impl RunState {
                 self.turn(req, *input).await
             }
             Begin::Summarize => {
-                self.client.steering.to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 self.summarize_now(&req).await
             }
             Begin::Shell { command, exec_id } => {
-                self.client.steering.to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 self.shell_command(&req, command, exec_id).await
             }
             Begin::CancelSubagent { id } => {
-                self.client.steering.to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 self.client.cancel_subagent(&id);
                 self.turn_ended().await
             }
             Begin::BackgroundSubagent { call } => {
-                self.client.steering.to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 debug!(
                     call,
                     "no subagent call runs in the foreground of this run: nothing to move"
