@@ -145,7 +145,8 @@ impl Client {
             Some(ClientEvent::Completion(c)) => self.on_completion(&c),
             Some(ClientEvent::Kv(k)) => self.kv.on_message(k),
             Some(ClientEvent::Inject(i)) => {
-                self.steering.on_inject(*i, self.images, &self.out).await?
+                let ack = self.steering.on_inject(*i, self.images);
+                self.out.send(ack).await?;
             }
             Some(ClientEvent::CancelSubagent(id)) => self.cancel_subagent(&id),
             Some(ClientEvent::BackgroundSubagent(call)) => self.background_subagent(call).await?,
@@ -426,10 +427,26 @@ impl Client {
         }
     }
 
+    /// Move the queued injections into the conversation for the model call about to start (as
+    /// step `step`), acknowledging each `delivered`. Returns the texts to record in the turn.
+    pub(super) async fn deliver_injections(
+        &mut self,
+        messages: &mut Vec<Message>,
+        step: u64,
+    ) -> Result<Vec<String>, RunError> {
+        let (texts, acks) = self.steering.deliver(messages, step);
+        for ack in acks {
+            self.out.send(ack).await?;
+        }
+        Ok(texts)
+    }
+
     /// The turn is being recorded: the injections carried to the next turn, as texts to store
     /// at its end (see [`Steering::take_carried`]).
     pub(super) async fn take_carried(&mut self) -> Result<Vec<String>, RunError> {
-        self.steering.defer(&self.out).await?;
+        for ack in self.steering.defer() {
+            self.out.send(ack).await?;
+        }
         self.drain_events().await?;
         Ok(self.steering.take_carried())
     }
@@ -439,6 +456,8 @@ impl Client {
     pub(super) async fn cancel_injections(&mut self) {
         self.steering.close_canceled();
         let _ = self.drain_events().await;
-        self.steering.cancel_waiting(&self.out).await;
+        for m in self.steering.cancel_waiting() {
+            let _ = self.out.send(m).await;
+        }
     }
 }

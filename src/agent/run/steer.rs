@@ -12,8 +12,6 @@
 //! or `cancelled` when the run is canceled or fails first (the SDK stops its 15 s timer on
 //! `queued` and would otherwise wait for ever).
 
-use super::error::RunError;
-use super::outbox::Outbox;
 use crate::agent::messages as msg;
 use crate::agent::prompt;
 use crate::proto::agent::v1 as pb;
@@ -28,7 +26,7 @@ struct Injected {
     message: Message,
 }
 
-/// The injections of a run.
+/// The injections of a run. Pure: what the client must hear comes back as messages to send.
 pub(super) struct Steering {
     /// The run's id, when the request named one: `expected_run_id` must match it.
     run_id: Option<String>,
@@ -136,13 +134,12 @@ pub(super) fn message_text(m: &Message) -> String {
 }
 
 impl Steering {
-    /// An injection arrived: reject, defer or queue it, and say so.
-    pub(super) async fn on_inject(
+    /// An injection arrived: reject, defer or queue it. Returns the acknowledgement to send.
+    pub(super) fn on_inject(
         &mut self,
         a: pb::InjectContextAction,
         images: bool,
-        out: &Outbox,
-    ) -> Result<(), RunError> {
+    ) -> pb::AgentServerMessage {
         let id = a.injection_id.clone();
         let state = match (&self.run_id, a.expected_run_id.as_str()) {
             (Some(run), expected) if !expected.is_empty() && expected != run => {
@@ -171,7 +168,7 @@ impl Steering {
                 }
             },
         };
-        out.send(msg::injection_state(id, state)).await
+        msg::injection_state(id, state)
     }
 
     /// A run without a model turn (summarize, a user command), or a turn being recorded:
@@ -188,38 +185,40 @@ impl Steering {
     }
 
     /// Move the queued injections into the conversation for the model call about to start (as
-    /// step `step`); each is acknowledged `delivered`. Returns the texts to record in the turn.
-    pub(super) async fn deliver(
+    /// step `step`); each is acknowledged `delivered`. Returns the texts to record in the turn,
+    /// and the acknowledgements to send.
+    pub(super) fn deliver(
         &mut self,
         messages: &mut Vec<Message>,
         step: u64,
-        out: &Outbox,
-    ) -> Result<Vec<String>, RunError> {
+    ) -> (Vec<String>, Vec<pb::AgentServerMessage>) {
         let mut texts = Vec::new();
+        let mut acks = Vec::new();
         for inj in std::mem::take(&mut self.queued) {
             texts.push(message_text(&inj.message));
             messages.push(inj.message);
             if !inj.id.is_empty() {
-                out.send(msg::injection_delivered(inj.id, step)).await?;
+                acks.push(msg::injection_delivered(inj.id, step));
             }
         }
-        Ok(texts)
+        (texts, acks)
     }
 
     /// The turn makes no more model calls: what is still queued goes to the next turn.
-    pub(super) async fn defer(&mut self, out: &Outbox) -> Result<(), RunError> {
+    /// Returns the acknowledgements to send.
+    pub(super) fn defer(&mut self) -> Vec<pb::AgentServerMessage> {
         self.open = false;
+        let mut acks = Vec::new();
         for inj in std::mem::take(&mut self.queued) {
             if inj.id.is_empty() {
                 self.late.push(message_text(&inj.message));
                 continue;
             }
             let state = State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {});
-            out.send(msg::injection_state(inj.id.clone(), state))
-                .await?;
+            acks.push(msg::injection_state(inj.id.clone(), state));
             self.carried.push(inj);
         }
-        Ok(())
+        acks
     }
 
     /// The turn is being recorded: the injections carried to the next turn, as texts to store
@@ -237,16 +236,15 @@ impl Steering {
         self.closed = Some(cancelled());
     }
 
-    /// Every injection still waiting is `cancelled`. Best effort: the client may be gone.
-    pub(super) async fn cancel_waiting(&mut self, out: &Outbox) {
-        for inj in std::mem::take(&mut self.queued) {
-            // Our own notes (no id) were never acknowledged to the client.
-            if inj.id.is_empty() {
-                continue;
-            }
-            let _ = out.send(msg::injection_state(inj.id, cancelled())).await;
-        }
+    /// Every injection still waiting is `cancelled`: the messages that say so.
+    pub(super) fn cancel_waiting(&mut self) -> Vec<pb::AgentServerMessage> {
         self.carried.clear();
+        std::mem::take(&mut self.queued)
+            .into_iter()
+            // Our own notes (no id) were never acknowledged to the client.
+            .filter(|inj| !inj.id.is_empty())
+            .map(|inj| msg::injection_state(inj.id, cancelled()))
+            .collect()
     }
 }
 

@@ -427,10 +427,9 @@ impl RunState {
         );
         loop {
             let next = self.model.step + 1;
-            let client = &mut self.client;
-            for text in client
-                .steering
-                .deliver(&mut work.messages, next, &client.out)
+            for text in self
+                .client
+                .deliver_injections(&mut work.messages, next)
                 .await?
             {
                 work.steps.push(StepRecord::UserContext { text });
