@@ -30,6 +30,8 @@ const INTERACTION_TIMEOUT: Duration = Duration::from_secs(3600);
 /// An exec for the client to run, and the Cursor call id its output streams to (shell).
 pub(super) type Exec = (pb::exec_server_message::Message, Option<String>);
 
+/// What the run holds of its client: the two channels, the exchanges in flight, and the
+/// steering and background work the client's messages feed.
 pub(super) struct Client {
     pub(super) out: Outbox,
     events: mpsc::Receiver<ClientEvent>,

@@ -39,6 +39,8 @@ pub struct RunSummary {
     pub cost_usd: Option<f64>,
 }
 
+/// A run as the agent prepared it: its model and where its calls go, its settings, and what it
+/// shares with every run.
 pub(crate) struct Run {
     pub request_id: String,
     pub model: ResolvedModel,

@@ -1,5 +1,7 @@
 //! One user turn: rebuild the history from the checkpoint, call the model in rounds with
-//! Cursor's tools, then write the turn back as blobs and a new checkpoint.
+//! Cursor's tools, then write the turn back as blobs and a new checkpoint. [`RunState`] composes
+//! the run's parts (its client, its model calls) and carries out what the first request asks
+//! for: a model turn, a summary, or a command the user ran.
 
 use tracing::{debug, warn};
 
