@@ -1,5 +1,6 @@
 //! Builders for the server messages a run sends, so the run reads as a sequence of events.
 
+use super::run_io::RunOutput;
 use crate::proto::agent::v1 as pb;
 use pb::agent_server_message::Message as Server;
 use pb::interaction_update::Message as Update;
@@ -211,10 +212,7 @@ pub fn checkpoint(state: pb::ConversationStateStructure) -> pb::AgentServerMessa
 /// A checkpoint whose encoding `state_wire` keeps Cursor's fields (see
 /// [`Checkpoint::encode_over`](crate::agent::state::Checkpoint::encode_over)); `state` is its
 /// decoded form.
-pub fn checkpoint_encoded(
-    state: pb::ConversationStateStructure,
-    state_wire: &[u8],
-) -> crate::agent::RunOutput {
+pub fn checkpoint_encoded(state: pb::ConversationStateStructure, state_wire: &[u8]) -> RunOutput {
     use prost::encoding::{encode_key, encode_varint, WireType};
     /// `AgentServerMessage.conversation_checkpoint_update`.
     const CHECKPOINT: u32 = 3;
@@ -222,7 +220,7 @@ pub fn checkpoint_encoded(
     encode_key(CHECKPOINT, WireType::LengthDelimited, &mut wire);
     encode_varint(state_wire.len() as u64, &mut wire);
     wire.extend_from_slice(state_wire);
-    crate::agent::RunOutput::Encoded(Box::new(checkpoint(state)), wire.into())
+    RunOutput::Encoded(Box::new(checkpoint(state)), wire.into())
 }
 
 /// The state of a context injection (steering), acknowledged to the client.

@@ -68,6 +68,23 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
     if let Some(inv) = &sel.invocation_context {
         invocation(&mut o, inv, blobs);
     }
+    files_and_terminals(&mut o, sel);
+    diffs_and_git(&mut o, sel, blobs);
+    links_and_docs(&mut o, sel, blobs);
+    ui_and_console(&mut o, sel);
+    past_chats(&mut o, sel, blobs);
+    rules_and_picks(&mut o, sel);
+    extra_and_commands(&mut o, sel, blobs);
+    if o.left == 0 {
+        o.line(&format!(
+            "{TRUNCATED} (the attached context exceeded {MAX_TURN_CHARS} characters)"
+        ));
+    }
+    o.text
+}
+
+/// Files, code selections, terminals and folders the user attached.
+fn files_and_terminals(o: &mut Out, sel: &pb::SelectedContext) {
     for f in &sel.files {
         let path = f.relative_path.as_deref().unwrap_or(&f.path);
         o.item("attached_file", &attr("path", path), &f.content);
@@ -87,8 +104,10 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
     for folder in &sel.folders {
         o.line(&format!("<attached_folder path=\"{}\" />", folder.path));
     }
-    diffs_and_git(&mut o, sel, blobs);
-    links_and_docs(&mut o, sel, blobs);
+}
+
+/// Browser UI elements and console logs the user picked.
+fn ui_and_console(o: &mut Out, sel: &pb::SelectedContext) {
     for ui in &sel.ui_elements {
         let mut body = format!("element: {}\nxpath: {}", ui.element, ui.xpath);
         for (k, v) in [
@@ -118,6 +137,10 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
         );
         o.item("console_log", &attrs, &body);
     }
+}
+
+/// Past chats: their transcripts when they are on this machine, else their names.
+fn past_chats(o: &mut Out, sel: &pb::SelectedContext, blobs: &Blobs) {
     for chat in &sel.past_chats {
         let name = if chat.name.is_empty() {
             "(untitled)"
@@ -136,6 +159,10 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
             )),
         }
     }
+}
+
+/// Rules and skills the user attached, and the subagents, browser tabs and videos picked.
+fn rules_and_picks(o: &mut Out, sel: &pb::SelectedContext) {
     for r in &sel.cursor_rules {
         if let Some(rule) = &r.rule {
             o.item("rule", &attr("path", &rule.full_path), &rules::body(rule));
@@ -172,6 +199,10 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
             attr("name", name)
         ));
     }
+}
+
+/// Extra context (inline or by blob) and the slash commands the user ran.
+fn extra_and_commands(o: &mut Out, sel: &pb::SelectedContext, blobs: &Blobs) {
     for extra in &sel.extra_context {
         o.item("context", "", extra);
     }
@@ -199,12 +230,6 @@ pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
             ),
         );
     }
-    if o.left == 0 {
-        o.line(&format!(
-            "{TRUNCATED} (the attached context exceeded {MAX_TURN_CHARS} characters)"
-        ));
-    }
-    o.text
 }
 
 fn invocation(o: &mut Out, inv: &pb::InvocationContext, blobs: &Blobs) {

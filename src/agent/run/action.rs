@@ -80,39 +80,13 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
     };
     let turn = |t: TurnInput| Ok(Begin::Turn(Box::new(t)));
     match action {
-        Action::UserMessageAction(a) => {
-            let user = a.user_message.clone().unwrap_or_default();
-            turn(TurnInput {
-                user,
-                prepend: a.prepend_user_messages.clone(),
-                request_context: a.request_context.clone(),
-                history: a.conversation_history.clone(),
-                resolutions: resolutions(a.interrupted_pending_tool_call_resolutions.as_ref()),
-                ..Default::default()
-            })
-        }
+        Action::UserMessageAction(a) => turn(user_message(a)),
         Action::ResumeAction(a) => turn(TurnInput {
             user: simulated("Continue where you left off.", None),
             request_context: a.request_context.clone(),
             ..Default::default()
         }),
-        Action::StartPlanAction(a) => {
-            let mut user = a.user_message.clone().unwrap_or_default();
-            if user.mode == 0 {
-                user.mode = pb::AgentMode::Plan as i32;
-            }
-            if a.is_spec {
-                user.text = format!(
-                    "{}\n\n(Write a specification for this — what to build and the requirements it must meet — not an implementation plan.)",
-                    user.text
-                );
-            }
-            turn(TurnInput {
-                user,
-                request_context: a.request_context.clone(),
-                ..Default::default()
-            })
-        }
+        Action::StartPlanAction(a) => turn(start_plan(a)),
         Action::ExecutePlanAction(a) => turn(execute_plan(a)),
         Action::AsyncAskQuestionCompletionAction(a) => turn(async_answer(a)),
         Action::SubscriptionNotificationAction(a) => turn(notifications(a)),
@@ -125,22 +99,7 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
             ..Default::default()
         }),
         Action::SummarizeAction(_) => Ok(Begin::Summarize),
-        Action::ShellCommandAction(a) => {
-            let command = a
-                .shell_command
-                .as_ref()
-                .map(|c| c.command.clone())
-                .unwrap_or_default();
-            if command.trim().is_empty() {
-                return Err(RunError::BadClientMessage(
-                    "shell_command_action carries no command".into(),
-                ));
-            }
-            Ok(Begin::Shell {
-                command,
-                exec_id: a.exec_id.clone(),
-            })
-        }
+        Action::ShellCommandAction(a) => shell_command(a),
         Action::CancelAction(_) => Err(RunError::BadClientMessage(
             "a run cannot start with cancel_action: there is nothing running to cancel".into(),
         )),
@@ -164,6 +123,55 @@ pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
             call: a.tool_call_id.clone(),
         }),
     }
+}
+
+/// The user's message: the turn, with what the client sent along.
+fn user_message(a: &pb::UserMessageAction) -> TurnInput {
+    TurnInput {
+        user: a.user_message.clone().unwrap_or_default(),
+        prepend: a.prepend_user_messages.clone(),
+        request_context: a.request_context.clone(),
+        history: a.conversation_history.clone(),
+        resolutions: resolutions(a.interrupted_pending_tool_call_resolutions.as_ref()),
+        ..Default::default()
+    }
+}
+
+/// A plan-mode turn (plan mode unless the message names one), or a spec.
+fn start_plan(a: &pb::StartPlanAction) -> TurnInput {
+    let mut user = a.user_message.clone().unwrap_or_default();
+    if user.mode == 0 {
+        user.mode = pb::AgentMode::Plan as i32;
+    }
+    if a.is_spec {
+        user.text = format!(
+            "{}\n\n(Write a specification for this — what to build and the requirements it must meet — not an implementation plan.)",
+            user.text
+        );
+    }
+    TurnInput {
+        user,
+        request_context: a.request_context.clone(),
+        ..Default::default()
+    }
+}
+
+/// A command the user ran from the chat; it must carry one.
+fn shell_command(a: &pb::ShellCommandAction) -> Result<Begin, RunError> {
+    let command = a
+        .shell_command
+        .as_ref()
+        .map(|c| c.command.clone())
+        .unwrap_or_default();
+    if command.trim().is_empty() {
+        return Err(RunError::BadClientMessage(
+            "shell_command_action carries no command".into(),
+        ));
+    }
+    Ok(Begin::Shell {
+        command,
+        exec_id: a.exec_id.clone(),
+    })
 }
 
 fn resolutions(

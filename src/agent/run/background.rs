@@ -5,18 +5,19 @@
 //! model call (as steering is), else recorded in the turn so later turns see it. A completion
 //! that starts a run is that run's turn (see `action::begin`).
 
+use std::collections::HashSet;
+
 use tracing::{debug, warn};
 
-use super::RunState;
+use super::exec::ExecBridge;
 use crate::agent::messages as msg;
 use crate::proto::agent::v1 as pb;
-use crate::provider::Message;
 use pb::exec_client_message::Message as R;
 
-/// The note the model reads for `a`: one line per completion, then the reminder, if any.
 /// Completions one run keeps for the checkpoint (a client could send any number).
 const MAX_COMPLETIONS: usize = 256;
 
+/// The note the model reads for `a`: one line per completion, then the reminder, if any.
 pub(super) fn completion_note(a: &pb::BackgroundTaskCompletionAction) -> String {
     let mut lines: Vec<String> = a.completions.iter().map(completion_line).collect();
     if lines.is_empty() {
@@ -91,37 +92,49 @@ fn completion_line(c: &pb::BackgroundTaskCompletion) -> String {
     line
 }
 
-impl RunState {
-    /// The user asked to move a running command to the background: ask the client. The
-    /// command's own exec then ends with `backgrounded`, finishing its tool call.
-    pub(super) async fn force_background(
+/// Background work the run tracks: force-background requests nobody waits for, and the
+/// completions the client reported (for the checkpoint).
+#[derive(Default)]
+pub(super) struct Background {
+    /// Execs nobody waits for (force-background requests): settled as they answer.
+    detached: HashSet<u32>,
+    /// Background tasks the client reported finished during this run (bounded): the
+    /// checkpoint's subagent runs are updated from them.
+    completions: Vec<pb::BackgroundTaskCompletion>,
+}
+
+impl Background {
+    /// The user asked to move the running command of `tool_call_id` to the background: the
+    /// message that asks the client (`running` says whether a command of ours streams for it).
+    /// The command's own exec then ends with `backgrounded`, finishing its tool call.
+    pub(super) fn force(
         &mut self,
-        a: pb::BackgroundShellAction,
-    ) -> Result<(), super::RunError> {
-        if !self.shell_streams.values().any(|c| *c == a.tool_call_id) {
+        exec: &mut ExecBridge,
+        tool_call_id: String,
+        running: bool,
+    ) -> pb::AgentServerMessage {
+        if !running {
             warn!(
-                tool_call_id = %a.tool_call_id,
+                tool_call_id = %tool_call_id,
                 "move to background for a call with no running command of ours; asking the client anyway"
             );
         }
-        let (id, exec_id) = self.exec.open();
+        let (id, exec_id) = exec.open();
         self.detached.insert(id);
         let args = pb::exec_server_message::Message::ForceBackgroundShellArgs(
-            pb::ForceBackgroundShellArgs {
-                tool_call_id: a.tool_call_id,
-            },
+            pb::ForceBackgroundShellArgs { tool_call_id },
         );
-        self.out.send(msg::exec(id, exec_id, args)).await
+        msg::exec(id, exec_id, args)
     }
 
     /// An exec nobody waits for (a force-background request) has answered or closed: log what
     /// it said and stop tracking it.
-    pub(super) fn settle_detached(&mut self, id: u32) {
-        if !self.detached.contains(&id) || !self.exec.is_done(id, true) {
+    pub(super) fn settle(&mut self, exec: &mut ExecBridge, id: u32) {
+        if !self.detached.contains(&id) || !exec.is_done(id, true) {
             return;
         }
         self.detached.remove(&id);
-        let outcome = self.exec.take(id);
+        let outcome = exec.take(id);
         for r in &outcome.results {
             if let R::ForceBackgroundShellResult(f) = r {
                 if f.status == pb::ForceBackgroundShellStatus::NotFound as i32 {
@@ -136,19 +149,15 @@ impl RunState {
         }
     }
 
-    /// A background task finished: the model hears of it at the next model call of the turn,
-    /// or, when the turn makes no more, in the turn's record (the next turn reads it).
-    pub(super) fn on_completion(&mut self, a: &pb::BackgroundTaskCompletionAction) {
-        self.remember_completions(a);
-        let note = completion_note(a);
-        self.steering.note(Message::user_text(note));
-    }
-
     /// Keep the completions for the checkpoint's record of subagent runs.
-    pub(super) fn remember_completions(&mut self, a: &pb::BackgroundTaskCompletionAction) {
+    pub(super) fn remember(&mut self, a: &pb::BackgroundTaskCompletionAction) {
         let room = MAX_COMPLETIONS.saturating_sub(self.completions.len());
         self.completions
             .extend(a.completions.iter().take(room).cloned());
+    }
+
+    pub(super) fn completions(&self) -> &[pb::BackgroundTaskCompletion] {
+        &self.completions
     }
 }
 

@@ -237,6 +237,12 @@ fn provider_cause(e: &ProviderError) -> (Code, Kind, &'static str, bool) {
             false,
         );
     }
+    kind_cause(e)
+}
+
+/// The cause of a provider error by its kind alone: one row per kind, so a new kind is a
+/// compile error here.
+fn kind_cause(e: &ProviderError) -> (Code, Kind, &'static str, bool) {
     match e.kind {
         // With a delay the provider asked for more than the proxy waits (it honours shorter
         // ones itself): an immediate retry would be refused the same way.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::{RunError, RunState};
+use super::error::RunError;
 use crate::agent::messages as msg;
 use crate::agent::state::{self, Blob, BlobId};
 use crate::proto::agent::v1 as pb;
@@ -43,7 +43,7 @@ impl KvBridge {
         }
     }
 
-    fn answered(&self, ids: &[u32]) -> bool {
+    pub(super) fn answered(&self, ids: &[u32]) -> bool {
         ids.iter()
             .all(|id| self.answers.get(id).is_some_and(Option::is_some))
     }
@@ -51,24 +51,27 @@ impl KvBridge {
     fn take(&mut self, id: u32) -> Option<pb::kv_client_message::Message> {
         self.answers.remove(&id).flatten()
     }
-}
 
-impl RunState {
-    /// Store `blobs` with the client and wait until every one is acknowledged. A checkpoint
-    /// may only reference blobs the client has confirmed.
-    pub(super) async fn store_blobs(&mut self, blobs: &[Blob]) -> Result<(), RunError> {
-        let mut ids = Vec::with_capacity(blobs.len());
-        for blob in blobs {
-            let id = self.kv.open();
-            self.out
-                .send(msg::kv(id, KvOut::SetBlobArgs(blob.set_blob_args())))
-                .await?;
-            ids.push(id);
-        }
-        self.wait_kv(&ids, "acknowledging the conversation's blobs")
-            .await?;
+    /// Ask the client to store `blob`: the message to send, and the id its ack comes under.
+    pub(super) fn store(&mut self, blob: &Blob) -> (u32, pb::AgentServerMessage) {
+        let id = self.open();
+        (id, msg::kv(id, KvOut::SetBlobArgs(blob.set_blob_args())))
+    }
+
+    /// Ask the client for the blob `blob_id`: the message to send, and the id its answer comes
+    /// under.
+    pub(super) fn fetch(&mut self, blob_id: &BlobId) -> (u32, pb::AgentServerMessage) {
+        let id = self.open();
+        (
+            id,
+            msg::kv(id, KvOut::GetBlobArgs(state::get_blob_args(blob_id))),
+        )
+    }
+
+    /// The acks of stores `ids`, once all have answered: the first failure, if any.
+    pub(super) fn stored(&mut self, ids: Vec<u32>) -> Result<(), RunError> {
         for id in ids {
-            if let Some(pb::kv_client_message::Message::SetBlobResult(r)) = self.kv.take(id) {
+            if let Some(pb::kv_client_message::Message::SetBlobResult(r)) = self.take(id) {
                 if let Some(err) = r.error {
                     return Err(RunError::ClientFailed {
                         what: "storing the conversation".into(),
@@ -80,30 +83,17 @@ impl RunState {
         Ok(())
     }
 
-    /// Ask the client for blobs. `None` for one it does not have, or whose bytes do not hash
-    /// to the id asked for.
-    pub(super) async fn fetch_blobs(
+    /// The answers to fetches `ids` of `wanted`, once all have answered. `None` for a blob the
+    /// client does not have, or whose bytes do not hash to the id asked for.
+    pub(super) fn fetched(
         &mut self,
+        ids: Vec<u32>,
         wanted: &[BlobId],
-    ) -> Result<Vec<(BlobId, Option<Bytes>)>, RunError> {
-        let mut ids = Vec::with_capacity(wanted.len());
-        for blob_id in wanted {
-            let id = self.kv.open();
-            self.out
-                .send(msg::kv(
-                    id,
-                    KvOut::GetBlobArgs(state::get_blob_args(blob_id)),
-                ))
-                .await?;
-            ids.push(id);
-        }
-        self.wait_kv(&ids, "sending the conversation's blobs")
-            .await?;
-        Ok(ids
-            .into_iter()
+    ) -> Vec<(BlobId, Option<Bytes>)> {
+        ids.into_iter()
             .zip(wanted)
             .map(|(id, blob_id)| {
-                let data = match self.kv.take(id) {
+                let data = match self.take(id) {
                     Some(pb::kv_client_message::Message::GetBlobResult(r)) => {
                         state::from_get_result(blob_id, &r).unwrap_or_else(|e| {
                             tracing::warn!("{e}");
@@ -114,20 +104,6 @@ impl RunState {
                 };
                 (*blob_id, data)
             })
-            .collect())
-    }
-
-    async fn wait_kv(&mut self, ids: &[u32], what: &str) -> Result<(), RunError> {
-        let timeout = self.run.settings.client_timeout;
-        let mut deadline = tokio::time::Instant::now() + timeout;
-        while !self.kv.answered(ids) {
-            let ev = self.next_event(deadline, what).await?;
-            let progress = matches!(&ev, super::ClientEvent::Kv(k) if ids.contains(&k.id));
-            self.dispatch(Some(ev)).await?;
-            if progress {
-                deadline = tokio::time::Instant::now() + timeout;
-            }
-        }
-        Ok(())
+            .collect()
     }
 }

@@ -12,7 +12,6 @@
 //! or `cancelled` when the run is canceled or fails first (the SDK stops its 15 s timer on
 //! `queued` and would otherwise wait for ever).
 
-use super::{RunError, RunState};
 use crate::agent::messages as msg;
 use crate::agent::prompt;
 use crate::proto::agent::v1 as pb;
@@ -27,7 +26,7 @@ struct Injected {
     message: Message,
 }
 
-/// The injections of a run.
+/// The injections of a run. Pure: what the client must hear comes back as messages to send.
 pub(super) struct Steering {
     /// The run's id, when the request named one: `expected_run_id` must match it.
     run_id: Option<String>,
@@ -134,31 +133,34 @@ pub(super) fn message_text(m: &Message) -> String {
     }
 }
 
-impl RunState {
-    /// An injection arrived: reject, defer or queue it, and say so.
-    pub(super) async fn on_inject(&mut self, a: pb::InjectContextAction) -> Result<(), RunError> {
+impl Steering {
+    /// An injection arrived: reject, defer or queue it. Returns the acknowledgement to send.
+    pub(super) fn on_inject(
+        &mut self,
+        a: pb::InjectContextAction,
+        images: bool,
+    ) -> pb::AgentServerMessage {
         let id = a.injection_id.clone();
-        let s = &self.steering;
-        let state = match (&s.run_id, a.expected_run_id.as_str()) {
+        let state = match (&self.run_id, a.expected_run_id.as_str()) {
             (Some(run), expected) if !expected.is_empty() && expected != run => {
                 State::Rejected(pb::ContextInjectionRejected {
                     reason: format!("this run is {run}, not {expected}"),
                 })
             }
-            _ => match injected_message(&a, self.run.model.config.supports_images) {
+            _ => match injected_message(&a, images) {
                 None => State::Rejected(pb::ContextInjectionRejected {
                     reason: "the injection carries no context".into(),
                 }),
-                Some(_) if s.closed.is_some() => s.closed.clone().unwrap_or_else(cancelled),
-                Some(message) if !s.open => {
-                    self.steering.carried.push(Injected {
+                Some(_) if self.closed.is_some() => self.closed.clone().unwrap_or_else(cancelled),
+                Some(message) if !self.open => {
+                    self.carried.push(Injected {
                         id: id.clone(),
                         message,
                     });
                     State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {})
                 }
                 Some(message) => {
-                    self.steering.queued.push(Injected {
+                    self.queued.push(Injected {
                         id: id.clone(),
                         message,
                     });
@@ -166,98 +168,83 @@ impl RunState {
                 }
             },
         };
-        self.out.send(msg::injection_state(id, state)).await
+        msg::injection_state(id, state)
     }
 
-    /// A run without a model turn (summarize, a user command): injections go to the next turn,
-    /// which the client sends them as.
-    pub(super) fn steer_to_next_turn(&mut self) {
-        self.steering.closed = Some(State::QueuedForNextTurn(
+    /// A run without a model turn (summarize, a user command), or a turn being recorded:
+    /// injections go to the next turn, which the client sends them as.
+    pub(super) fn defer_to_next_turn(&mut self) {
+        self.closed = Some(State::QueuedForNextTurn(
             pb::ContextInjectionQueuedForNextTurn {},
         ));
     }
 
     /// The turn makes model calls from now on: injections wait for the next one.
-    pub(super) fn open_steering(&mut self) {
-        self.steering.open = true;
+    pub(super) fn open_turn(&mut self) {
+        self.open = true;
     }
 
-    /// Handle whatever the client has sent meanwhile, without waiting (an injection that came
-    /// in during the last model call must still make the turn's next call).
-    pub(super) async fn drain_events(&mut self) -> Result<(), RunError> {
-        while let Ok(ev) = self.events.try_recv() {
-            self.dispatch(Some(ev)).await?;
-        }
-        Ok(())
-    }
-
-    /// Move the queued injections into the conversation for the model call about to start;
-    /// each is acknowledged `delivered`. Returns the texts to record in the turn.
-    pub(super) async fn deliver_injections(
+    /// Move the queued injections into the conversation for the model call about to start (as
+    /// step `step`); each is acknowledged `delivered`. Returns the texts to record in the turn,
+    /// and the acknowledgements to send.
+    pub(super) fn deliver(
         &mut self,
         messages: &mut Vec<Message>,
-    ) -> Result<Vec<String>, RunError> {
-        let step = self.step + 1;
+        step: u64,
+    ) -> (Vec<String>, Vec<pb::AgentServerMessage>) {
         let mut texts = Vec::new();
-        for inj in std::mem::take(&mut self.steering.queued) {
+        let mut acks = Vec::new();
+        for inj in std::mem::take(&mut self.queued) {
             texts.push(message_text(&inj.message));
             messages.push(inj.message);
             if !inj.id.is_empty() {
-                self.out
-                    .send(msg::injection_delivered(inj.id, step))
-                    .await?;
+                acks.push(msg::injection_delivered(inj.id, step));
             }
         }
-        Ok(texts)
+        (texts, acks)
     }
 
     /// The turn makes no more model calls: what is still queued goes to the next turn.
-    pub(super) async fn defer_injections(&mut self) -> Result<(), RunError> {
-        self.steering.open = false;
-        for inj in std::mem::take(&mut self.steering.queued) {
+    /// Returns the acknowledgements to send.
+    pub(super) fn defer(&mut self) -> Vec<pb::AgentServerMessage> {
+        self.open = false;
+        let mut acks = Vec::new();
+        for inj in std::mem::take(&mut self.queued) {
             if inj.id.is_empty() {
-                self.steering.late.push(message_text(&inj.message));
+                self.late.push(message_text(&inj.message));
                 continue;
             }
             let state = State::QueuedForNextTurn(pb::ContextInjectionQueuedForNextTurn {});
-            self.out
-                .send(msg::injection_state(inj.id.clone(), state))
-                .await?;
-            self.steering.carried.push(inj);
+            acks.push(msg::injection_state(inj.id.clone(), state));
+            self.carried.push(inj);
         }
-        Ok(())
+        acks
     }
 
     /// The turn is being recorded: the injections carried to the next turn, as texts to store
     /// at its end. Later ones are answered `queued_for_next_turn` without a record (the client
     /// sends them as the next turn).
-    pub(super) async fn take_carried(&mut self) -> Result<Vec<String>, RunError> {
-        self.defer_injections().await?;
-        self.drain_events().await?;
-        self.steering.closed = Some(State::QueuedForNextTurn(
-            pb::ContextInjectionQueuedForNextTurn {},
-        ));
-        let carried = std::mem::take(&mut self.steering.carried);
-        Ok(carried.iter().map(|i| message_text(&i.message)).collect())
+    pub(super) fn take_carried(&mut self) -> Vec<String> {
+        self.defer_to_next_turn();
+        let carried = std::mem::take(&mut self.carried);
+        carried.iter().map(|i| message_text(&i.message)).collect()
     }
 
-    /// The run was canceled or failed: every injection still waiting is `cancelled`, and so is
-    /// any that comes later. Best effort: the client may be gone.
-    pub(super) async fn cancel_injections(&mut self) {
-        self.steering.open = false;
-        self.steering.closed = Some(cancelled());
-        let _ = self.drain_events().await;
-        for inj in std::mem::take(&mut self.steering.queued) {
+    /// The run was canceled or failed: any injection that comes from now on is `cancelled`.
+    pub(super) fn close_canceled(&mut self) {
+        self.open = false;
+        self.closed = Some(cancelled());
+    }
+
+    /// Every injection still waiting is `cancelled`: the messages that say so.
+    pub(super) fn cancel_waiting(&mut self) -> Vec<pb::AgentServerMessage> {
+        self.carried.clear();
+        std::mem::take(&mut self.queued)
+            .into_iter()
             // Our own notes (no id) were never acknowledged to the client.
-            if inj.id.is_empty() {
-                continue;
-            }
-            let _ = self
-                .out
-                .send(msg::injection_state(inj.id, cancelled()))
-                .await;
-        }
-        self.steering.carried.clear();
+            .filter(|inj| !inj.id.is_empty())
+            .map(|inj| msg::injection_state(inj.id, cancelled()))
+            .collect()
     }
 }
 

@@ -4,23 +4,35 @@
 
 use serde_json::Value;
 
-use super::{cursor_call_id, review, RunError, RunState};
+use super::client::{Client, Exec};
+use super::error::RunError;
+use super::exec::ExecOutcome;
+use super::model_calls::{cursor_call_id, ModelCalls};
+use super::review;
+use super::setup::Run;
 use crate::agent::messages as msg;
 use crate::agent::subagents::Child;
 use crate::agent::tools::{self, Access, ToolContext, ToolOutcome, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{Message, ProviderExtra, ProviderRequest, UserPart};
 
-/// How long a user may take to answer a question before the run gives up.
-const INTERACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+/// A model's tool call: its id, tool name, arguments, and what the provider needs back with it.
+pub(super) type Call = (String, String, Value, Option<ProviderExtra>);
 
-type Call = (String, String, Value, Option<ProviderExtra>);
+/// One model turn's tool calls, carried out: it borrows the run, its client and its model calls
+/// for the round.
+pub(super) struct ToolRound<'a> {
+    pub(super) run: &'a Run,
+    pub(super) client: &'a mut Client,
+    pub(super) model: &'a mut ModelCalls,
+    /// The step whose calls these are.
+    pub(super) step: u64,
+}
 
-impl RunState {
-    /// Run every call of one model turn; outcomes come back in the calls' order.
-    pub(super) async fn run_tool_round(
+impl ToolRound<'_> {
+    /// Run every call of the model turn; outcomes come back in the calls' order.
+    pub(super) async fn carry_out(
         &mut self,
-        step: u64,
         calls: &[Call],
         ctx: &mut ToolContext,
         todos: &mut Vec<pb::TodoItem>,
@@ -28,40 +40,9 @@ impl RunState {
         let mut outcomes: Vec<Option<ToolOutcome>> = vec![None; calls.len()];
         let mut planned: Vec<(usize, ToolPlan)> = Vec::new();
         for (i, (id, name, args, _)) in calls.iter().enumerate() {
-            let call_id = cursor_call_id(step, id);
-            let plan = match tools::plan(ctx, &call_id, name, args) {
-                Ok(plan) if ctx.auto_review => match self.review_fetch(&plan).await? {
-                    None => Ok(plan),
-                    Some(refusal) => Err(refusal),
-                },
-                Ok(plan) => Ok(plan),
-                Err(e) => Err(e.to_string()),
-            };
-            match plan {
+            match self.plan(ctx, id, name, args).await? {
                 Ok(plan) => planned.push((i, plan)),
-                Err(e) => {
-                    let tc =
-                        tools::placeholder(ctx, &call_id, name).unwrap_or_else(|| pb::ToolCall {
-                            tool_call_id: Some(call_id.clone()),
-                            ..Default::default()
-                        });
-                    let outcome = tools::error_outcome(tc, e);
-                    self.out
-                        .send(msg::tool_call_started(
-                            call_id.clone(),
-                            id.clone(),
-                            outcome.tool_call.clone(),
-                        ))
-                        .await?;
-                    self.out
-                        .send(msg::tool_call_completed(
-                            call_id,
-                            id.clone(),
-                            outcome.tool_call.clone(),
-                        ))
-                        .await?;
-                    outcomes[i] = Some(outcome);
-                }
+                Err(outcome) => outcomes[i] = Some(outcome),
             }
         }
         // Consecutive reads form one concurrent batch; anything else runs alone, in order.
@@ -74,7 +55,7 @@ impl RunState {
                 k + 1
             };
             let batch: Vec<(usize, ToolPlan)> = planned[k..end].to_vec();
-            for (i, outcome) in self.run_batch(step, calls, batch, ctx, todos).await? {
+            for (i, outcome) in self.run_batch(calls, batch, ctx, todos).await? {
                 outcomes[i] = Some(outcome);
             }
             k = end;
@@ -89,18 +70,64 @@ impl RunState {
             .collect())
     }
 
+    /// Plan one call (Auto-review may refuse a web fetch first). A call that cannot run is
+    /// shown as started and completed at once, and its error outcome comes back instead.
+    async fn plan(
+        &mut self,
+        ctx: &ToolContext,
+        id: &str,
+        name: &str,
+        args: &Value,
+    ) -> Result<Result<ToolPlan, ToolOutcome>, RunError> {
+        let call_id = cursor_call_id(self.step, id);
+        let plan = match tools::plan(ctx, &call_id, name, args) {
+            Ok(plan) if ctx.auto_review => match self.review_fetch(&plan).await? {
+                None => Ok(plan),
+                Some(refusal) => Err(refusal),
+            },
+            Ok(plan) => Ok(plan),
+            Err(e) => Err(e.to_string()),
+        };
+        let e = match plan {
+            Ok(plan) => return Ok(Ok(plan)),
+            Err(e) => e,
+        };
+        let tc = tools::placeholder(ctx, &call_id, name).unwrap_or_else(|| pb::ToolCall {
+            tool_call_id: Some(call_id.clone()),
+            ..Default::default()
+        });
+        let outcome = tools::error_outcome(tc, e);
+        let out = &self.client.out;
+        out.send(msg::tool_call_started(
+            call_id.clone(),
+            id.to_string(),
+            outcome.tool_call.clone(),
+        ))
+        .await?;
+        out.send(msg::tool_call_completed(
+            call_id,
+            id.to_string(),
+            outcome.tool_call.clone(),
+        ))
+        .await?;
+        Ok(Err(outcome))
+    }
+
+    /// Run one batch: every call shown as started, every exec sent, all waited for together,
+    /// then each call finished in order.
     async fn run_batch(
         &mut self,
-        step: u64,
         calls: &[Call],
         batch: Vec<(usize, ToolPlan)>,
         ctx: &mut ToolContext,
         todos: &mut Vec<pb::TodoItem>,
     ) -> Result<Vec<(usize, ToolOutcome)>, RunError> {
+        let step = self.step;
         let ids = |i: usize| (cursor_call_id(step, &calls[i].0), calls[i].0.clone());
         for (i, plan) in &batch {
             let (call_id, model_id) = ids(*i);
-            self.out
+            self.client
+                .out
                 .send(msg::tool_call_started(
                     call_id,
                     model_id,
@@ -109,20 +136,7 @@ impl RunState {
                 .await?;
         }
         // Send every exec of the batch, then wait for all of them together.
-        let mut execs = Vec::new();
-        let mut spans = Vec::new();
-        for (i, plan) in &batch {
-            let start = execs.len();
-            let stream_to = is_shell(plan).then(|| ids(*i).0);
-            match plan {
-                ToolPlan::Exec { exec, .. } => execs.push((exec.clone(), stream_to)),
-                ToolPlan::ExecEach { execs: each, .. } => {
-                    execs.extend(each.iter().cloned().map(|e| (e, None)));
-                }
-                _ => {}
-            }
-            spans.push(start..execs.len());
-        }
+        let (mut execs, spans) = batch_execs(&batch, |i| ids(i).0);
         if ctx.auto_review {
             self.review_execs(&mut execs, ctx).await?;
         }
@@ -130,45 +144,18 @@ impl RunState {
         let mut results = if execs.is_empty() {
             Vec::new()
         } else {
-            self.run_execs(execs, "a tool call").await?
+            self.client.run_execs(execs, "a tool call").await?
         };
         for call in children {
             self.run.subagents.forget(&call);
         }
         let mut out = Vec::with_capacity(batch.len());
         for ((i, plan), span) in batch.into_iter().zip(spans) {
-            let outcome = match &plan {
-                ToolPlan::Exec { .. } | ToolPlan::ExecEach { .. } => {
-                    let mut all = Vec::new();
-                    let mut thrown = None;
-                    let mut hooks = Vec::new();
-                    for o in results.get_mut(span).into_iter().flatten() {
-                        all.append(&mut o.results);
-                        thrown = thrown.or(o.thrown.take());
-                        hooks.append(&mut o.hooks);
-                    }
-                    // What a hook added after the tool reaches the model as a note at its
-                    // next call (and is recorded with the turn, so replays read the same).
-                    let note = crate::agent::prompt::hook_contexts(&hooks);
-                    if !note.is_empty() {
-                        self.steering
-                            .note(crate::provider::Message::user_text(note.trim_start()));
-                    }
-                    tools::finish_exec(ctx, &plan, &all, thrown.as_deref())
-                }
-                ToolPlan::Edit { .. } => self.run_edit(&plan).await?,
-                ToolPlan::Todos { .. } => {
-                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-                    let (list, outcome) = tools::apply_todos(&plan, todos, now);
-                    *todos = list;
-                    outcome
-                }
-                ToolPlan::Interaction { query, .. } => {
-                    self.run_interaction(&plan, query.clone(), ctx).await?
-                }
-            };
+            let ran = results.get_mut(span).unwrap_or_default();
+            let outcome = self.finish(&plan, ran, ctx, todos).await?;
             let (call_id, model_id) = ids(i);
-            self.out
+            self.client
+                .out
                 .send(msg::tool_call_completed(
                     call_id,
                     model_id,
@@ -180,10 +167,51 @@ impl RunState {
         Ok(out)
     }
 
+    /// One call's outcome: from its execs' results (`ran`), or by running what is left of it.
+    async fn finish(
+        &mut self,
+        plan: &ToolPlan,
+        ran: &mut [ExecOutcome],
+        ctx: &mut ToolContext,
+        todos: &mut Vec<pb::TodoItem>,
+    ) -> Result<ToolOutcome, RunError> {
+        Ok(match plan {
+            ToolPlan::Exec { .. } | ToolPlan::ExecEach { .. } => {
+                let mut all = Vec::new();
+                let mut thrown = None;
+                let mut hooks = Vec::new();
+                for o in ran {
+                    all.append(&mut o.results);
+                    thrown = thrown.or(o.thrown.take());
+                    hooks.append(&mut o.hooks);
+                }
+                // What a hook added after the tool reaches the model as a note at its
+                // next call (and is recorded with the turn, so replays read the same).
+                let note = crate::agent::prompt::hook_contexts(&hooks);
+                if !note.is_empty() {
+                    self.client
+                        .steering
+                        .note(Message::user_text(note.trim_start()));
+                }
+                tools::finish_exec(ctx, plan, &all, thrown.as_deref())
+            }
+            ToolPlan::Edit { .. } => self.run_edit(plan).await?,
+            ToolPlan::Todos { .. } => {
+                let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                let (list, outcome) = tools::apply_todos(plan, todos, now);
+                *todos = list;
+                outcome
+            }
+            ToolPlan::Interaction { query, .. } => {
+                self.run_interaction(plan, query.clone(), ctx).await?
+            }
+        })
+    }
+
     /// Auto-review: each shell and MCP call of the batch gets its decision (see `review`).
     async fn review_execs(
         &mut self,
-        execs: &mut [(pb::exec_server_message::Message, Option<String>)],
+        execs: &mut [Exec],
         ctx: &ToolContext,
     ) -> Result<(), RunError> {
         for (n, (exec, _)) in execs.iter_mut().enumerate() {
@@ -228,6 +256,7 @@ impl RunState {
             self.run.request_id, self.step, f.tool_call_id
         );
         let response = self
+            .client
             .ask(review::fetch_query(f, decision, &request_id))
             .await?;
         Ok(review::fetch_refusal(&response))
@@ -243,21 +272,14 @@ impl RunState {
         let Some(args) = review::precheck(exec) else {
             return Ok(false);
         };
-        let (id, exec_id) = self.exec.open();
-        self.out.send(msg::exec(id, exec_id, args)).await?;
-        let deadline = tokio::time::Instant::now() + review::PRECHECK_TIMEOUT;
-        while !(self.exec.is_done(id, false) || self.exec.has_final(id)) {
-            match self.next_event(deadline, "an allowlist precheck").await {
-                Ok(ev) => self.dispatch(Some(ev)).await?,
-                Err(RunError::ClientTimeout { .. }) => {
-                    tracing::info!("the client did not answer the allowlist precheck in time");
-                    self.exec.take(id);
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let outcome = self.exec.take(id);
+        let answered = self
+            .client
+            .run_exec_within(args, review::PRECHECK_TIMEOUT, "an allowlist precheck")
+            .await?;
+        let Some(outcome) = answered else {
+            tracing::info!("the client did not answer the allowlist precheck in time");
+            return Ok(false);
+        };
         Ok(review::allowlisted(&outcome.results))
     }
 
@@ -279,8 +301,9 @@ impl RunState {
             },
         };
         let ask = |why: &str| review::Decision::Ask(format!("Auto-review {why}; please decide"));
+        let judged = self.model.complete(self.run, request);
         Ok(
-            match tokio::time::timeout(review::VERDICT_TIMEOUT, self.complete(request)).await {
+            match tokio::time::timeout(review::VERDICT_TIMEOUT, judged).await {
                 Err(_) => ask("did not answer in time"),
                 Ok(Err(RunError::Canceled)) => return Err(RunError::Canceled),
                 Ok(Err(e)) => {
@@ -294,43 +317,9 @@ impl RunState {
         )
     }
 
-    /// One model call without tools, to its end: its text (its usage recorded).
-    async fn complete(&mut self, request: ProviderRequest) -> Result<String, RunError> {
-        let opened = self.open(request).await?;
-        let price = self.run.chain.targets[opened.target].price;
-        let mut builder = crate::provider::TurnBuilder::new();
-        builder.push(&opened.first);
-        let mut stream = opened.stream;
-        if !opened.first.is_terminal() {
-            loop {
-                let event = tokio::select! {
-                    biased;
-                    _ = self.cancel.cancelled() => return Err(RunError::Canceled),
-                    e = stream.recv() => e,
-                };
-                match event {
-                    Some(e) => builder.push(&e),
-                    None => break,
-                }
-            }
-        }
-        let turn = builder.finish();
-        if let Some(u) = &turn.usage {
-            self.record_call(u, price);
-        }
-        if let Some(e) = turn.error {
-            return Err(self.provider_error(e));
-        }
-        Ok(turn.text())
-    }
-
     /// Announce the batch's subagent calls, so their child runs are recognised when the
     /// client starts them. Returns their call ids.
-    fn register_subagents(
-        &self,
-        execs: &[(pb::exec_server_message::Message, Option<String>)],
-        ctx: &ToolContext,
-    ) -> Vec<String> {
+    fn register_subagents(&self, execs: &[Exec], ctx: &ToolContext) -> Vec<String> {
         let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
         execs
             .iter()
@@ -354,12 +343,16 @@ impl RunState {
                 "internal error: not an edit".into(),
             ));
         };
-        let read = self.run_exec(read, None, "reading a file to edit").await?;
+        let read = self
+            .client
+            .run_exec(read, None, "reading a file to edit")
+            .await?;
         let write = match tools::apply_edit(plan, &read.results, read.thrown.as_deref()) {
             Ok(w) => w,
             Err(outcome) => return Ok(outcome),
         };
         let done = self
+            .client
             .run_exec(write.exec.clone(), None, "writing an edited file")
             .await?;
         Ok(tools::finish_edit(
@@ -371,35 +364,41 @@ impl RunState {
     }
 
     /// Ask the user (question, mode switch, plan) and wait for the answer.
-    /// Ask the client `query` and wait for the user's answer.
-    async fn ask(
-        &mut self,
-        query: pb::interaction_query::Query,
-    ) -> Result<pb::InteractionResponse, RunError> {
-        let id = self.next_interaction;
-        self.next_interaction = self.next_interaction.wrapping_add(1).max(1);
-        self.interactions.insert(id, None);
-        self.out.send(msg::interaction_query(id, query)).await?;
-        let deadline = tokio::time::Instant::now() + INTERACTION_TIMEOUT;
-        while self.interactions.get(&id).is_some_and(Option::is_none) {
-            let ev = self.next_event(deadline, "an answer from the user").await?;
-            self.dispatch(Some(ev)).await?;
-        }
-        Ok(self.interactions.remove(&id).flatten().unwrap_or_default())
-    }
-
     async fn run_interaction(
         &mut self,
         plan: &ToolPlan,
         query: pb::interaction_query::Query,
         ctx: &mut ToolContext,
     ) -> Result<ToolOutcome, RunError> {
-        let response = self.ask(query).await?;
+        let response = self.client.ask(query).await?;
         if let Some(mode) = tools::approved_mode(plan, &response) {
             ctx.mode = mode;
         }
         Ok(tools::finish_interaction(ctx, plan, &response))
     }
+}
+
+/// The execs of a batch, each shell's output streaming to its call (`call_id`), and which of
+/// them each call of the batch sent.
+fn batch_execs(
+    batch: &[(usize, ToolPlan)],
+    call_id: impl Fn(usize) -> String,
+) -> (Vec<Exec>, Vec<std::ops::Range<usize>>) {
+    let mut execs = Vec::new();
+    let mut spans = Vec::new();
+    for (i, plan) in batch {
+        let start = execs.len();
+        let stream_to = is_shell(plan).then(|| call_id(*i));
+        match plan {
+            ToolPlan::Exec { exec, .. } => execs.push((exec.clone(), stream_to)),
+            ToolPlan::ExecEach { execs: each, .. } => {
+                execs.extend(each.iter().cloned().map(|e| (e, None)));
+            }
+            _ => {}
+        }
+        spans.push(start..execs.len());
+    }
+    (execs, spans)
 }
 
 /// Where the concurrent batch of reads starting at `k` ends: at the first call that is not a

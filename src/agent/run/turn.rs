@@ -1,11 +1,19 @@
 //! One user turn: rebuild the history from the checkpoint, call the model in rounds with
-//! Cursor's tools, then write the turn back as blobs and a new checkpoint.
+//! Cursor's tools, then write the turn back as blobs and a new checkpoint. [`RunState`] composes
+//! the run's parts (its client, its model calls) and carries out what the first request asks
+//! for: a model turn, a summary, or a command the user ran.
 
 use tracing::{debug, warn};
 
 use super::action::{self, Begin, TurnInput};
+use super::client::Client;
+use super::error::RunError;
+use super::model_calls::{provider_error, request_options, ModelCalls};
+use super::pending::{self, CancelResolutions};
 use super::repeats::{RepeatDetector, Verdict};
-use super::{pending, steer, RunError, RunState};
+use super::setup::{Run, RunSummary};
+use super::steer;
+use super::tooling::{Call, ToolRound};
 use crate::agent::messages as msg;
 use crate::agent::state::{
     self, HistoryBuilder, HistoryOptions, RebuiltHistory, StepRecord, TurnRecord,
@@ -54,66 +62,281 @@ fn terminals_folder(ctx: Option<&pb::RequestContext>) -> Option<String> {
     Some(ctx?.env.as_ref()?.terminals_folder.clone()).filter(|f| !f.is_empty())
 }
 
+/// One run while it executes: the prepared run, its exchanges with the client and its model
+/// calls, composed by the turn.
+pub(super) struct RunState {
+    run: Run,
+    client: Client,
+    model: ModelCalls,
+    /// What the client said about pending tool calls when it canceled.
+    cancel_resolutions: CancelResolutions,
+}
+
+/// A turn in progress: what the model reads next, and what the turn records.
+struct TurnWork {
+    user: pb::UserMessage,
+    messages: Vec<Message>,
+    steps: Vec<StepRecord>,
+    todos: Vec<pb::TodoItem>,
+    tool_ctx: tools::ToolContext,
+}
+
+/// What a turn stores: its record, the todos and mode it leaves, and what the checkpoint
+/// registers besides.
+struct TurnDone {
+    user: pb::UserMessage,
+    steps: Vec<StepRecord>,
+    todos: Vec<pb::TodoItem>,
+    mode: i32,
+    /// A Build's plan (id, path).
+    plan: Option<(String, String)>,
+    /// The summary of the older turns, and the last turn it covers.
+    summary: Option<(String, state::BlobId)>,
+}
+
+impl TurnWork {
+    fn done(
+        self,
+        plan: Option<(String, String)>,
+        summary: Option<(String, state::BlobId)>,
+    ) -> TurnDone {
+        TurnDone {
+            user: self.user,
+            steps: self.steps,
+            todos: self.todos,
+            mode: self.tool_ctx.mode,
+            plan,
+            summary,
+        }
+    }
+
+    /// The round's results go to the model and into the record; the repeat detector watches
+    /// them. Returns why to stop, when the model is stuck.
+    fn record_results(
+        &mut self,
+        calls: Vec<Call>,
+        results: Vec<tools::ToolOutcome>,
+        repeats: &mut RepeatDetector,
+    ) -> Option<String> {
+        let mut stuck = None;
+        for ((id, name, arguments, extra), mut outcome) in calls.into_iter().zip(results) {
+            match repeats.observe(&name, &arguments.to_string(), &outcome.content) {
+                Verdict::Go => {}
+                Verdict::Warn(note) => outcome.content.push_str(&note),
+                Verdict::Stop(why) => stuck = stuck.or(Some(why)),
+            }
+            self.messages.push(Message::ToolResult {
+                call_id: id.clone(),
+                name: name.clone(),
+                content: outcome.content.clone(),
+                is_error: outcome.is_error,
+            });
+            self.steps.push(StepRecord::ToolCall {
+                tool_call: outcome.tool_call,
+                call_id: id,
+                name,
+                arguments,
+                result: outcome.content,
+                is_error: outcome.is_error,
+                extra,
+            });
+        }
+        stuck
+    }
+}
+
+/// What the system prompt of each model call of a turn is built from.
+struct PromptSource<'a> {
+    req: &'a pb::AgentRunRequest,
+    ctx: Option<&'a pb::RequestContext>,
+    /// Subagents an earlier turn left in the background: the model may wait for them.
+    background: &'a [(String, String)],
+    globbed: Option<&'a context::rules::GlobbedRules<'a>>,
+}
+
+/// How a turn's model rounds ended.
+enum Rounds {
+    /// The model answered without tool calls, or the turn was stopped (stuck, round limit).
+    Done,
+    /// The user canceled; the turn's steps hold what it did, cut off.
+    Canceled,
+}
+
 impl RunState {
+    pub(super) fn new(
+        run: Run,
+        client: Client,
+        model: ModelCalls,
+        cancel_resolutions: CancelResolutions,
+    ) -> RunState {
+        RunState {
+            run,
+            client,
+            model,
+            cancel_resolutions,
+        }
+    }
+
+    pub(super) async fn execute(
+        mut self,
+        req: Box<pb::AgentRunRequest>,
+    ) -> Result<RunSummary, RunError> {
+        let result = self.begin(req).await;
+        if result.is_err() {
+            self.client.cancel_injections().await;
+            self.client.abort_open_execs().await;
+        }
+        result?;
+        Ok(self.model.summary())
+    }
+
     /// Carry out what the run request's action asks for.
-    pub(super) async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
+    async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
         match action::begin(&req)? {
             Begin::Turn(input) => {
                 if let Some(pb::conversation_action::Action::BackgroundTaskCompletionAction(a)) =
                     req.action.as_ref().and_then(|a| a.action.as_ref())
                 {
-                    self.remember_completions(a);
+                    self.client.background.remember(a);
                 }
                 self.turn(req, *input).await
             }
             Begin::Summarize => {
-                self.steer_to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 self.summarize_now(&req).await
             }
             Begin::Shell { command, exec_id } => {
-                self.steer_to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 self.shell_command(&req, command, exec_id).await
             }
             Begin::CancelSubagent { id } => {
-                self.steer_to_next_turn();
-                self.cancel_subagent(&id);
-                self.out.send(msg::turn_ended(&self.usage)).await
+                self.client.steering.defer_to_next_turn();
+                self.client.cancel_subagent(&id);
+                self.turn_ended().await
             }
             Begin::BackgroundSubagent { call } => {
-                self.steer_to_next_turn();
+                self.client.steering.defer_to_next_turn();
                 debug!(
                     call,
                     "no subagent call runs in the foreground of this run: nothing to move"
                 );
-                self.out.send(msg::turn_ended(&self.usage)).await
+                self.turn_ended().await
             }
         }
     }
 
+    async fn turn_ended(&mut self) -> Result<(), RunError> {
+        self.client
+            .out
+            .send(msg::turn_ended(&self.model.usage))
+            .await
+    }
+
+    /// A model turn: the conversation rebuilt, model calls in rounds with Cursor's tools, then
+    /// the turn stored and a new checkpoint sent.
     async fn turn(
         &mut self,
         req: Box<pb::AgentRunRequest>,
         mut input: TurnInput,
     ) -> Result<(), RunError> {
         // Steering from now on joins this turn's first (or next) model call.
-        self.open_steering();
-        let request_context = match input.request_context.take() {
-            Some(ctx) => Some(ctx),
-            None => self.fetch_request_context().await?,
-        };
-        let parts = context::parts(&req);
-        let mut blobs = self.context_blobs(&req, Some(&input.user)).await?;
-        let request_context = context::merge_parts(request_context, parts, &blobs);
-        let transcripts = transcripts_folder(request_context.as_ref());
-        if let Some(folder) = &transcripts {
-            read_past_chats(folder, &input.user, &mut blobs).await;
-        }
+        self.client.steering.open_turn();
+        let (request_context, blobs) = self.turn_context(&req, &mut input).await?;
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut history = self.rebuild_history(&prev_state).await?;
+        let todos = self.opening_todos(&mut input, &history).await?;
+        let mode = Some(input.user.mode)
+            .filter(|m| *m != 0)
+            .or(prev_state.mode)
+            .unwrap_or(0);
+        let tool_ctx = self.tool_context(&req, request_context.as_ref(), &input, mode);
+        let images = self.run.model.config.supports_images;
+        let mut messages = opening_messages(&mut history, &input, images, &blobs);
+        let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
+            .todo_ids
+            .iter()
+            .copied()
+            .zip(history.todos.iter().cloned())
+            .collect();
+        let prev = Previous {
+            state: &prev_state,
+            wire: &prev_wire,
+            todos: &known_todos,
+        };
+        let summary = self.compact_if_needed(&mut messages, &history).await?;
+        let background = state::background_subagents(&prev_state);
+        let globbed = request_context
+            .as_ref()
+            .map(context::rules::GlobbedRules::new);
+        let source = PromptSource {
+            req: &req,
+            ctx: request_context.as_ref(),
+            background: &background,
+            globbed: globbed.as_ref(),
+        };
+        let mut work = TurnWork {
+            user: input.user.clone(),
+            messages,
+            steps: Vec::new(),
+            todos,
+            tool_ctx,
+        };
+        if let Rounds::Canceled = self.model_rounds(&mut work, &source).await? {
+            return Err(self.store_canceled(&req, prev, work.done(None, None)).await);
+        }
+        // Steers carried to the next turn, and our notes that came after the last model call.
+        let mut carried = self.client.take_carried().await?;
+        carried.extend(self.client.steering.take_late());
+        for text in carried {
+            work.steps.push(StepRecord::UserContext { text });
+        }
+        let transcript = transcript::turn_lines(&work.user.text, &work.steps);
+        let done = work.done(input.plan_id.take(), summary);
+        self.write_turn(&req, prev, done).await?;
+        // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
+        let transcripts = transcripts_folder(request_context.as_ref());
+        if let (Some(folder), Some(conversation), None) =
+            (&transcripts, &req.conversation_id, &self.run.child)
+        {
+            if let Err(e) = transcript::append(folder, conversation, transcript).await {
+                warn!("the turn was not added to Cursor's transcript: {e}");
+            }
+        }
+        self.turn_ended().await
+    }
+
+    /// The turn's request context (the client asked for it when the action carries none) with
+    /// the request's context parts merged in, and the blobs its context refers to, with the
+    /// past chats the user attached.
+    async fn turn_context(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        input: &mut TurnInput,
+    ) -> Result<(Option<pb::RequestContext>, context::Blobs), RunError> {
+        let request_context = match input.request_context.take() {
+            Some(ctx) => Some(ctx),
+            None => self.client.fetch_request_context().await?,
+        };
+        let parts = context::parts(req);
+        let mut blobs = self.context_blobs(req, Some(&input.user)).await?;
+        let request_context = context::merge_parts(request_context, parts, &blobs);
+        if let Some(folder) = transcripts_folder(request_context.as_ref()) {
+            read_past_chats(&folder, &input.user, &mut blobs).await;
+        }
+        Ok((request_context, blobs))
+    }
+
+    /// The todos the turn starts with. A Build reads its plan first (when only its file is
+    /// named) and seeds the todos from it; a goal continuation names the open ones.
+    async fn opening_todos(
+        &mut self,
+        input: &mut TurnInput,
+        history: &RebuiltHistory,
+    ) -> Result<Vec<pb::TodoItem>, RunError> {
         let mut todos = history.todos.clone();
         if let Some(read) = input.plan_to_read.take() {
-            let plan = self.read_plan(&read.path).await?;
+            let plan = self.client.read_plan(&read.path).await?;
             input.user.text = action::build_instruction(&plan);
         }
         let build =
@@ -127,229 +350,186 @@ impl RunState {
         if input.goal_continuation {
             input.user.text = goal_prompt(&input.user.text, &todos);
         }
-        let mode = Some(input.user.mode)
-            .filter(|m| *m != 0)
-            .or(prev_state.mode)
-            .unwrap_or(0);
-        let mut tool_ctx = tools::ToolContext {
-            workspace_root: workspace_root(request_context.as_ref()),
+        Ok(todos)
+    }
+
+    /// What the turn's tools may do and need to know.
+    fn tool_context(
+        &self,
+        req: &pb::AgentRunRequest,
+        ctx: Option<&pb::RequestContext>,
+        input: &TurnInput,
+        mode: i32,
+    ) -> tools::ToolContext {
+        let env = ctx.and_then(|c| c.env.as_ref());
+        let child = self.run.child.as_ref();
+        tools::ToolContext {
+            workspace_root: workspace_root(ctx),
             mcp_tools: tools::merge_mcp_tools(&[
                 req.mcp_tools
                     .as_ref()
                     .map_or(&[][..], |t| t.mcp_tools.as_slice()),
-                request_context
-                    .as_ref()
-                    .map_or(&[][..], |c| c.tools.as_slice()),
+                ctx.map_or(&[][..], |c| c.tools.as_slice()),
             ]),
-            web_fetch: request_context
-                .as_ref()
-                .and_then(|c| c.web_fetch_enabled)
-                .unwrap_or(false),
+            web_fetch: ctx.and_then(|c| c.web_fetch_enabled).unwrap_or(false),
             mode,
-            command_denylist: request_context
-                .as_ref()
+            command_denylist: ctx
                 .map(|c| c.admin_command_denylist.clone())
                 .unwrap_or_default(),
-            terminals_folder: terminals_folder(request_context.as_ref()),
+            terminals_folder: terminals_folder(ctx),
             shell_block_ms: Some(self.run.settings.shell_block_ms),
-            subagents: self.subagent_options(
-                &req,
-                request_context.as_ref(),
-                input.user.selected_context.clone(),
-            ),
-            readonly: self.run.child.as_ref().is_some_and(|c| c.readonly),
-            allowed_tools: self
-                .run
-                .child
-                .as_ref()
-                .map(|c| c.tools.clone())
-                .filter(|t| !t.is_empty()),
-            auto_review: request_context
-                .as_ref()
-                .and_then(|c| c.env.as_ref())
+            subagents: self.subagent_options(req, ctx, input.user.selected_context.clone()),
+            readonly: child.is_some_and(|c| c.readonly),
+            allowed_tools: child.map(|c| c.tools.clone()).filter(|t| !t.is_empty()),
+            auto_review: env
                 .is_some_and(|e| e.smart_mode_classifier_auto_mode_enabled == Some(true)),
-            sandboxed: request_context
-                .as_ref()
-                .and_then(|c| c.env.as_ref())
-                .is_some_and(|e| e.sandbox_enabled),
-        };
-        let images = self.run.model.config.supports_images;
-        let user = input.user.clone();
-        let mut messages = std::mem::take(&mut history.messages);
-        if let Some(h) = &input.history {
-            messages = client_history(h, images);
-            history.turn_starts.clear();
+            sandboxed: env.is_some_and(|e| e.sandbox_enabled),
         }
-        if let Some((call_id, answer)) = &input.answer {
-            deliver_answer(&mut messages, call_id, answer);
-        }
-        pending::close_pending(&mut messages, &input.resolutions);
-        steer::drop_carried_copies(&mut messages, &input.user.text);
-        for m in &input.prepend {
-            messages.push(prompt::user_message_with(m, images, &blobs));
-        }
-        messages.push(prompt::user_message_with(&user, images, &blobs));
+    }
 
-        let known_todos: Vec<(state::BlobId, pb::TodoItem)> = history
-            .todo_ids
-            .iter()
-            .copied()
-            .zip(history.todos.iter().cloned())
-            .collect();
-        let prev = Previous {
-            state: &prev_state,
-            wire: &prev_wire,
-            todos: &known_todos,
-        };
-        let summary = self.compact_if_needed(&mut messages, &history).await?;
-        // Subagents an earlier turn left in the background: the model may wait for them.
-        let background = state::background_subagents(&prev_state);
-        let globbed_rules = request_context
-            .as_ref()
-            .map(context::rules::GlobbedRules::new);
-        let mut steps: Vec<StepRecord> = Vec::new();
+    /// What the subagent tool needs: offered below the nesting bound.
+    fn subagent_options(
+        &self,
+        req: &pb::AgentRunRequest,
+        ctx: Option<&pb::RequestContext>,
+        selected_context: Option<pb::SelectedContext>,
+    ) -> tools::SubagentOptions {
+        let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
+        tools::SubagentOptions {
+            enabled: depth < crate::agent::subagents::MAX_DEPTH,
+            custom: ctx.map(|c| c.custom_subagents.clone()).unwrap_or_default(),
+            parent_model_id: crate::agent::model::requested_model_id(req)
+                .unwrap_or_default()
+                .to_string(),
+            overrides: req.subagent_model_overrides.clone(),
+            selected_models: req
+                .selected_subagent_models
+                .iter()
+                .map(|m| m.model_id.clone())
+                .filter(|m| !m.is_empty())
+                .collect(),
+            parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
+            selected_context,
+            model_names: self.run.settings.model_names.clone(),
+        }
+    }
+
+    /// The turn's model calls, in rounds: each answer's tool calls run, and their results go
+    /// to the next call, until the model answers without tools (and no steering waits), is
+    /// stuck repeating itself, or the round limit is reached.
+    async fn model_rounds(
+        &mut self,
+        work: &mut TurnWork,
+        source: &PromptSource<'_>,
+    ) -> Result<Rounds, RunError> {
         let mut rounds = 0u32;
         let mut repeats = RepeatDetector::new(
             self.run.settings.detect_loops,
-            tool_ctx.terminals_folder.clone(),
+            work.tool_ctx.terminals_folder.clone(),
         );
         loop {
-            for text in self.deliver_injections(&mut messages).await? {
-                steps.push(StepRecord::UserContext { text });
+            let next = self.model.step + 1;
+            for text in self
+                .client
+                .deliver_injections(&mut work.messages, next)
+                .await?
+            {
+                work.steps.push(StepRecord::UserContext { text });
             }
-            let touched = context::touched_paths(&messages, tool_ctx.workspace_root.as_deref());
-            let system = prompt::system_prompt(&prompt::PromptInputs {
-                ctx: request_context.as_ref(),
-                custom: req.custom_system_prompt.as_deref(),
-                spec: req.system_prompt_spec.as_ref(),
-                mode: tool_ctx.mode,
-                touched: &touched,
-                child: self.run.child.as_ref(),
-                background: &background,
-                exclude_workspace: req.exclude_workspace_context == Some(true),
-                globbed: globbed_rules.as_ref(),
-            });
-            let request = ProviderRequest {
-                model: self.run.model.config.model.clone(),
-                system,
-                messages: messages.clone(),
-                tools: tools::catalog(&tool_ctx),
-                options: self.options(),
-            };
-            let call = match self.model_step(request, &tool_ctx).await {
+            let request = self.model_request(work, source);
+            let call = match self
+                .model
+                .model_step(&self.run, &mut self.client, request, &work.tool_ctx)
+                .await
+            {
                 Ok(call) => call,
                 Err(RunError::Canceled) => {
                     // What the user saw of the answer stays, marked as cut off.
-                    if let Some(partial) = self.partial.take() {
-                        record_steps(&mut steps, &partial, 0);
+                    if let Some(partial) = self.model.partial.take() {
+                        record_steps(&mut work.steps, &partial, 0);
                     }
-                    steps.push(StepRecord::Assistant {
+                    work.steps.push(StepRecord::Assistant {
                         text: INTERRUPTED_ANSWER.into(),
                     });
-                    let done = (user, steps, todos, tool_ctx.mode);
-                    return Err(self.store_canceled(&req, prev, done).await);
+                    return Ok(Rounds::Canceled);
                 }
                 Err(e) => return Err(e),
             };
-            let step = self.step;
-            let assistant = call.turn.message.clone();
-            record_steps(&mut steps, &call.turn, call.thinking_ms);
-            let calls: Vec<Call> = call
-                .turn
-                .parts()
-                .iter()
-                .filter_map(|p| match p {
-                    AssistantPart::ToolCall {
-                        id,
-                        name,
-                        arguments,
-                        extra,
-                    } => Some((id.clone(), name.clone(), arguments.clone(), extra.clone())),
-                    _ => None,
-                })
-                .collect();
+            record_steps(&mut work.steps, &call.turn, call.thinking_ms);
+            let calls = tool_calls(&call.turn);
             if !call.turn.parts().is_empty() {
-                messages.push(assistant);
+                work.messages.push(call.turn.message);
             }
             if calls.is_empty() {
                 // Steering that came in during this answer gets its own model call.
-                self.drain_events().await?;
-                if self.steering.has_queued() {
+                self.client.drain_events().await?;
+                if self.client.steering.has_queued() {
                     continue;
                 }
-                break;
+                return Ok(Rounds::Done);
             }
             rounds += 1;
-            let results = match self
-                .run_tool_round(step, &calls, &mut tool_ctx, &mut todos)
-                .await
-            {
+            let results = match self.tool_round(&calls, work).await {
                 Ok(results) => results,
                 Err(RunError::Canceled) => {
-                    self.abort_open_execs().await;
-                    record_interrupted(&mut steps, &calls, &self.cancel_resolutions.get());
-                    let done = (user, steps, todos, tool_ctx.mode);
-                    return Err(self.store_canceled(&req, prev, done).await);
+                    self.client.abort_open_execs().await;
+                    record_interrupted(&mut work.steps, &calls, &self.cancel_resolutions.get());
+                    return Ok(Rounds::Canceled);
                 }
                 Err(e) => return Err(e),
             };
-            let mut stuck = None;
-            for ((id, name, arguments, extra), mut outcome) in calls.into_iter().zip(results) {
-                match repeats.observe(&name, &arguments.to_string(), &outcome.content) {
-                    Verdict::Go => {}
-                    Verdict::Warn(note) => outcome.content.push_str(&note),
-                    Verdict::Stop(why) => stuck = stuck.or(Some(why)),
-                }
-                messages.push(Message::ToolResult {
-                    call_id: id.clone(),
-                    name: name.clone(),
-                    content: outcome.content.clone(),
-                    is_error: outcome.is_error,
-                });
-                steps.push(StepRecord::ToolCall {
-                    tool_call: outcome.tool_call,
-                    call_id: id,
-                    name,
-                    arguments,
-                    result: outcome.content,
-                    is_error: outcome.is_error,
-                    extra,
-                });
-            }
-            if let Some(why) = stuck {
-                let note = format!("\n\n{why}");
-                self.out.send(msg::notice(note.clone())).await?;
-                steps.push(StepRecord::Assistant { text: note });
-                break;
-            }
-            if rounds >= self.run.settings.max_tool_rounds {
-                let note = format!(
+            let note = match work.record_results(calls, results, &mut repeats) {
+                Some(why) => format!("\n\n{why}"),
+                None if rounds >= self.run.settings.max_tool_rounds => format!(
                     "\n\n(Stopped after {rounds} tool rounds, the limit set by `agent.max_tool_rounds`. Send a message to continue.)"
-                );
-                self.out.send(msg::notice(note.clone())).await?;
-                steps.push(StepRecord::Assistant { text: note });
-                break;
-            }
+                ),
+                None => continue,
+            };
+            self.client.out.send(msg::notice(note.clone())).await?;
+            work.steps.push(StepRecord::Assistant { text: note });
+            return Ok(Rounds::Done);
         }
-        // Steers carried to the next turn, and our notes that came after the last model call.
-        let mut carried = self.take_carried().await?;
-        carried.extend(self.steering.take_late());
-        for text in carried {
-            steps.push(StepRecord::UserContext { text });
+    }
+
+    /// The next model call of the turn.
+    fn model_request(&self, work: &TurnWork, source: &PromptSource<'_>) -> ProviderRequest {
+        let touched =
+            context::touched_paths(&work.messages, work.tool_ctx.workspace_root.as_deref());
+        let system = prompt::system_prompt(&prompt::PromptInputs {
+            ctx: source.ctx,
+            custom: source.req.custom_system_prompt.as_deref(),
+            spec: source.req.system_prompt_spec.as_ref(),
+            mode: work.tool_ctx.mode,
+            touched: &touched,
+            child: self.run.child.as_ref(),
+            background: source.background,
+            exclude_workspace: source.req.exclude_workspace_context == Some(true),
+            globbed: source.globbed,
+        });
+        ProviderRequest {
+            model: self.run.model.config.model.clone(),
+            system,
+            messages: work.messages.clone(),
+            tools: tools::catalog(&work.tool_ctx),
+            options: request_options(&self.run.model),
         }
-        self.plan_entry = input.plan_id.take();
-        let transcript = transcript::turn_lines(&user.text, &steps);
-        self.write_turn(&req, prev, user, steps, &todos, tool_ctx.mode, summary)
-            .await?;
-        // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
-        if let (Some(folder), Some(conversation), None) =
-            (&transcripts, &req.conversation_id, &self.run.child)
-        {
-            if let Err(e) = transcript::append(folder, conversation, transcript).await {
-                warn!("the turn was not added to Cursor's transcript: {e}");
-            }
+    }
+
+    /// Run the calls of the latest model call (step), with the turn's tools and todos.
+    async fn tool_round(
+        &mut self,
+        calls: &[Call],
+        work: &mut TurnWork,
+    ) -> Result<Vec<tools::ToolOutcome>, RunError> {
+        let step = self.model.step;
+        ToolRound {
+            run: &self.run,
+            client: &mut self.client,
+            model: &mut self.model,
+            step,
         }
-        self.out.send(msg::turn_ended(&self.usage)).await
+        .carry_out(calls, &mut work.tool_ctx, &mut work.todos)
+        .await
     }
 
     /// Keep what a turn the user canceled did (its pending calls closed, its cut-off answer)
@@ -360,17 +540,14 @@ impl RunState {
         &mut self,
         req: &pb::AgentRunRequest,
         prev: Previous<'_>,
-        (user, steps, todos, mode): (pb::UserMessage, Vec<StepRecord>, Vec<pb::TodoItem>, i32),
+        done: TurnDone,
     ) -> RunError {
-        self.cancel_injections().await;
+        self.client.cancel_injections().await;
         if !self.cancel_resolutions.by_user() {
             return RunError::Canceled;
         }
-        self.winding_down = true;
-        let stored = self
-            .write_turn(req, prev, user, steps, &todos, mode, None)
-            .await;
-        if let Err(e) = stored {
+        self.client.winding_down = true;
+        if let Err(e) = self.write_turn(req, prev, done).await {
             debug!("the canceled turn was not stored: {e}");
         }
         RunError::Canceled
@@ -401,7 +578,7 @@ impl RunState {
         if !ask.is_empty() {
             debug!(blobs = ask.len(), "asking the client for context blobs");
             let mut fresh = Vec::new();
-            for (id, data) in self.fetch_blobs(&ask).await? {
+            for (id, data) in self.client.fetch_blobs(&ask).await? {
                 match data {
                     Some(d) => {
                         blobs.insert(id, d.clone());
@@ -447,7 +624,7 @@ impl RunState {
                 "asking the client for conversation blobs"
             );
             let mut fresh = Vec::new();
-            for (id, data) in self.fetch_blobs(&ask).await? {
+            for (id, data) in self.client.fetch_blobs(&ask).await? {
                 match data {
                     Some(d) if builder.supply(id, d.clone()).is_ok() => {
                         fresh.push(state::Blob { id, data: d })
@@ -488,7 +665,8 @@ impl RunState {
     /// Summarise `older` with the model, telling Cursor as it goes.
     async fn summarize(&mut self, older: &[Message]) -> Result<String, RunError> {
         let cfg = &self.run.model.config;
-        self.out.send(msg::summary_started()).await?;
+        let out = &self.client.out;
+        out.send(msg::summary_started()).await?;
         let request = ProviderRequest {
             model: cfg.model.clone(),
             system: "You summarise coding-agent conversations so the work can continue. Keep file paths, decisions, open tasks, errors and the user's requests; be concise.".into(),
@@ -499,7 +677,7 @@ impl RunState {
                 ..Default::default()
             },
         };
-        let opened = self.open(request).await?;
+        let opened = self.model.open(&self.run.chain, request).await?;
         let price = self.run.chain.targets[opened.target].price;
         let mut builder = crate::provider::TurnBuilder::new();
         builder.push(&opened.first);
@@ -511,16 +689,16 @@ impl RunState {
         }
         let turn = builder.finish();
         if let Some(u) = &turn.usage {
-            self.record_call(u, price);
+            self.model.record_call(u, price);
         }
         if let Some(e) = turn.error {
             warn!("summary failed: {e}");
-            self.out.send(msg::summary_completed(true)).await?;
-            return Err(self.provider_error(e));
+            out.send(msg::summary_completed(true)).await?;
+            return Err(provider_error(&self.run.model, e));
         }
         let text = turn.text();
-        self.out.send(msg::summary(text.clone())).await?;
-        self.out.send(msg::summary_completed(false)).await?;
+        out.send(msg::summary(text.clone())).await?;
+        out.send(msg::summary_completed(false)).await?;
         // The stored summary also names the files touched so far (their globbed rules stay).
         Ok(text + &context::touched_note(older))
     }
@@ -532,10 +710,11 @@ impl RunState {
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let history = self.rebuild_history(&prev_state).await?;
         let Some(through) = history.turn_through(history.messages.len()) else {
-            self.out
+            self.client
+                .out
                 .send(msg::notice("There is nothing to summarise yet.".into()))
                 .await?;
-            return self.out.send(msg::turn_ended(&self.usage)).await;
+            return self.turn_ended().await;
         };
         let text = self.summarize(&history.messages).await?;
         let mut checkpoint = state::Checkpoint {
@@ -545,7 +724,7 @@ impl RunState {
         checkpoint.set_summary(&text, &through);
         self.publish(&prev_state, &prev_wire, checkpoint, Vec::new())
             .await?;
-        self.out.send(msg::turn_ended(&self.usage)).await
+        self.turn_ended().await
     }
 
     /// A command the user ran from the chat: run through the client like the model's shell
@@ -557,8 +736,8 @@ impl RunState {
         command: String,
         exec_id: String,
     ) -> Result<(), RunError> {
-        let request_context = self.fetch_request_context().await?;
-        self.exec.adopt_next(exec_id);
+        let request_context = self.client.fetch_request_context().await?;
+        self.client.exec.adopt_next(exec_id);
         let prev_state = req.conversation_state.clone().unwrap_or_default();
         let prev_wire = wire_at(&self.run.first_wire, &[CONVERSATION_STATE]);
         let mut ctx = tools::ToolContext {
@@ -581,9 +760,15 @@ impl RunState {
             None,
         );
         let mut todos = Vec::new();
-        let outcomes = self
-            .run_tool_round(self.step, &[call], &mut ctx, &mut todos)
-            .await?;
+        let step = self.model.step;
+        let outcomes = ToolRound {
+            run: &self.run,
+            client: &mut self.client,
+            model: &mut self.model,
+            step,
+        }
+        .carry_out(&[call], &mut ctx, &mut todos)
+        .await?;
         let output = outcomes.first().map(shell_output).unwrap_or_default();
         let (turn_blobs, turn_id) = state::encode_shell_turn(&command, &output);
         let mut checkpoint = state::Checkpoint {
@@ -596,7 +781,7 @@ impl RunState {
             .push(bytes::Bytes::copy_from_slice(&turn_id));
         self.publish(&prev_state, &prev_wire, checkpoint, turn_blobs)
             .await?;
-        self.out.send(msg::turn_ended(&self.usage)).await
+        self.turn_ended().await
     }
 
     /// Store `extra` and the checkpoint's blobs, then send the checkpoint.
@@ -608,39 +793,32 @@ impl RunState {
         mut extra: Vec<state::Blob>,
     ) -> Result<(), RunError> {
         extra.extend(checkpoint.blobs.iter().cloned());
-        self.store_blobs(&extra).await?;
+        self.client.store_blobs(&extra).await?;
         self.run.cache.put_many(extra).await;
         let wire = checkpoint.encode_over(prev, prev_wire);
-        self.out
+        self.client
+            .out
             .send_output(msg::checkpoint_encoded(checkpoint.state, &wire))
             .await
     }
 
     /// Store the turn's blobs, wait for every ack, then publish the checkpoint.
-    #[allow(clippy::too_many_arguments)]
     async fn write_turn(
         &mut self,
         req: &pb::AgentRunRequest,
         prev: Previous<'_>,
-        user: pb::UserMessage,
-        steps: Vec<StepRecord>,
-        todos: &[pb::TodoItem],
-        mode: i32,
-        summary: Option<(String, state::BlobId)>,
+        done: TurnDone,
     ) -> Result<(), RunError> {
+        let TurnDone {
+            user,
+            steps,
+            todos,
+            mode,
+            plan,
+            summary,
+        } = done;
         let user_wire = user_message_wire(&self.run.first_wire, &user);
-        let now_ms = u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp() * 1000)
-            .unwrap_or_default();
-        let mut subagent_record = prev.state.clone();
-        state::record_subagents(
-            &mut subagent_record,
-            steps.iter().filter_map(|s| match s {
-                StepRecord::ToolCall { tool_call, .. } => Some(tool_call),
-                _ => None,
-            }),
-            now_ms,
-        );
-        state::record_completions(&mut subagent_record, &self.completions, now_ms);
+        let subagent_record = self.subagent_record(prev.state, &steps);
         let record = TurnRecord {
             user,
             user_wire,
@@ -651,23 +829,27 @@ impl RunState {
                 .unwrap_or_else(|| self.run.request_id.clone()),
         };
         let encoded = state::encode_turn(&record);
-        let used = self.last_call.input.saturating_add(self.last_call.output);
+        let used = self
+            .model
+            .last_call
+            .input
+            .saturating_add(self.model.last_call.output);
         let mut checkpoint = state::build_checkpoint(
             prev.state,
             &encoded.turn_id,
-            todos,
+            &todos,
             u32::try_from(used).unwrap_or(u32::MAX),
             self.run.model.config.context_window,
             (mode != 0).then_some(mode),
         );
-        checkpoint.keep_unchanged_todos(todos, prev.todos);
+        checkpoint.keep_unchanged_todos(&todos, prev.todos);
         checkpoint.state.subagent_runs_by_parent_tool_call_id =
             subagent_record.subagent_runs_by_parent_tool_call_id;
         checkpoint.state.subagent_states = subagent_record.subagent_states;
         if let Some((text, through)) = summary {
             checkpoint.set_summary(&text, &through);
         }
-        if let Some((id, path)) = self.plan_entry.take() {
+        if let Some((id, path)) = plan {
             checkpoint
                 .state
                 .plans
@@ -676,6 +858,70 @@ impl RunState {
         self.publish(prev.state, prev.wire, checkpoint, encoded.blobs)
             .await
     }
+
+    /// The checkpoint's record of subagent runs after this turn: its subagent calls, and the
+    /// background completions the client reported.
+    fn subagent_record(
+        &self,
+        prev: &pb::ConversationStateStructure,
+        steps: &[StepRecord],
+    ) -> pb::ConversationStateStructure {
+        let now_ms = u64::try_from(time::OffsetDateTime::now_utc().unix_timestamp() * 1000)
+            .unwrap_or_default();
+        let mut record = prev.clone();
+        state::record_subagents(
+            &mut record,
+            steps.iter().filter_map(|s| match s {
+                StepRecord::ToolCall { tool_call, .. } => Some(tool_call),
+                _ => None,
+            }),
+            now_ms,
+        );
+        state::record_completions(&mut record, self.client.background.completions(), now_ms);
+        record
+    }
+}
+
+/// The conversation the turn's first model call reads: the rebuilt history (or the one the
+/// client supplies), an asked question's answer delivered, pending calls closed, then the
+/// turn's own messages.
+fn opening_messages(
+    history: &mut RebuiltHistory,
+    input: &TurnInput,
+    images: bool,
+    blobs: &context::Blobs,
+) -> Vec<Message> {
+    let mut messages = std::mem::take(&mut history.messages);
+    if let Some(h) = &input.history {
+        messages = client_history(h, images);
+        history.turn_starts.clear();
+    }
+    if let Some((call_id, answer)) = &input.answer {
+        deliver_answer(&mut messages, call_id, answer);
+    }
+    pending::close_pending(&mut messages, &input.resolutions);
+    steer::drop_carried_copies(&mut messages, &input.user.text);
+    for m in &input.prepend {
+        messages.push(prompt::user_message_with(m, images, blobs));
+    }
+    messages.push(prompt::user_message_with(&input.user, images, blobs));
+    messages
+}
+
+/// The tool calls of a model call, in its order.
+fn tool_calls(turn: &crate::provider::Turn) -> Vec<Call> {
+    turn.parts()
+        .iter()
+        .filter_map(|p| match p {
+            AssistantPart::ToolCall {
+                id,
+                name,
+                arguments,
+                extra,
+            } => Some((id.clone(), name.clone(), arguments.clone(), extra.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The checkpoint the turn started from, as decoded and as received, with its todos.
@@ -685,13 +931,6 @@ struct Previous<'a> {
     wire: &'a [u8],
     todos: &'a [(state::BlobId, pb::TodoItem)],
 }
-
-type Call = (
-    String,
-    String,
-    serde_json::Value,
-    Option<crate::provider::ProviderExtra>,
-);
 
 /// `AgentRunRequest.conversation_state`.
 const CONVERSATION_STATE: u32 = 1;
@@ -908,70 +1147,6 @@ fn record_interrupted(
             is_error,
             extra: extra.clone(),
         });
-    }
-}
-
-impl RunState {
-    /// What the subagent tool needs: offered below the nesting bound.
-    fn subagent_options(
-        &self,
-        req: &pb::AgentRunRequest,
-        ctx: Option<&pb::RequestContext>,
-        selected_context: Option<pb::SelectedContext>,
-    ) -> tools::SubagentOptions {
-        let depth = self.run.child.as_ref().map_or(0, |c| c.depth);
-        tools::SubagentOptions {
-            enabled: depth < crate::agent::subagents::MAX_DEPTH,
-            custom: ctx.map(|c| c.custom_subagents.clone()).unwrap_or_default(),
-            parent_model_id: crate::agent::model::requested_model_id(req)
-                .unwrap_or_default()
-                .to_string(),
-            overrides: req.subagent_model_overrides.clone(),
-            selected_models: req
-                .selected_subagent_models
-                .iter()
-                .map(|m| m.model_id.clone())
-                .filter(|m| !m.is_empty())
-                .collect(),
-            parent_conversation_id: req.conversation_id.clone().unwrap_or_default(),
-            selected_context,
-            model_names: self.run.settings.model_names.clone(),
-        }
-    }
-
-    /// Read a plan file through the client (a Build that names only the file).
-    async fn read_plan(&mut self, path: &str) -> Result<String, RunError> {
-        use pb::exec_client_message::Message as R;
-        use pb::read_result::Result as RR;
-        let args = pb::exec_server_message::Message::ReadArgs(pb::ReadArgs {
-            path: path.to_string(),
-            ..Default::default()
-        });
-        let what = "the plan file";
-        let outcome = self.run_exec(args, None, what).await?;
-        let failed = |message: String| RunError::ClientFailed {
-            what: format!("{what} {path}"),
-            message,
-        };
-        if let Some(err) = outcome.thrown {
-            return Err(failed(err));
-        }
-        for r in outcome.results {
-            if let R::ReadResult(res) = r {
-                return match res.result {
-                    Some(RR::Success(s)) => match s.output {
-                        Some(pb::read_success::Output::Content(c)) => Ok(c),
-                        Some(pb::read_success::Output::Data(d)) => {
-                            Ok(String::from_utf8_lossy(&d).into_owned())
-                        }
-                        None => Ok(String::new()),
-                    },
-                    Some(RR::FileNotFound(_)) => Err(failed("the file does not exist".into())),
-                    other => Err(failed(format!("the read failed ({other:?})"))),
-                };
-            }
-        }
-        Err(failed("no read result".into()))
     }
 }
 

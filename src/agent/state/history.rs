@@ -481,19 +481,8 @@ impl HistoryBuilder {
             &self.context_blobs(&user_msg),
         ));
 
-        // One model call: its parts, then the results of its tool calls. A text or thinking step
-        // after a tool call starts the next call (the model saw the results in between).
-        let mut parts: Vec<AssistantPart> = Vec::new();
-        let mut results: Vec<Message> = Vec::new();
-        let flush =
-            |parts: &mut Vec<AssistantPart>, results: &mut Vec<Message>, out: &mut Vec<Message>| {
-                if !parts.is_empty() {
-                    out.push(Message::Assistant {
-                        parts: std::mem::take(parts),
-                    });
-                }
-                out.append(results);
-            };
+        // One model call: its parts, then the results of its tool calls.
+        let mut call = CallParts::default();
         for (si, step_id) in steps.iter().enumerate() {
             let Some(data) = step_id.and_then(|s| self.blobs.get(&s)) else {
                 continue;
@@ -505,80 +494,28 @@ impl HistoryBuilder {
             let replay: Option<StepReplay> = replay::extract_json(data);
             use pb::conversation_step::Message as M;
             if let Some(StepReplay::UserContext { text }) = &replay {
-                flush(&mut parts, &mut results, out);
+                call.flush(out);
                 out.push(Message::user_text(text.clone()));
                 continue;
             }
             match step.message {
-                Some(M::AssistantMessage(a)) => {
-                    if !results.is_empty() {
-                        flush(&mut parts, &mut results, out);
+                Some(M::AssistantMessage(a)) => call.text(a.text, out),
+                Some(M::ThinkingMessage(t)) => call.thinking(t.text, replay, out),
+                Some(M::ToolCall(tc)) => match recorded_call(&tc, replay, fallback) {
+                    Some(mut recorded) => {
+                        let id = ids.unique(std::mem::take(&mut recorded.call_id), turn, si);
+                        call.tool_call(id, recorded);
                     }
-                    if !a.text.is_empty() {
-                        parts.push(AssistantPart::Text { text: a.text });
-                    }
-                }
-                Some(M::ThinkingMessage(t)) => {
-                    if !results.is_empty() {
-                        flush(&mut parts, &mut results, out);
-                    }
-                    // Thinking from Cursor's servers has no replay data: it stays plain reasoning,
-                    // which providers leave out (they only replay their own extras).
-                    let extra = match replay {
-                        Some(StepReplay::Thinking { extra }) => extra,
-                        _ => None,
-                    };
-                    if !t.text.is_empty() || extra.is_some() {
-                        parts.push(AssistantPart::Reasoning {
-                            text: t.text,
-                            extra,
-                        });
-                    }
-                }
-                Some(M::ToolCall(tc)) => {
-                    let (call_id, name, arguments, result, is_error, extra) = match replay {
-                        Some(StepReplay::ToolCall {
-                            call_id,
-                            name,
-                            arguments,
-                            result,
-                            is_error,
-                            extra,
-                        }) => (call_id, name, arguments, result, is_error, extra),
-                        _ => match fallback(&tc) {
-                            Some((name, arguments, result, is_error)) => {
-                                // Cursor's own id when it recorded one; `CallIds` fills in the rest.
-                                let id = tc.tool_call_id.clone().unwrap_or_default();
-                                (id, name, arguments, result, is_error, None)
-                            }
-                            None => {
-                                debug!(
-                                    turn,
-                                    step = si,
-                                    "tool call without a history form; leaving it out"
-                                );
-                                continue;
-                            }
-                        },
-                    };
-                    let id = ids.unique(call_id, turn, si);
-                    parts.push(AssistantPart::ToolCall {
-                        id: id.clone(),
-                        name: name.clone(),
-                        arguments,
-                        extra,
-                    });
-                    results.push(Message::ToolResult {
-                        call_id: id,
-                        name,
-                        content: result,
-                        is_error,
-                    });
-                }
+                    None => debug!(
+                        turn,
+                        step = si,
+                        "tool call without a history form; leaving it out"
+                    ),
+                },
                 None => {}
             }
         }
-        flush(&mut parts, &mut results, out);
+        call.flush(out);
         true
     }
 
@@ -607,6 +544,113 @@ impl HistoryBuilder {
         out.push(Message::user_text(text));
         true
     }
+}
+
+/// The model call being rebuilt: its parts, then the results of its tool calls. A text or
+/// thinking step after a tool call starts the next call (the model saw the results in between).
+#[derive(Default)]
+struct CallParts {
+    parts: Vec<AssistantPart>,
+    results: Vec<Message>,
+}
+
+impl CallParts {
+    /// The call is complete: it goes to `out`, then its results.
+    fn flush(&mut self, out: &mut Vec<Message>) {
+        if !self.parts.is_empty() {
+            out.push(Message::Assistant {
+                parts: std::mem::take(&mut self.parts),
+            });
+        }
+        out.append(&mut self.results);
+    }
+
+    fn text(&mut self, text: String, out: &mut Vec<Message>) {
+        if !self.results.is_empty() {
+            self.flush(out);
+        }
+        if !text.is_empty() {
+            self.parts.push(AssistantPart::Text { text });
+        }
+    }
+
+    fn thinking(&mut self, text: String, replay: Option<StepReplay>, out: &mut Vec<Message>) {
+        if !self.results.is_empty() {
+            self.flush(out);
+        }
+        // Thinking from Cursor's servers has no replay data: it stays plain reasoning, which
+        // providers leave out (they only replay their own extras).
+        let extra = match replay {
+            Some(StepReplay::Thinking { extra }) => extra,
+            _ => None,
+        };
+        if !text.is_empty() || extra.is_some() {
+            self.parts.push(AssistantPart::Reasoning { text, extra });
+        }
+    }
+
+    /// A tool call, under its (unique) id `id`, and its result.
+    fn tool_call(&mut self, id: String, c: RecordedCall) {
+        self.parts.push(AssistantPart::ToolCall {
+            id: id.clone(),
+            name: c.name.clone(),
+            arguments: c.arguments,
+            extra: c.extra,
+        });
+        self.results.push(Message::ToolResult {
+            call_id: id,
+            name: c.name,
+            content: c.result,
+            is_error: c.is_error,
+        });
+    }
+}
+
+/// A tool call as the model made it and the result it read.
+struct RecordedCall {
+    call_id: String,
+    name: String,
+    arguments: Value,
+    result: String,
+    is_error: bool,
+    extra: Option<crate::provider::ProviderExtra>,
+}
+
+/// A tool call step: exactly as we recorded it, else translated from its UI form by
+/// `fallback`; `None` when it has no history form.
+fn recorded_call(
+    tc: &pb::ToolCall,
+    replay: Option<StepReplay>,
+    fallback: ToolCallFallback<'_>,
+) -> Option<RecordedCall> {
+    if let Some(StepReplay::ToolCall {
+        call_id,
+        name,
+        arguments,
+        result,
+        is_error,
+        extra,
+    }) = replay
+    {
+        return Some(RecordedCall {
+            call_id,
+            name,
+            arguments,
+            result,
+            is_error,
+            extra,
+        });
+    }
+    let (name, arguments, result, is_error) = fallback(tc)?;
+    Some(RecordedCall {
+        // Cursor's own id when it recorded one; `CallIds` fills in the rest.
+        call_id: tc.tool_call_id.clone().unwrap_or_default(),
+        name,
+        arguments,
+        result,
+        is_error,
+        extra: None,
+    })
 }
 
 /// Decode a turn blob into what it references.
