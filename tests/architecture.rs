@@ -45,8 +45,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-            "cancel", "capture", "config", "connect", "cursor", "http", "proto", "provider",
-            "secret", "status", "upstream",
+            "base", "cancel", "capture", "config", "connect", "cursor", "http", "proto",
+            "provider", "secret", "status", "upstream",
         ],
     ),
     (

@@ -11,10 +11,7 @@ pub const TRUNCATED: &str = "[truncated]";
 
 /// `s` cut at `max` characters, with a visible marker when cut.
 pub fn cap(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_string(),
-        Some((at, _)) => format!("{}\n{TRUNCATED}", &s[..at]),
-    }
+    crate::base::text::cut_chars(s, max, &format!("\n{TRUNCATED}"))
 }
 
 /// A rule file's body without its leading `---` YAML block.

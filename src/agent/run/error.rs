@@ -9,6 +9,7 @@
 //! help and the user has seen nothing of the turn; otherwise both the code and the details say
 //! "terminal". The table is in docs/errors.md.
 
+use crate::base::Side;
 use crate::connect::{Code, ConnectError, ErrorDetail};
 use crate::proto::aiserver::v1 as aiserver;
 use crate::provider::{ProviderError, ProviderErrorKind};
@@ -154,16 +155,16 @@ impl RunError {
     }
 
     /// Which side failed, for logs and the status page.
-    pub fn side(&self) -> &'static str {
+    pub fn side(&self) -> Side {
         match self {
-            RunError::Provider { .. } => "provider",
-            RunError::Canceled => "user",
+            RunError::Provider { .. } => Side::Provider,
+            RunError::Canceled => Side::User,
             RunError::ClientGone
             | RunError::ClientLeft(_)
             | RunError::BadClientMessage(_)
             | RunError::ClientTimeout { .. }
-            | RunError::ClientFailed { .. } => "cursor-client",
-            RunError::Unsupported(_) | RunError::Internal(_) => "cursor-byok",
+            | RunError::ClientFailed { .. } => Side::Client,
+            RunError::Unsupported(_) | RunError::Internal(_) => Side::Proxy,
         }
     }
 

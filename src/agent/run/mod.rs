@@ -249,7 +249,7 @@ impl Ending {
             Err(e) => {
                 info!(
                     outcome = "error",
-                    side = e.side(),
+                    side = %e.side(),
                     code = e.ending(shown).code.as_str(),
                     "run ended: {model_name} via {via} after {secs:.1}s: {e}"
                 );

@@ -26,6 +26,7 @@ use super::blob::{self, BlobId};
 use super::error::StateError;
 use super::replay::{self, StepReplay, SummaryReplay};
 use super::summary;
+use crate::base::text::cut_chars;
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message};
 
@@ -536,7 +537,7 @@ impl HistoryBuilder {
         let mut text = format!("[The user ran a shell command]\n$ {}\n", cmd.command);
         for s in [&output.stdout, &output.stderr] {
             if !s.is_empty() {
-                text.push_str(&truncate(s, MAX_SHELL_OUTPUT_CHARS));
+                text.push_str(&cut_chars(s, MAX_SHELL_OUTPUT_CHARS, "…[truncated]"));
                 text.push('\n');
             }
         }
@@ -699,13 +700,6 @@ impl CallIds {
         let renamed = format!("{id}_t{turn}s{step}");
         self.0.insert(renamed.clone());
         renamed
-    }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…[truncated]", &s[..i]),
-        None => s.to_string(),
     }
 }
 

@@ -9,6 +9,7 @@
 
 use std::fmt::Write;
 
+use crate::base::text::{cut_chars, tail_chars};
 use crate::provider::{AssistantPart, Message, UserPart};
 
 /// First line of the user message that stands for summarised turns.
@@ -158,12 +159,12 @@ pub fn summary_prompt(older: &[Message], max_chars: usize) -> Vec<Message> {
                 let _ = writeln!(
                     t,
                     "RESULT of {name}{status}:\n{}",
-                    truncate_chars(content, TRANSCRIPT_RESULT_CHARS)
+                    cut_chars(content, TRANSCRIPT_RESULT_CHARS, "…[truncated]")
                 );
             }
         }
     }
-    let t = tail_chars(&t, max_chars);
+    let t = tail_chars(&t, max_chars, "[…earlier part cut…]\n");
     let prompt = format!(
         "Summarise the conversation below between a user and a coding agent, so that the agent \
          can continue the work without it. Keep: the user's goals and constraints, decisions \
@@ -172,25 +173,6 @@ pub fn summary_prompt(older: &[Message], max_chars: usize) -> Vec<Message> {
          Markdown bullet points. Reply with the summary only.\n\n<conversation>\n{t}\n</conversation>"
     );
     vec![Message::user_text(prompt)]
-}
-
-fn truncate_chars(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…[truncated]", &s[..i]),
-        None => s.to_string(),
-    }
-}
-
-/// The last `max` characters of `s`, marked when cut.
-fn tail_chars(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        return s.to_string();
-    }
-    match s.char_indices().nth(n - max) {
-        Some((i, _)) => format!("[…earlier part cut…]\n{}", &s[i..]),
-        None => s.to_string(),
-    }
 }
 
 #[cfg(test)]
