@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use super::args::{Args, PATH};
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::text::{basename, cap_head, to_i32};
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::grep_union_result::Result as Union;
 use pb::tool_call::Tool;

@@ -12,9 +12,9 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::catalog::{SHELL_DEFAULT_BLOCK_MS, SHELL_MAX_TIMEOUT_SECS};
 use super::text::cap_middle;
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::shell_command_parsing_result::{ExecutableCommand, ExecutableCommandArg, Redirect};
 use pb::shell_result::Result as R;
