@@ -28,12 +28,13 @@ use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
 
-use super::body::{encode_output, end_frame, replay};
-use super::pairing::{digest, Entry, Inbound, Registry};
-use super::{
-    error_response, never_decided, read_bounded, request_id, with_pinned_model, AgentTransports,
-    Decision, Peek, DECIDE_WAIT, UNDECIDED_WAIT,
+use super::body::{
+    encode_output, end_frame, error_response, read_bounded, replay, stream_error, FramePeek,
 };
+use super::caller::{parent_link, request_id, Caller};
+use super::face::AgentTransports;
+use super::pairing::{digest, Entry, Inbound, Registry};
+use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, BodyError, RequestContext};
 use crate::proto::agent::v1 as pb;
@@ -54,11 +55,6 @@ fn run_ended(request_id: &str, what: &str) -> ConnectError {
     )
 }
 
-fn stream_error(e: ConnectError) -> Response<Body> {
-    let enc = FrameEncoder::new(Encoding::Identity);
-    super::run::streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
-}
-
 /// `/agent.v1.AgentService/RunSSE`.
 pub(super) async fn run_sse(
     t: &AgentTransports,
@@ -73,7 +69,7 @@ pub(super) async fn run_sse(
             .and_then(|v| v.to_str().ok()),
     )
     .unwrap_or(Encoding::Identity);
-    let mut peek = Peek::new(encoding, t.inner.limits);
+    let mut peek = FramePeek::new(encoding, t.inner.limits);
     // The body is one frame holding `BidiRequestId`; the header carries the same id.
     let from_body = match peek.next(&mut body, true).await {
         Ok(Some(frame)) => aiserver::BidiRequestId::decode(frame)
@@ -106,7 +102,7 @@ pub(super) async fn run_sse(
         },
     };
     entry.touch();
-    note_parent(t, &entry, &super::parent_link(&parts.headers));
+    note_parent(t, &entry, &parent_link(&parts.headers));
     let decision = match pinned {
         Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
             Some(d) => d,
@@ -211,7 +207,7 @@ pub(super) async fn append(
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    let caller = super::Caller::of(&parts.headers);
+    let caller = Caller::of(&parts.headers);
     note_parent(t, &entry, &caller.parent);
     match accept(t, &entry, seqno, (message, wire.clone()), caller)
         .instrument(span)
@@ -261,7 +257,7 @@ async fn accept(
     entry: &Arc<Entry>,
     seqno: i64,
     (message, wire): (pb::AgentClientMessage, Bytes),
-    caller: super::Caller,
+    caller: Caller,
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide. A successor waits briefly:
     // its id's run ended, and an append with no new run behind it is a late one.
@@ -380,7 +376,7 @@ fn start(
     st: &mut Inbound,
     (first, first_wire): (pb::AgentClientMessage, Bytes),
     decision: &Decision,
-    caller: super::Caller,
+    caller: Caller,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
@@ -388,10 +384,7 @@ fn start(
     // run's request or links it late, never lost in between (no await while held).
     let mut note = entry.parent_note();
     note.link.merge(&caller.parent);
-    let caller = super::Caller {
-        parent: note.link.clone(),
-        ..caller
-    };
+    let caller = caller.with_parent(note.link.clone());
     let run_request = match first.message {
         Some(In::RunRequest(r)) => {
             caller.run_request(crate::agent::RunRequest::from_client_message(

@@ -1,15 +1,16 @@
 //! HTTP/2 bidi `/agent.v1.AgentService/Run`: client frames in, server frames out, both at once.
 
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
 
-use super::body::{end_frame, replay, RunBody};
-use super::{
-    error_response, never_decided, request_id, with_pinned_model, AgentTransports, Decision, Peek,
-    UNDECIDED_WAIT,
+use super::body::{
+    end_frame, error_response, replay, stream_error, streaming_response, FramePeek, RunBody,
 };
+use super::caller::{request_id, Caller};
+use super::face::AgentTransports;
+use super::routing::{never_decided, with_pinned_model, Decision, UNDECIDED_WAIT};
 use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, RequestContext};
@@ -55,7 +56,7 @@ pub(super) async fn handle(
     };
     let request_id = request_id(&parts.headers)
         .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
-    let mut peek = Peek::new(encoding, t.inner.limits);
+    let mut peek = FramePeek::new(encoding, t.inner.limits);
     // The first frame decides whose run this is: wait for it as long as the client keeps the
     // stream open (bounded). A slow one is never a reason to send the run to Cursor.
     let first = match tokio::time::timeout(UNDECIDED_WAIT, peek.next(&mut body, true)).await {
@@ -84,7 +85,7 @@ pub(super) async fn handle(
         Ok(decision @ Decision::Ours { .. }) => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
             let version = crate::status::client_version(&parts.headers);
-            let caller = super::Caller::of(&parts.headers);
+            let caller = Caller::of(&parts.headers);
             serve_ours(
                 t,
                 (message, first),
@@ -103,8 +104,8 @@ async fn serve_ours(
     t: &AgentTransports,
     (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
     decision: &Decision,
-    (request_id, version, caller): (String, Option<String>, super::Caller),
-    mut peek: Peek,
+    (request_id, version, caller): (String, Option<String>, Caller),
+    mut peek: FramePeek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
@@ -158,19 +159,4 @@ async fn serve_ours(
     let failer = handle.failer();
     let body = RunBody::new(handle.output, enc, failer).capturing(capture);
     streaming_response(boxed(body))
-}
-
-/// A `Run` answered with nothing but an error end frame.
-pub(super) fn stream_error(e: crate::connect::ConnectError) -> Response<Body> {
-    let enc = FrameEncoder::new(Encoding::Identity);
-    streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
-}
-
-pub(super) fn streaming_response(body: Body) -> Response<Body> {
-    let mut resp = Response::new(body);
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/connect+proto"),
-    );
-    resp
 }
