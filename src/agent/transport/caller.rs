@@ -1,9 +1,18 @@
-//! What a client's HTTP request says about the run it starts, beyond its message: the
+//! What a client's HTTP request says about the run it starts: its message, and beyond it the
 //! secrets to scrub, the parent run a child names, and the request id.
 
+use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::agent::subagents::ParentLink;
+use crate::proto::agent::v1 as pb;
+
+/// A client message as decoded, with the bytes it came in (the run request keeps them, and
+/// the schema check reads them).
+pub(super) struct ClientMessage {
+    pub(super) message: pb::AgentClientMessage,
+    pub(super) wire: Bytes,
+}
 
 /// What a client request carries that must never show: its `authorization` bearer token (the
 /// user's Cursor session), for the run's scrubber.

@@ -1,6 +1,6 @@
 //! HTTP/2 bidi `/agent.v1.AgentService/Run`: client frames in, server frames out, both at once.
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
@@ -8,7 +8,7 @@ use tracing::{debug, Instrument};
 use super::body::{
     end_frame, error_response, replay, stream_error, streaming_response, FramePeek, RunBody,
 };
-use super::caller::{request_id, Caller};
+use super::caller::{request_id, Caller, ClientMessage};
 use super::face::AgentTransports;
 use super::routing::{never_decided, with_pinned_model, Decision, UNDECIDED_WAIT};
 use crate::agent::RunRequest;
@@ -22,37 +22,11 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
-    // Only Connect's binary codec carries `AgentClientMessage` frames we can read; anything
-    // else (JSON codec, a wrong type) is not ours to judge: pass it on untouched.
-    let content_type = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
-        debug!(
-            content_type,
-            "Run with a content type we do not decode: relayed"
-        );
+    let Some(encoding) = readable_encoding(&parts.headers) else {
         return t
             .upstream()
             .forward(&ctx, Request::from_parts(parts, boxed(body)))
             .await;
-    }
-    let encoding = match Encoding::from_header(
-        parts
-            .headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        Ok(e) => e,
-        // An encoding we cannot read: not ours to judge, pass it on untouched.
-        Err(_) => {
-            return t
-                .upstream()
-                .forward(&ctx, Request::from_parts(parts, boxed(body)))
-                .await
-        }
     };
     let request_id = request_id(&parts.headers)
         .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
@@ -84,36 +58,72 @@ pub(super) async fn handle(
         }
         Ok(decision @ Decision::Ours { .. }) => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            let version = crate::status::client_version(&parts.headers);
-            let caller = Caller::of(&parts.headers);
-            serve_ours(
-                t,
-                (message, first),
-                &decision,
-                (request_id, version, caller),
-                peek,
-                body,
-            )
-            .instrument(span)
-            .await
+            let start = RunStart {
+                first: ClientMessage {
+                    message,
+                    wire: first,
+                },
+                request_id,
+                client_version: crate::status::client_version(&parts.headers),
+                caller: Caller::of(&parts.headers),
+            };
+            serve_ours(t, start, &decision, peek, body)
+                .instrument(span)
+                .await
         }
     }
 }
 
+/// The encoding of a `Run` whose frames we read. Only Connect's binary codec carries
+/// `AgentClientMessage` frames we can read; anything else (JSON codec, a wrong type, an
+/// encoding we cannot read) is not ours to judge: `None`, and it is passed on untouched.
+fn readable_encoding(headers: &HeaderMap) -> Option<Encoding> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
+        debug!(
+            content_type,
+            "Run with a content type we do not decode: relayed"
+        );
+        return None;
+    }
+    Encoding::from_header(
+        headers
+            .get("connect-content-encoding")
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok()
+}
+
+/// What a `Run` of ours starts from: its first message, and what its request said.
+struct RunStart {
+    first: ClientMessage,
+    request_id: String,
+    client_version: Option<String>,
+    caller: Caller,
+}
+
 async fn serve_ours(
     t: &AgentTransports,
-    (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
+    start: RunStart,
     decision: &Decision,
-    (request_id, version, caller): (String, Option<String>, Caller),
     mut peek: FramePeek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
+    let RunStart {
+        first,
+        request_id,
+        client_version: version,
+        caller,
+    } = start;
     let enc = FrameEncoder::new(Encoding::Identity);
-    let run_request = match first.message {
+    let run_request = match first.message.message {
         Some(In::RunRequest(r)) => caller.run_request(RunRequest::from_client_message(
             with_pinned_model(r, decision),
-            &first_wire,
+            &first.wire,
         )),
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
@@ -124,7 +134,7 @@ async fn serve_ours(
     let handle = t.agent().start_run_on(run_request, request_id, "Run");
     let input = handle.input.clone();
     let failer = handle.failer();
-    if let Some(reason) = t.inspect_client(&first_wire, version.as_deref()) {
+    if let Some(reason) = t.inspect_client(&first.wire, version.as_deref()) {
         failer.fail(reason);
     }
     let capture = t.agent().status().capture().cloned();
