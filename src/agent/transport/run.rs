@@ -58,7 +58,7 @@ pub(super) async fn handle(
         }
         Ok(decision @ Decision::Ours { .. }) => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            let start = RunStart {
+            let start = RunOpening {
                 first: ClientMessage {
                     message,
                     wire: first,
@@ -98,7 +98,7 @@ fn readable_encoding(headers: &HeaderMap) -> Option<Encoding> {
 }
 
 /// What a `Run` of ours starts from: its first message, and what its request said.
-struct RunStart {
+struct RunOpening {
     first: ClientMessage,
     request_id: String,
     client_version: Option<String>,
@@ -107,13 +107,13 @@ struct RunStart {
 
 async fn serve_ours(
     t: &AgentTransports,
-    start: RunStart,
+    start: RunOpening,
     decision: &Decision,
     mut peek: FramePeek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
-    let RunStart {
+    let RunOpening {
         first,
         request_id,
         client_version: version,
