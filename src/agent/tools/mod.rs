@@ -14,6 +14,10 @@
 //!
 //! The text a model sees is always derived from the finished `ToolCall` alone, so a turn
 //! rebuilt from the checkpoint ([`history_from_tool_call`]) gives the model the same text.
+//!
+//! The files use each other one way: `call` (the shared types) and the helpers (`args`,
+//! `text`, `diff`, `catalog`) sit below the tool files, `render` picks a tool file's renderer
+//! by kind, and this file dispatches on top.
 
 mod args;
 mod call;
@@ -41,10 +45,9 @@ use serde_json::Value;
 use crate::proto::agent::v1 as pb;
 use crate::provider::ToolSpec;
 use args::Args;
+use call::{wrap, ExecArgs, ExecResult, Mode};
 use catalog::Builtin;
 use pb::tool_call::Tool;
-
-use call::{wrap, ExecArgs, ExecResult, Mode};
 use render::outcome;
 
 pub use call::{Access, EditSpec, SubagentOptions, ToolContext, ToolError, ToolOutcome, ToolPlan};

@@ -2,6 +2,10 @@
 //! Connect frames into `AgentClientMessage`s, decide whether a run is ours (by the model in its
 //! first message), and either feed our run state machine or relay the request upstream with
 //! every byte we peeked at replayed.
+//!
+//! The files use each other one way: `face` (what every transport shares), `caller`, `body`
+//! and `routing` sit below the transports `run` (HTTP/2) and `bidi` (HTTP/1.1), and this
+//! file dispatches to them.
 
 mod bidi;
 mod body;
