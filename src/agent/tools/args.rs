@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::ToolError;
+use super::call::ToolError;
 
 /// Aliases for the common arguments.
 pub(crate) const PATH: &[&str] = &[

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::args::norm;
-use super::{Mode, ToolContext};
+use super::call::{Mode, ToolContext};
 use crate::provider::ToolSpec;
 
 /// The longest hard timeout and block time a command may ask for, in seconds.

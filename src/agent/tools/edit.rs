@@ -9,11 +9,9 @@ use std::borrow::Cow;
 use serde_json::{json, Value};
 
 use super::args::{Args, PATH};
+use super::call::{wrap, Access, EditSpec, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::diff;
 use super::text::to_i32;
-use super::{
-    outcome, wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolOutcome, ToolPlan,
-};
 use crate::proto::agent::v1 as pb;
 use pb::edit_result::Result as E;
 use pb::tool_call::Tool;
@@ -36,14 +34,6 @@ const NEW: &[&str] = &[
     "new",
 ];
 const CONTENTS: &[&str] = &["contents", "content", "file_text", "text", "code", "data"];
-
-/// A search-and-replace: `old_string` → `new_string`, once (or everywhere with `replace_all`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EditSpec {
-    pub old_string: String,
-    pub new_string: String,
-    pub replace_all: bool,
-}
 
 /// An edit applied in memory: `exec` is the write to send to the client; the rest is kept
 /// for [`super::finish_edit`] (diff, before/after for the UI).
@@ -143,7 +133,8 @@ fn edit_error(path: &str, message: String) -> E {
     })
 }
 
-// Once per edit: the large error (it carries the UI tool call) costs nothing worth boxing for.
+/// The write to exec next; `Err` is the call finished as failed (e.g. `old_string` not found).
+// Once per edit: the large error (the UI tool call) costs nothing worth boxing for.
 #[allow(clippy::result_large_err)]
 pub(crate) fn apply(
     path: &str,
@@ -151,9 +142,9 @@ pub(crate) fn apply(
     tool_call: &pb::ToolCall,
     read: &[ExecResult],
     thrown: Option<&str>,
-) -> Result<EditWrite, ToolOutcome> {
+) -> Result<EditWrite, pb::ToolCall> {
     use pb::read_result::Result as R;
-    let fail = |r: E| outcome(with_result(tool_call, r));
+    let fail = |r: E| with_result(tool_call, r);
     let found = read.iter().find_map(|m| match m {
         ExecResult::ReadResult(r) | ExecResult::RedactedReadResult(r) => r.result.as_ref(),
         _ => None,
@@ -329,13 +320,13 @@ pub(crate) fn finish_write(
     t
 }
 
-/// After the write of a search-and-replace edit.
+/// After the write of a search-and-replace edit: the call with its result.
 pub(crate) fn finish(
     tool_call: &pb::ToolCall,
     write: &EditWrite,
     results: &[ExecResult],
     thrown: Option<&str>,
-) -> ToolOutcome {
+) -> pb::ToolCall {
     let path = match &tool_call.tool {
         Some(Tool::EditToolCall(t)) => t.args.as_ref().map(|a| a.path.clone()).unwrap_or_default(),
         _ => String::new(),
@@ -355,7 +346,7 @@ pub(crate) fn finish(
         }
         Err(e) => e,
     };
-    outcome(with_result(tool_call, result))
+    with_result(tool_call, result)
 }
 
 pub(crate) fn render(t: &pb::EditToolCall) -> (String, bool) {

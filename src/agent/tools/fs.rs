@@ -3,9 +3,9 @@
 use serde_json::{json, Value};
 
 use super::args::{Args, LIMIT, OFFSET, PATH};
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::catalog::READ_DEFAULT_LINES;
 use super::text::to_u32;
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::read_result::Result as Read;
 use pb::read_tool_result::Result as ReadTool;

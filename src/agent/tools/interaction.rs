@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use super::args::{norm, Args};
+use super::call::{wrap, ToolContext, ToolError, ToolPlan};
 use super::todos;
-use super::{error_outcome, outcome, wrap, ToolContext, ToolError, ToolOutcome, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::ask_question_args::{Option as Choice, Question};
 use pb::interaction_query::Query;
@@ -239,13 +239,18 @@ pub(crate) fn plan_create(call_id: &str, a: &Args) -> Result<ToolPlan, ToolError
     })
 }
 
-pub(crate) fn finish(
+/// What the model reads when the client's response does not answer the call.
+pub(crate) const UNFIT_RESPONSE: &str =
+    "the client answered the question with an unexpected or empty response";
+
+/// Sets the user's response as the call's result; `false` when the response does not fit the
+/// call (see [`UNFIT_RESPONSE`]).
+pub(crate) fn answer(
     ctx: &ToolContext,
-    tool_call: &pb::ToolCall,
+    tc: &mut pb::ToolCall,
     response: &pb::InteractionResponse,
-) -> ToolOutcome {
-    let mut tc = tool_call.clone();
-    let done = match (&mut tc.tool, &response.result) {
+) -> bool {
+    match (&mut tc.tool, &response.result) {
         (Some(Tool::AskQuestionToolCall(t)), Some(Response::AskQuestionInteractionResponse(r))) => {
             t.result = r.result.clone();
             t.result.is_some()
@@ -276,14 +281,6 @@ pub(crate) fn finish(
             t.result.is_some()
         }
         _ => false,
-    };
-    if done {
-        outcome(tc)
-    } else {
-        error_outcome(
-            tc,
-            "the client answered the question with an unexpected or empty response".into(),
-        )
     }
 }
 

@@ -3,8 +3,8 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::text::{cap_head, to_i32};
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::read_lints_tool_result::Result as L;
 use pb::tool_call::Tool;

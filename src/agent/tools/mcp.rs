@@ -8,8 +8,8 @@ use prost_types::value::Kind;
 use serde_json::{json, Map, Number, Value};
 
 use super::args::{norm, Args};
+use super::call::{wrap, Access, ExecArgs, ExecResult, Mode, ToolContext, ToolPlan};
 use super::text::cap_head;
-use super::{wrap, Access, ExecArgs, ExecResult, Mode, ToolContext, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use crate::provider::ToolSpec;
 use pb::mcp_tool_result::Result as M;

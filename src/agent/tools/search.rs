@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use super::args::{Args, PATH};
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::text::{basename, cap_head, to_i32};
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::grep_union_result::Result as Union;
 use pb::tool_call::Tool;
@@ -412,50 +412,9 @@ pub(crate) fn plan_grep(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<To
         &["pattern", "regex", "query", "search_term"],
         "string: a regular expression",
     )?;
-    let path = a
-        .str_opt(
-            &[
-                PATH,
-                &["directory", "dir", "target_directory", "search_path"],
-            ]
-            .concat(),
-        )?
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| ctx.resolve_path(&p));
-    let glob = a
-        .str_list_opt(&[
-            "glob",
-            "include",
-            "glob_pattern",
-            "file_pattern",
-            "includes",
-            "include_pattern",
-        ])?
-        .map(|mut g| {
-            g.retain(|s| !s.trim().is_empty());
-            g
-        })
-        .and_then(|g| match g.len() {
-            0 => None,
-            1 => g.into_iter().next(),
-            _ => Some(format!("{{{}}}", g.join(","))),
-        });
-    let output_mode = match a
-        .str_opt(&["output_mode", "mode"])?
-        .map(|m| super::args::norm(&m))
-    {
-        None => "content",
-        Some(m) => match m.as_str() {
-            "content" | "lines" | "" => "content",
-            "fileswithmatches" | "files" | "filenames" | "filesonly" | "l" => "files_with_matches",
-            "count" | "counts" | "c" => "count",
-            _ => {
-                return Err(
-                    a.error("`output_mode` must be one of content, files_with_matches, count")
-                )
-            }
-        },
-    };
+    let path = grep_path(ctx, a)?;
+    let glob = grep_glob(a)?;
+    let output_mode = grep_output_mode(a)?;
     let ctx_arg = |keys: &[&str]| -> Result<Option<i32>, ToolError> {
         Ok(a.int_in(keys, 0, 10_000)?
             .and_then(|v| i32::try_from(v).ok()))
@@ -496,6 +455,64 @@ pub(crate) fn plan_grep(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<To
         ),
         access: Access::Read,
     })
+}
+
+/// Where to search: a file or directory under any of its spellings, resolved.
+fn grep_path(ctx: &ToolContext, a: &Args) -> Result<Option<String>, ToolError> {
+    Ok(a.str_opt(
+        &[
+            PATH,
+            &["directory", "dir", "target_directory", "search_path"],
+        ]
+        .concat(),
+    )?
+    .filter(|p| !p.trim().is_empty())
+    .map(|p| ctx.resolve_path(&p)))
+}
+
+/// The files to search: one glob, several joined as `{a,b}`, or none.
+fn grep_glob(a: &Args) -> Result<Option<String>, ToolError> {
+    Ok(a.str_list_opt(&[
+        "glob",
+        "include",
+        "glob_pattern",
+        "file_pattern",
+        "includes",
+        "include_pattern",
+    ])?
+    .map(|mut g| {
+        g.retain(|s| !s.trim().is_empty());
+        g
+    })
+    .and_then(|g| match g.len() {
+        0 => None,
+        1 => g.into_iter().next(),
+        _ => Some(format!("{{{}}}", g.join(","))),
+    }))
+}
+
+/// `output_mode` under any of its spellings; content by default.
+fn grep_output_mode(a: &Args) -> Result<&'static str, ToolError> {
+    Ok(
+        match a
+            .str_opt(&["output_mode", "mode"])?
+            .map(|m| super::args::norm(&m))
+        {
+            None => "content",
+            Some(m) => match m.as_str() {
+                "content" | "lines" | "" => "content",
+                "fileswithmatches" | "files" | "filenames" | "filesonly" | "l" => {
+                    "files_with_matches"
+                }
+                "count" | "counts" | "c" => "count",
+                _ => {
+                    return Err(
+                        a.error("`output_mode` must be one of content, files_with_matches, count")
+                    )
+                }
+            },
+        },
+    )
 }
 
 pub(crate) fn finish_grep(

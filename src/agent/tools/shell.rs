@@ -12,9 +12,9 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use super::catalog::{SHELL_DEFAULT_BLOCK_MS, SHELL_MAX_TIMEOUT_SECS};
 use super::text::cap_middle;
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::shell_command_parsing_result::{ExecutableCommand, ExecutableCommandArg, Redirect};
 use pb::shell_result::Result as R;
@@ -480,67 +480,127 @@ fn finish_results(
     thrown: Option<&str>,
 ) -> pb::ShellToolCall {
     let args = t.args.clone().unwrap_or_default();
-    let (mut stdout, mut stderr, mut interleaved) = (String::new(), String::new(), String::new());
-    let mut exit: Option<pb::ShellStreamExit> = None;
-    let mut terminal: Option<R> = None;
-    let mut background: Option<pb::ShellStreamBackgrounded> = None;
-    let mut whole: Option<pb::ShellResult> = None;
-    for m in results {
-        match m {
-            ExecResult::ShellStream(s) => match &s.event {
-                Some(Event::Stdout(o)) => {
-                    stdout.push_str(&o.data);
-                    interleaved.push_str(&o.data);
+    let mut answers = Answers::gather(&args, results);
+    let result = match answers.whole.take() {
+        Some(whole) => capped(&args, whole),
+        None => answers.into_result(&args, thrown),
+    };
+    t.result = Some(result);
+    t
+}
+
+/// Output as the UI keeps it: capped, head and tail kept.
+fn ui(s: &str) -> String {
+    cap_middle(s, MAX_UI_OUTPUT)
+}
+
+/// A whole result the client answered with, its output capped for the UI.
+fn capped(args: &pb::ShellArgs, mut result: pb::ShellResult) -> pb::ShellResult {
+    let r = match result.result.take() {
+        Some(R::Success(mut s)) => {
+            s.stdout = ui(&s.stdout);
+            s.stderr = ui(&s.stderr);
+            R::Success(s)
+        }
+        Some(R::Failure(mut f)) => {
+            f.stdout = ui(&f.stdout);
+            f.stderr = ui(&f.stderr);
+            R::Failure(f)
+        }
+        Some(other) => other,
+        None => spawn_error(args, "the client returned an empty result".into()),
+    };
+    result.result = Some(r);
+    result
+}
+
+/// Everything the client answered for one shell exec, gathered in order.
+#[derive(Default)]
+struct Answers {
+    stdout: String,
+    stderr: String,
+    interleaved: String,
+    exit: Option<pb::ShellStreamExit>,
+    /// A stream event that ends the command without running it to an exit.
+    terminal: Option<R>,
+    background: Option<pb::ShellStreamBackgrounded>,
+    /// One whole result instead of a stream.
+    whole: Option<pb::ShellResult>,
+}
+
+impl Answers {
+    fn gather(args: &pb::ShellArgs, results: &[ExecResult]) -> Answers {
+        let mut a = Answers::default();
+        for m in results {
+            match m {
+                ExecResult::ShellStream(s) => a.stream_event(args, s.event.as_ref()),
+                // A client may answer with one whole result instead of a stream.
+                ExecResult::ShellResult(r) if r.result.is_some() => a.whole = Some(r.clone()),
+                ExecResult::BackgroundShellSpawnResult(r) => {
+                    let mut result = spawned(args, r);
+                    if let Some(R::Success(s)) = &result.result {
+                        result.pid = s.pid;
+                    }
+                    a.whole = Some(result);
                 }
-                Some(Event::Stderr(e)) => {
-                    stderr.push_str(&e.data);
-                    interleaved.push_str(&e.data);
-                }
-                Some(Event::Exit(x)) => exit = Some(x.clone()),
-                Some(Event::Rejected(r)) => terminal = Some(R::Rejected(r.clone())),
-                Some(Event::PermissionDenied(p)) => terminal = Some(R::PermissionDenied(p.clone())),
-                Some(Event::SandboxUnsupported(u)) => {
-                    terminal = Some(spawn_error(
-                        &args,
-                        format!("the requested sandbox is not supported: {}", u.reason),
-                    ))
-                }
-                Some(Event::Backgrounded(b)) => background = Some(b.clone()),
-                Some(Event::Start(_)) | Some(Event::HookContext(_)) | None => {}
-            },
-            // A client may answer with one whole result instead of a stream.
-            ExecResult::ShellResult(r) if r.result.is_some() => whole = Some(r.clone()),
-            ExecResult::BackgroundShellSpawnResult(r) => {
-                let mut result = spawned(&args, r);
-                if let Some(R::Success(s)) = &result.result {
-                    result.pid = s.pid;
-                }
-                whole = Some(result);
+                _ => {}
             }
-            _ => {}
+        }
+        a
+    }
+
+    fn stream_event(&mut self, args: &pb::ShellArgs, event: Option<&Event>) {
+        match event {
+            Some(Event::Stdout(o)) => {
+                self.stdout.push_str(&o.data);
+                self.interleaved.push_str(&o.data);
+            }
+            Some(Event::Stderr(e)) => {
+                self.stderr.push_str(&e.data);
+                self.interleaved.push_str(&e.data);
+            }
+            Some(Event::Exit(x)) => self.exit = Some(x.clone()),
+            Some(Event::Rejected(r)) => self.terminal = Some(R::Rejected(r.clone())),
+            Some(Event::PermissionDenied(p)) => {
+                self.terminal = Some(R::PermissionDenied(p.clone()))
+            }
+            Some(Event::SandboxUnsupported(u)) => {
+                self.terminal = Some(spawn_error(
+                    args,
+                    format!("the requested sandbox is not supported: {}", u.reason),
+                ))
+            }
+            Some(Event::Backgrounded(b)) => self.background = Some(b.clone()),
+            Some(Event::Start(_)) | Some(Event::HookContext(_)) | None => {}
         }
     }
-    let ui = |s: &str| cap_middle(s, MAX_UI_OUTPUT);
-    let had_whole = whole.is_some();
-    let mut result = whole.unwrap_or_default();
-    let r = if had_whole {
-        match result.result.take() {
-            Some(R::Success(mut s)) => {
-                s.stdout = ui(&s.stdout);
-                s.stderr = ui(&s.stderr);
-                R::Success(s)
-            }
-            Some(R::Failure(mut f)) => {
-                f.stdout = ui(&f.stdout);
-                f.stderr = ui(&f.stderr);
-                R::Failure(f)
-            }
-            Some(other) => other,
-            None => spawn_error(&args, "the client returned an empty result".into()),
-        }
-    } else if let Some(r) = terminal {
-        r
-    } else if let Some(x) = exit {
+
+    /// The call's result from a stream: how it ended, else that it went to the background,
+    /// else why it has no exit.
+    fn into_result(self, args: &pb::ShellArgs, thrown: Option<&str>) -> pb::ShellResult {
+        let mut result = pb::ShellResult::default();
+        let r = if let Some(r) = self.terminal.clone() {
+            r
+        } else if let Some(x) = &self.exit {
+            self.exited(args, x)
+        } else if let Some(b) = self.background.clone() {
+            result.is_background = Some(true);
+            result.pid = b.pid;
+            self.backgrounded(args, b)
+        } else if thrown.is_none()
+            && !args.is_background
+            && args.hard_timeout.is_some()
+            && args.timeout_behavior == pb::TimeoutBehavior::Background as i32
+        {
+            self.killed_by_hard_timeout(args)
+        } else {
+            self.unfinished(args, thrown)
+        };
+        result.result = Some(r);
+        result
+    }
+
+    fn exited(&self, args: &pb::ShellArgs, x: &pb::ShellStreamExit) -> R {
         let cwd = if x.cwd.is_empty() {
             args.working_directory.clone()
         } else {
@@ -553,9 +613,9 @@ fn finish_results(
                 command: args.command.clone(),
                 working_directory: cwd,
                 exit_code: 0,
-                stdout: ui(&stdout),
-                stderr: ui(&stderr),
-                interleaved_output: Some(ui(&interleaved)),
+                stdout: ui(&self.stdout),
+                stderr: ui(&self.stderr),
+                interleaved_output: Some(ui(&self.interleaved)),
                 output_location: x.output_location.clone(),
                 local_execution_time_ms: x.local_execution_time_ms,
                 ..Default::default()
@@ -565,9 +625,9 @@ fn finish_results(
                 command: args.command.clone(),
                 working_directory: cwd,
                 exit_code: code,
-                stdout: ui(&stdout),
-                stderr: ui(&stderr),
-                interleaved_output: Some(ui(&interleaved)),
+                stdout: ui(&self.stdout),
+                stderr: ui(&self.stderr),
+                interleaved_output: Some(ui(&self.interleaved)),
                 output_location: x.output_location.clone(),
                 aborted: x.aborted,
                 abort_reason: x.abort_reason,
@@ -575,53 +635,50 @@ fn finish_results(
                 ..Default::default()
             })
         }
-    } else if let Some(b) = background {
-        result.is_background = Some(true);
-        result.pid = b.pid;
+    }
+
+    fn backgrounded(&self, args: &pb::ShellArgs, b: pb::ShellStreamBackgrounded) -> R {
         R::Success(pb::ShellSuccess {
             command: args.command.clone(),
             working_directory: args.working_directory.clone(),
-            stdout: ui(&stdout),
-            stderr: ui(&stderr),
-            interleaved_output: Some(ui(&interleaved)),
+            stdout: ui(&self.stdout),
+            stderr: ui(&self.stderr),
+            interleaved_output: Some(ui(&self.interleaved)),
             shell_id: Some(b.shell_id),
             pid: b.pid,
             ms_to_wait: b.ms_to_wait,
             background_reason: b.reason,
             ..Default::default()
         })
-    } else if thrown.is_none()
-        && !args.is_background
-        && args.hard_timeout.is_some()
-        && args.timeout_behavior == pb::TimeoutBehavior::Background as i32
-    {
-        // Cursor's client, backgrounding on timeout, ends a command its hard timeout killed
-        // without an exit event: the stream just closes (observed with the SDK 1.0.32).
+    }
+
+    /// Cursor's client, backgrounding on timeout, ends a command its hard timeout killed
+    /// without an exit event: the stream just closes (observed with the SDK 1.0.32).
+    fn killed_by_hard_timeout(&self, args: &pb::ShellArgs) -> R {
         R::Failure(pb::ShellFailure {
             command: args.command.clone(),
             working_directory: args.working_directory.clone(),
             exit_code: -1,
-            stdout: ui(&stdout),
-            stderr: ui(&stderr),
-            interleaved_output: Some(ui(&interleaved)),
+            stdout: ui(&self.stdout),
+            stderr: ui(&self.stderr),
+            interleaved_output: Some(ui(&self.interleaved)),
             aborted: true,
             abort_reason: Some(pb::ShellAbortReason::Timeout as i32),
             ..Default::default()
         })
-    } else {
+    }
+
+    fn unfinished(&self, args: &pb::ShellArgs, thrown: Option<&str>) -> R {
         let why = thrown.unwrap_or("the command ended without an exit status");
         let mut error = why.to_string();
-        if !interleaved.is_empty() {
+        if !self.interleaved.is_empty() {
             error.push_str(&format!(
                 "\nOutput before the failure:\n{}",
-                cap_middle(&interleaved, MAX_MODEL_OUTPUT)
+                cap_middle(&self.interleaved, MAX_MODEL_OUTPUT)
             ));
         }
-        spawn_error(&args, error)
-    };
-    result.result = Some(r);
-    t.result = Some(result);
-    t
+        spawn_error(args, error)
+    }
 }
 
 /// The answer to `background_shell_spawn_args`, as the call's `ShellResult`.
@@ -717,65 +774,8 @@ pub(crate) fn render(t: &pb::ShellToolCall) -> (String, bool) {
         return ("The command did not complete.".into(), true);
     };
     match result.result.as_ref() {
-        Some(R::Success(s)) => {
-            if let Some(id) = s.shell_id.filter(|_| result.is_background == Some(true)) {
-                let note = background_note(result, s, id);
-                if s.background_reason.is_none() && args.is_background {
-                    let unlimited = match args.hard_timeout {
-                        Some(_) => " The timeout was not applied: a background command runs until it ends or is stopped.",
-                        None => "",
-                    };
-                    return (
-                        format!("Started in the background: {note}.{unlimited}"),
-                        false,
-                    );
-                }
-                let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
-                let why = match s
-                    .background_reason
-                    .and_then(|r| pb::ShellBackgroundReason::try_from(r).ok())
-                {
-                    Some(pb::ShellBackgroundReason::UserRequest) => {
-                        "The user moved the command to the background".to_string()
-                    }
-                    _ => format!(
-                        "The command was still running after {}s and was moved to the background",
-                        s.ms_to_wait.unwrap_or(args.timeout) / 1000
-                    ),
-                };
-                return (format!("{out}[{why}: {note}.]"), false);
-            }
-            let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
-            (
-                format!(
-                    "{out}{}[exit code: {}]",
-                    saved(s.output_location.as_ref()),
-                    s.exit_code
-                ),
-                false,
-            )
-        }
-        Some(R::Failure(f)) => {
-            let out = body(f.interleaved_output.as_deref(), &f.stdout, &f.stderr);
-            let loc = saved(f.output_location.as_ref());
-            if f.aborted {
-                let why = match f
-                    .abort_reason
-                    .and_then(|r| pb::ShellAbortReason::try_from(r).ok())
-                {
-                    Some(pb::ShellAbortReason::Timeout) => {
-                        format!("The command timed out after {timeout_secs}s and was stopped.")
-                    }
-                    Some(pb::ShellAbortReason::UserAbort) => {
-                        "The command was stopped by the user.".into()
-                    }
-                    _ => "The command was aborted.".into(),
-                };
-                return (format!("{out}{loc}[{why}]"), true);
-            }
-            // A non-zero exit is an ordinary result: the model reads the output and decides.
-            (format!("{out}{loc}[exit code: {}]", f.exit_code), false)
-        }
+        Some(R::Success(s)) => render_success(&args, result, s),
+        Some(R::Failure(f)) => render_failure(f, timeout_secs),
         Some(R::Timeout(x)) => (
             format!("The command timed out after {}s.", x.timeout_ms / 1000),
             true,
@@ -798,6 +798,69 @@ pub(crate) fn render(t: &pb::ShellToolCall) -> (String, bool) {
         ),
         None => ("The command did not complete.".into(), true),
     }
+}
+
+fn render_success(
+    args: &pb::ShellArgs,
+    result: &pb::ShellResult,
+    s: &pb::ShellSuccess,
+) -> (String, bool) {
+    if let Some(id) = s.shell_id.filter(|_| result.is_background == Some(true)) {
+        let note = background_note(result, s, id);
+        if s.background_reason.is_none() && args.is_background {
+            let unlimited = match args.hard_timeout {
+                Some(_) => " The timeout was not applied: a background command runs until it ends or is stopped.",
+                None => "",
+            };
+            return (
+                format!("Started in the background: {note}.{unlimited}"),
+                false,
+            );
+        }
+        let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
+        let why = match s
+            .background_reason
+            .and_then(|r| pb::ShellBackgroundReason::try_from(r).ok())
+        {
+            Some(pb::ShellBackgroundReason::UserRequest) => {
+                "The user moved the command to the background".to_string()
+            }
+            _ => format!(
+                "The command was still running after {}s and was moved to the background",
+                s.ms_to_wait.unwrap_or(args.timeout) / 1000
+            ),
+        };
+        return (format!("{out}[{why}: {note}.]"), false);
+    }
+    let out = body(s.interleaved_output.as_deref(), &s.stdout, &s.stderr);
+    (
+        format!(
+            "{out}{}[exit code: {}]",
+            saved(s.output_location.as_ref()),
+            s.exit_code
+        ),
+        false,
+    )
+}
+
+fn render_failure(f: &pb::ShellFailure, timeout_secs: i32) -> (String, bool) {
+    let out = body(f.interleaved_output.as_deref(), &f.stdout, &f.stderr);
+    let loc = saved(f.output_location.as_ref());
+    if f.aborted {
+        let why = match f
+            .abort_reason
+            .and_then(|r| pb::ShellAbortReason::try_from(r).ok())
+        {
+            Some(pb::ShellAbortReason::Timeout) => {
+                format!("The command timed out after {timeout_secs}s and was stopped.")
+            }
+            Some(pb::ShellAbortReason::UserAbort) => "The command was stopped by the user.".into(),
+            _ => "The command was aborted.".into(),
+        };
+        return (format!("{out}{loc}[{why}]"), true);
+    }
+    // A non-zero exit is an ordinary result: the model reads the output and decides.
+    (format!("{out}{loc}[exit code: {}]", f.exit_code), false)
 }
 
 pub(crate) fn history_args(t: &pb::ShellToolCall) -> Value {

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::{wrap, Access, ExecArgs, ExecResult, ToolError, ToolPlan};
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::tool_call::Tool;
 use pb::write_shell_stdin_result::Result as W;

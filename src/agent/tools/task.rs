@@ -5,35 +5,16 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
+use super::call::{
+    wrap, Access, ExecArgs, ExecResult, Mode, SubagentOptions, ToolContext, ToolError, ToolPlan,
+};
 use super::text::cap_head;
-use super::{wrap, Access, ExecArgs, ExecResult, ToolContext, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::subagent_type::Type as Kind;
 use pb::tool_call::Tool;
 
 /// The child's final message as the model reads it, at most.
 const MAX_MODEL_BYTES: usize = 50_000;
-
-/// What a subagent call needs from the parent run.
-#[derive(Debug, Clone, Default)]
-pub struct SubagentOptions {
-    /// Offer the tool (not at the nesting bound).
-    pub enabled: bool,
-    /// The request context's `custom_subagents` (the SDK's `agents` option arrives there).
-    pub custom: Vec<pb::CustomSubagent>,
-    /// The parent's model, as Cursor named it.
-    pub parent_model_id: String,
-    /// `run_request.subagent_model_overrides`.
-    pub overrides: Vec<pb::SubagentModelOverride>,
-    /// `run_request.selected_subagent_models`, by model id.
-    pub selected_models: Vec<String>,
-    pub parent_conversation_id: String,
-    /// What the user attached to the turn, passed on so the child sees it too.
-    pub selected_context: Option<pb::SelectedContext>,
-    /// Our models by the names a subagent definition may give them (display name, short id,
-    /// Cursor id), each with its Cursor id.
-    pub model_names: Vec<(String, String)>,
-}
 
 /// A built-in kind: its name, its proto kind, and whether it only looks.
 type BuiltinKind = (&'static str, fn() -> Kind, bool);
@@ -80,7 +61,7 @@ pub(crate) fn plan(ctx: &ToolContext, call_id: &str, a: &Args) -> Result<ToolPla
     let resume = a
         .str_opt(&["resume", "resume_agent_id", "agent_id"])?
         .filter(|r| !r.trim().is_empty());
-    let mode = if ctx.mode_kind() == super::Mode::Plan {
+    let mode = if ctx.mode_kind() == Mode::Plan {
         pb::TaskMode::Plan
     } else {
         pb::TaskMode::Agent

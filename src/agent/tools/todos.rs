@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::{outcome, wrap, ToolError, ToolOutcome, ToolPlan};
+use super::call::{wrap, ToolError, ToolOutcome, ToolPlan, NOT_COMPLETED};
 use crate::proto::agent::v1 as pb;
 use pb::tool_call::Tool;
 use pb::TodoStatus;
@@ -129,6 +129,20 @@ fn with_result(tool_call: &pb::ToolCall, result: pb::update_todos_result::Result
         });
     }
     tc
+}
+
+/// The outcome of a finished update: the model reads what [`render`] makes of the call, as
+/// for any finished call.
+fn outcome(tool_call: pb::ToolCall) -> ToolOutcome {
+    let (content, is_error) = match &tool_call.tool {
+        Some(Tool::UpdateTodosToolCall(t)) => render(t),
+        _ => (NOT_COMPLETED.into(), true),
+    };
+    ToolOutcome {
+        content,
+        is_error,
+        tool_call,
+    }
 }
 
 pub(crate) fn apply(

@@ -3,8 +3,8 @@
 use serde_json::{json, Value};
 
 use super::args::Args;
+use super::call::{wrap, Access, ExecArgs, ExecResult, ToolError, ToolPlan};
 use super::text::{cap_head, cap_middle};
-use super::{wrap, Access, ExecArgs, ExecResult, ToolError, ToolPlan};
 use crate::proto::agent::v1 as pb;
 use pb::fetch_result::Result as F;
 use pb::tool_call::Tool;

@@ -22,18 +22,22 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body as HttpBody, Frame};
 use hyper::body::Incoming;
 use prost::Message;
+use tokio::sync::mpsc;
 use tracing::{debug, Instrument};
 
-use super::body::{encode_output, end_frame, replay};
-use super::pairing::{digest, Entry, Inbound, Registry};
-use super::{
-    error_response, never_decided, read_bounded, request_id, with_pinned_model, AgentTransports,
-    Decision, Peek, DECIDE_WAIT, UNDECIDED_WAIT,
+use super::body::{
+    encode_output, end_frame, error_response, read_bounded, replay, stream_error, FramePeek,
 };
+use super::caller::{parent_link, request_id, Caller, ClientMessage};
+use super::face::AgentTransports;
+use super::pairing::{digest, Entry, Inbound, Registry};
+use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
+use crate::agent::RunOutput;
+use crate::capture::Capture;
 use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, BodyError, RequestContext};
 use crate::proto::agent::v1 as pb;
@@ -54,11 +58,6 @@ fn run_ended(request_id: &str, what: &str) -> ConnectError {
     )
 }
 
-fn stream_error(e: ConnectError) -> Response<Body> {
-    let enc = FrameEncoder::new(Encoding::Identity);
-    super::run::streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
-}
-
 /// `/agent.v1.AgentService/RunSSE`.
 pub(super) async fn run_sse(
     t: &AgentTransports,
@@ -73,74 +72,102 @@ pub(super) async fn run_sse(
             .and_then(|v| v.to_str().ok()),
     )
     .unwrap_or(Encoding::Identity);
-    let mut peek = Peek::new(encoding, t.inner.limits);
-    // The body is one frame holding `BidiRequestId`; the header carries the same id.
-    let from_body = match peek.next(&mut body, true).await {
-        Ok(Some(frame)) => aiserver::BidiRequestId::decode(frame)
-            .ok()
-            .map(|r| r.request_id),
-        _ => None,
-    };
-    let Some(request_id) = from_body
-        .filter(|id| !id.is_empty())
-        .or_else(|| request_id(&parts.headers))
-    else {
+    let mut peek = FramePeek::new(encoding, t.inner.limits);
+    let Some(request_id) = reader_request_id(&mut peek, &mut body, &parts.headers).await else {
         let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
         return t.upstream().forward(&ctx, req).await;
     };
     let pinned = t.inner.routes.request(&request_id);
-    let held = t.inner.bidi.get(&request_id);
-    let entry = match (&pinned, held) {
-        (Some(Decision::Ours { .. }), Some(e)) if !e.read_out() => e,
-        // Ours, and its run is over and read (or forgotten): the client reuses the id for a new
-        // run (Cursor's SDK does, for a background task's completion), whose append 0 may come
-        // before or after this reader.
-        (Some(Decision::Ours { .. }), _) => match t.inner.bidi.for_new_run(&request_id) {
-            Ok(e) => e,
-            Err(e) => return stream_error(e),
-        },
-        (_, Some(e)) => e,
-        (_, None) => match t.inner.bidi.get_or_create(&request_id) {
-            Ok(e) => e,
-            Err(e) => return stream_error(e),
-        },
+    let entry = match entry_for_reader(t, &request_id, &pinned) {
+        Ok(e) => e,
+        Err(e) => return stream_error(e),
     };
     entry.touch();
-    note_parent(t, &entry, &super::parent_link(&parts.headers));
-    let decision = match pinned {
-        Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
-            Some(d) => d,
-            // No new run came: a late reconnect to the ended one. Say so, never wait forever.
-            None => return stream_error(run_ended(&request_id, "this RunSSE stream")),
-        },
-        Some(d) => d,
-        // Only append 0 decides: wait for it as long as the client keeps this stream open
-        // (hyper drops this future when it closes), bounded. A late append 0 is never a
-        // reason to send the run to Cursor.
-        None => match entry.await_decision(UNDECIDED_WAIT).await {
-            Some(d) => d,
-            None => return stream_error(never_decided("the run's first append did not come")),
-        },
+    note_parent(t, &entry, &parent_link(&parts.headers));
+    let decision = match reader_decision(&entry, pinned, &request_id).await {
+        Ok(d) => d,
+        Err(e) => return stream_error(e),
     };
     match decision {
         Decision::Relay => {
             let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
             t.upstream().forward(&ctx, req).await
         }
-        Decision::Ours { .. } => {
-            let reader = SseBody::attach(entry, t.inner.bidi.clone());
-            let mut resp = Response::new(boxed(reader));
-            resp.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            resp.headers_mut().insert(
-                http::header::CACHE_CONTROL,
-                HeaderValue::from_static("no-cache"),
-            );
-            resp
-        }
+        Decision::Ours { .. } => sse_response(SseBody::attach(entry, t.inner.bidi.clone())),
     }
+}
+
+/// The request id a RunSSE is for: its body is one frame holding `BidiRequestId`, and the
+/// header carries the same id.
+async fn reader_request_id(
+    peek: &mut FramePeek,
+    body: &mut Incoming,
+    headers: &HeaderMap,
+) -> Option<String> {
+    let from_body = match peek.next(body, true).await {
+        Ok(Some(frame)) => aiserver::BidiRequestId::decode(frame)
+            .ok()
+            .map(|r| r.request_id),
+        _ => None,
+    };
+    from_body
+        .filter(|id| !id.is_empty())
+        .or_else(|| request_id(headers))
+}
+
+/// The entry a RunSSE reads from.
+fn entry_for_reader(
+    t: &AgentTransports,
+    request_id: &str,
+    pinned: &Option<Decision>,
+) -> Result<Arc<Entry>, ConnectError> {
+    let held = t.inner.bidi.get(request_id);
+    match (pinned, held) {
+        (Some(Decision::Ours { .. }), Some(e)) if !e.read_out() => Ok(e),
+        // Ours, and its run is over and read (or forgotten): the client reuses the id for a new
+        // run (Cursor's SDK does, for a background task's completion), whose append 0 may come
+        // before or after this reader.
+        (Some(Decision::Ours { .. }), _) => t.inner.bidi.for_new_run(request_id),
+        (_, Some(e)) => Ok(e),
+        (_, None) => t.inner.bidi.get_or_create(request_id),
+    }
+}
+
+/// Whose run a RunSSE reads: pinned already, or decided by an append 0 it waits for.
+async fn reader_decision(
+    entry: &Entry,
+    pinned: Option<Decision>,
+    request_id: &str,
+) -> Result<Decision, ConnectError> {
+    match pinned {
+        Some(Decision::Ours { .. }) => match entry.await_decision(DECIDE_WAIT).await {
+            Some(d) => Ok(d),
+            // No new run came: a late reconnect to the ended one. Say so, never wait forever.
+            None => Err(run_ended(request_id, "this RunSSE stream")),
+        },
+        Some(d) => Ok(d),
+        // Only append 0 decides: wait for it as long as the client keeps this stream open
+        // (hyper drops this future when it closes), bounded. A late append 0 is never a
+        // reason to send the run to Cursor.
+        None => match entry.await_decision(UNDECIDED_WAIT).await {
+            Some(d) => Ok(d),
+            None => Err(never_decided("the run's first append did not come")),
+        },
+    }
+}
+
+/// A RunSSE of ours: the run's output as server-sent events.
+fn sse_response(reader: SseBody) -> Response<Body> {
+    let mut resp = Response::new(boxed(reader));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    resp
 }
 
 /// `/aiserver.v1.BidiService/BidiAppend`.
@@ -163,57 +190,24 @@ pub(super) async fn append(
         .headers
         .get(http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
-    let Ok(payload) = connect::decode_unary(raw.clone(), encoding, t.inner.limits) else {
+    let Some(Append {
+        request_id,
+        seqno,
+        sent,
+    }) = decode_append(t, encoding, &raw)
+    else {
         return relay(parts, raw).await;
     };
-    let Ok(append) = connect::decode_bidi_append_request(&payload) else {
-        return relay(parts, raw).await;
-    };
-    let request_id = append
-        .request_id
-        .as_ref()
-        .map(|r| r.request_id.clone())
-        .unwrap_or_default();
-    if request_id.is_empty() || t.inner.routes.request(&request_id) == Some(Decision::Relay) {
-        return relay(parts, raw).await;
-    }
-    let Ok(wire) = connect::bidi_append_payload(&append) else {
-        return relay(parts, raw).await;
-    };
-    let message = match pb::AgentClientMessage::decode(wire.clone()) {
-        Ok(m) => m,
-        // Other features reuse BidiAppend: not an agent message, not ours.
-        Err(_) => return relay(parts, raw).await,
-    };
-    use pb::agent_client_message::Message as In;
-    let seqno = append.append_seqno;
-    let pinned_ours = matches!(
-        t.inner.routes.request(&request_id),
-        Some(Decision::Ours { .. })
-    );
-    let new_run = seqno == 0 && matches!(message.message, Some(In::RunRequest(_)));
-    let held = t.inner.bidi.get(&request_id);
-    let entry = match held {
-        // A run request on an id whose run of ours ended is a new run on that id (Cursor's SDK
-        // sends a background task's completion so), unless it is append 0 resent.
-        Some(e) if pinned_ours && new_run && e.backlog().ended() && !resent(&e, &wire).await => {
-            t.inner.bidi.for_new_run(&request_id)
-        }
-        Some(e) => Ok(e),
-        // Ours, run forgotten: a new run's append ahead of its append 0, or a late one of the
-        // ended run. A successor waits for append 0 and says "has already ended" if none comes.
-        None if pinned_ours => t.inner.bidi.for_new_run(&request_id),
-        None => t.inner.bidi.get_or_create(&request_id),
-    };
-    let entry = match entry {
+    let entry = match entry_for_append(t, &request_id, seqno, &sent).await {
         Ok(e) => e,
         Err(e) => return error_response(&e),
     };
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
-    let caller = super::Caller::of(&parts.headers);
+    let caller = Caller::of(&parts.headers);
     note_parent(t, &entry, &caller.parent);
-    match accept(t, &entry, seqno, (message, wire.clone()), caller)
+    let wire = sent.wire.clone();
+    match accept(t, &entry, seqno, sent, caller)
         .instrument(span)
         .await
     {
@@ -228,6 +222,66 @@ pub(super) async fn append(
         }
         Ok(Accepted::Relay) => relay(parts, raw).await,
         Err(e) => error_response(&e),
+    }
+}
+
+/// One append that may be ours.
+struct Append {
+    request_id: String,
+    seqno: i64,
+    sent: ClientMessage,
+}
+
+/// The agent message `raw` appends, unless it is not ours to judge: undecodable, on no
+/// request id or one relayed already, or another feature's append. Those are relayed.
+fn decode_append(t: &AgentTransports, encoding: Option<&str>, raw: &Bytes) -> Option<Append> {
+    let payload = connect::decode_unary(raw.clone(), encoding, t.inner.limits).ok()?;
+    let append = connect::decode_bidi_append_request(&payload).ok()?;
+    let request_id = append
+        .request_id
+        .as_ref()
+        .map(|r| r.request_id.clone())
+        .unwrap_or_default();
+    if request_id.is_empty() || t.inner.routes.request(&request_id) == Some(Decision::Relay) {
+        return None;
+    }
+    let wire = connect::bidi_append_payload(&append).ok()?;
+    // Other features reuse BidiAppend: not an agent message, not ours.
+    let message = pb::AgentClientMessage::decode(wire.clone()).ok()?;
+    Some(Append {
+        request_id,
+        seqno: append.append_seqno,
+        sent: ClientMessage { message, wire },
+    })
+}
+
+/// The entry an append goes to.
+async fn entry_for_append(
+    t: &AgentTransports,
+    request_id: &str,
+    seqno: i64,
+    sent: &ClientMessage,
+) -> Result<Arc<Entry>, ConnectError> {
+    use pb::agent_client_message::Message as In;
+    let pinned_ours = matches!(
+        t.inner.routes.request(request_id),
+        Some(Decision::Ours { .. })
+    );
+    let new_run = seqno == 0 && matches!(sent.message.message, Some(In::RunRequest(_)));
+    let held = t.inner.bidi.get(request_id);
+    match held {
+        // A run request on an id whose run of ours ended is a new run on that id (Cursor's SDK
+        // sends a background task's completion so), unless it is append 0 resent.
+        Some(e)
+            if pinned_ours && new_run && e.backlog().ended() && !resent(&e, &sent.wire).await =>
+        {
+            t.inner.bidi.for_new_run(request_id)
+        }
+        Some(e) => Ok(e),
+        // Ours, run forgotten: a new run's append ahead of its append 0, or a late one of the
+        // ended run. A successor waits for append 0 and says "has already ended" if none comes.
+        None if pinned_ours => t.inner.bidi.for_new_run(request_id),
+        None => t.inner.bidi.get_or_create(request_id),
     }
 }
 
@@ -260,8 +314,8 @@ async fn accept(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     seqno: i64,
-    (message, wire): (pb::AgentClientMessage, Bytes),
-    caller: super::Caller,
+    sent: ClientMessage,
+    caller: Caller,
 ) -> Result<Accepted, ConnectError> {
     // Anything but the first append waits for the first to decide. A successor waits briefly:
     // its id's run ended, and an append with no new run behind it is a late one.
@@ -279,33 +333,7 @@ async fn accept(
     let (ready, input) = {
         let mut st = entry.state.lock().await;
         if st.decision.is_none() {
-            if seqno != 0 {
-                if entry.successor {
-                    // The id's run of ours ended and no new run came: a late append.
-                    return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
-                }
-                // Append 0 never came: nothing says whose run this is, so it goes nowhere.
-                return Err(never_decided(&format!(
-                    "append 0 of this run did not come before append {seqno}"
-                )));
-            }
-            let decision = match t.decide(&entry.request_id, &message) {
-                Ok(d) => d,
-                Err(e) => {
-                    refuse(entry, &mut st, &e);
-                    return Err(e);
-                }
-            };
-            st.decision = Some(decision.clone());
-            st.first_append = Some(digest(&wire));
-            if let Decision::Ours { .. } = decision {
-                start(t, entry, &mut st, (message, wire), &decision, caller)?;
-                st.next_seqno = 1;
-                entry.decided.notify_waiters();
-                return Ok(Accepted::Ours);
-            }
-            entry.decided.notify_waiters();
-            return Ok(Accepted::Relay);
+            return decide_first(t, entry, &mut st, seqno, sent, caller);
         }
         if st.decision == Some(Decision::Relay) {
             return Ok(Accepted::Relay);
@@ -314,34 +342,95 @@ async fn accept(
             debug!("duplicate append ignored");
             return Ok(Accepted::Ours);
         }
-        if st.run_over || entry.backlog().ended() {
-            st.run_over = true;
-            return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
-        }
-        if seqno - st.next_seqno > MAX_GAP {
-            return Err(ConnectError::new(
-                Code::ResourceExhausted,
-                format!(
-                    "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
-                    st.next_seqno
-                ),
-            ));
-        }
-        // Only appends that arrive ahead of their turn are held (and count against the
-        // bounds); the one that is next goes straight to the run.
-        let mut ready = Vec::new();
-        if seqno == st.next_seqno {
-            st.next_seqno += 1;
-            ready.push(Box::new(message));
-        } else {
-            st.hold(seqno, message.encoded_len(), Box::new(message))?;
-        }
-        // Every message that is now in order (bounded by the gap limit).
-        while let Some(m) = st.take_next() {
-            ready.push(m);
-        }
+        let ready = in_order(entry, &mut st, seqno, sent.message)?;
         (ready, st.input.clone())
     };
+    deliver(entry, input, ready, seqno).await
+}
+
+/// The first append to arrive on an undecided entry: append 0 decides whose run it is (and
+/// starts ours); any other has come without it.
+fn decide_first(
+    t: &AgentTransports,
+    entry: &Arc<Entry>,
+    st: &mut Inbound,
+    seqno: i64,
+    sent: ClientMessage,
+    caller: Caller,
+) -> Result<Accepted, ConnectError> {
+    if seqno != 0 {
+        if entry.successor {
+            // The id's run of ours ended and no new run came: a late append.
+            return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+        }
+        // Append 0 never came: nothing says whose run this is, so it goes nowhere.
+        return Err(never_decided(&format!(
+            "append 0 of this run did not come before append {seqno}"
+        )));
+    }
+    let decision = match t.decide(&entry.request_id, &sent.message) {
+        Ok(d) => d,
+        Err(e) => {
+            refuse(entry, st, &e);
+            return Err(e);
+        }
+    };
+    st.decision = Some(decision.clone());
+    st.first_append = Some(digest(&sent.wire));
+    if let Decision::Ours { .. } = decision {
+        start(t, entry, st, sent, &decision, caller)?;
+        st.next_seqno = 1;
+        entry.decided.notify_waiters();
+        return Ok(Accepted::Ours);
+    }
+    entry.decided.notify_waiters();
+    Ok(Accepted::Relay)
+}
+
+/// The messages now ready for the run, in seqno order, with `message` (append `seqno`) held
+/// when it came ahead of its turn.
+fn in_order(
+    entry: &Entry,
+    st: &mut Inbound,
+    seqno: i64,
+    message: pb::AgentClientMessage,
+) -> Result<Vec<Box<pb::AgentClientMessage>>, ConnectError> {
+    if st.run_over || entry.backlog().ended() {
+        st.run_over = true;
+        return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
+    }
+    if seqno - st.next_seqno > MAX_GAP {
+        return Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!(
+                "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
+                st.next_seqno
+            ),
+        ));
+    }
+    // Only appends that arrive ahead of their turn are held (and count against the
+    // bounds); the one that is next goes straight to the run.
+    let mut ready = Vec::new();
+    if seqno == st.next_seqno {
+        st.next_seqno += 1;
+        ready.push(Box::new(message));
+    } else {
+        st.hold(seqno, message.encoded_len(), Box::new(message))?;
+    }
+    // Every message that is now in order (bounded by the gap limit).
+    while let Some(m) = st.take_next() {
+        ready.push(m);
+    }
+    Ok(ready)
+}
+
+/// Hand `ready` to the run's inbox, in order.
+async fn deliver(
+    entry: &Entry,
+    input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
+    ready: Vec<Box<pb::AgentClientMessage>>,
+    seqno: i64,
+) -> Result<Accepted, ConnectError> {
     for m in ready {
         // The run's inbox ends with the run, and the run's every wait gives way to its cancel:
         // this send cannot outlive the run.
@@ -378,9 +467,9 @@ fn start(
     t: &AgentTransports,
     entry: &Arc<Entry>,
     st: &mut Inbound,
-    (first, first_wire): (pb::AgentClientMessage, Bytes),
+    first: ClientMessage,
     decision: &Decision,
-    caller: super::Caller,
+    caller: Caller,
 ) -> Result<(), ConnectError> {
     use pb::agent_client_message::Message as In;
     let enc = FrameEncoder::new(Encoding::Identity);
@@ -388,15 +477,12 @@ fn start(
     // run's request or links it late, never lost in between (no await while held).
     let mut note = entry.parent_note();
     note.link.merge(&caller.parent);
-    let caller = super::Caller {
-        parent: note.link.clone(),
-        ..caller
-    };
-    let run_request = match first.message {
+    let caller = caller.with_parent(note.link.clone());
+    let run_request = match first.message.message {
         Some(In::RunRequest(r)) => {
             caller.run_request(crate::agent::RunRequest::from_client_message(
                 with_pinned_model(r, decision),
-                &first_wire,
+                &first.wire,
             ))
         }
         _ => {
@@ -415,47 +501,53 @@ fn start(
     drop(note);
     st.input = Some(handle.input.clone());
     entry.run_started(handle.failer());
+    let capture = t.agent().status().capture().cloned();
+    tokio::spawn(pump(entry, handle.output, enc, capture).in_current_span());
+    Ok(())
+}
+
+/// Moves the run's output into the backlog, at most [`MAX_UNREAD`] frames ahead of the reader.
+/// It ends with the run's end, or when the client has left for good: then the run's output has
+/// nowhere to go, and dropping `output` ends every send of the run at once.
+fn pump(
+    entry: &Entry,
+    mut output: mpsc::Receiver<RunOutput>,
+    enc: FrameEncoder,
+    capture: Option<Capture>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let out = entry.out.clone();
     let gone = entry.gone.clone();
-    let mut output = handle.output;
-    let capture = t.agent().status().capture().cloned();
-    // The pump ends with the run's end, or when the client has left for good: then the run's
-    // output has nowhere to go, and dropping `output` ends every send of the run at once.
-    tokio::spawn(
-        async move {
-            loop {
-                let o = tokio::select! {
-                    _ = gone.cancelled() => return,
-                    o = output.recv() => o,
-                };
-                let Some(o) = o else { return };
-                let (frame, end) = encode_output(&enc, o, capture.as_ref());
-                let space = {
-                    let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
-                    b.push(frame, end);
-                    if end {
-                        return;
+    async move {
+        loop {
+            let o = tokio::select! {
+                _ = gone.cancelled() => return,
+                o = output.recv() => o,
+            };
+            let Some(o) = o else { return };
+            let (frame, end) = encode_output(&enc, o, capture.as_ref());
+            let space = {
+                let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
+                b.push(frame, end);
+                if end {
+                    return;
+                }
+                (b.unread() >= MAX_UNREAD).then(|| b.space.clone())
+            };
+            // Backpressure: wait for the reader before taking more from the run.
+            if let Some(space) = space {
+                loop {
+                    let notified = space.notified();
+                    if out.lock().unwrap_or_else(|p| p.into_inner()).unread() < MAX_UNREAD {
+                        break;
                     }
-                    (b.unread() >= MAX_UNREAD).then(|| b.space.clone())
-                };
-                // Backpressure: wait for the reader before taking more from the run.
-                if let Some(space) = space {
-                    loop {
-                        let notified = space.notified();
-                        if out.lock().unwrap_or_else(|p| p.into_inner()).unread() < MAX_UNREAD {
-                            break;
-                        }
-                        tokio::select! {
-                            _ = gone.cancelled() => return,
-                            _ = notified => {}
-                        }
+                    tokio::select! {
+                        _ = gone.cancelled() => return,
+                        _ = notified => {}
                     }
                 }
             }
         }
-        .in_current_span(),
-    );
-    Ok(())
+    }
 }
 
 fn ok_response() -> Response<Body> {

@@ -1,8 +1,10 @@
-//! Bodies the transports answer with: a run's output as Connect frames, and a request body
-//! replayed upstream after we peeked at its first frames.
+//! Bodies the transports read and answer with: a request's Connect frames peeked at (and
+//! replayed upstream after), a bounded unary body, a run's output as Connect frames, and the
+//! responses that carry them.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -13,8 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::agent::{RunFailer, RunOutput};
 use crate::capture::{Capture, Direction};
-use crate::connect::{Code, ConnectError, EndStream, FrameEncoder};
-use crate::http::{boxed, Body, BodyError};
+use crate::connect::{Code, ConnectError, Encoding, EndStream, FrameDecoder, FrameEncoder, Limits};
+use crate::http::{boxed, full, Body, BodyError};
+use http::{HeaderValue, Response};
 
 /// Encodes one run output as a Connect frame. Encoding only fails for an oversized message,
 /// which becomes an error end frame instead.
@@ -172,6 +175,133 @@ pub(crate) fn replay(prefix: Bytes, rest: Incoming) -> Body {
     );
     let tail = http_body_util::BodyStream::new(rest.map_err(BodyError::from));
     boxed(http_body_util::StreamBody::new(head.chain(tail)))
+}
+
+/// Reads a streaming request body until its first Connect frame, keeping every byte read so
+/// the request can be replayed upstream unchanged.
+pub(crate) struct FramePeek {
+    decoder: FrameDecoder,
+    pub(crate) consumed: BytesMut,
+}
+
+impl FramePeek {
+    pub(crate) fn new(encoding: Encoding, limits: Limits) -> Self {
+        FramePeek {
+            decoder: FrameDecoder::new(crate::connect::StreamKind::Request, encoding, limits),
+            consumed: BytesMut::new(),
+        }
+    }
+
+    /// The next message frame; `Ok(None)` when the body ended first.
+    pub(crate) async fn next(
+        &mut self,
+        body: &mut Incoming,
+        keep: bool,
+    ) -> Result<Option<Bytes>, ConnectError> {
+        use crate::connect::Frame;
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(Frame::Message(m))) => return Ok(Some(m)),
+                Ok(Some(Frame::End(_))) => {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "end-of-stream frame in a request",
+                    ))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ConnectError::new(e.code(), e.to_string())),
+            }
+            match body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(ConnectError::new(
+                        Code::Canceled,
+                        format!("client request body failed: {e}"),
+                    ))
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if keep {
+                            self.consumed.extend_from_slice(&data);
+                        }
+                        self.decoder.feed(data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// After refusing an oversized body, at most this much more of it is read and dropped, for at
+/// most [`DRAIN_TIME`]: an HTTP/1.1 client still sending it then reads our error instead of a
+/// reset connection (closing with unread input makes the kernel answer with a reset).
+const DRAIN_BYTES: usize = 8 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads a whole unary body, bounded.
+pub(crate) async fn read_bounded(mut body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ConnectError::new(
+                Code::ResourceExhausted,
+                format!("request body unreadable: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing a unary Connect body carries
+        };
+        if buf.len() + data.len() > max {
+            drain(body).await;
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!("request body larger than {max} bytes"),
+            ));
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
+}
+
+/// Read and drop the rest of `body`, bounded by [`DRAIN_BYTES`] and [`DRAIN_TIME`].
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut dropped = 0;
+        while dropped < DRAIN_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => dropped += frame.data_ref().map_or(0, Bytes::len),
+                _ => break,
+            }
+        }
+    })
+    .await;
+}
+
+/// A Connect error as an HTTP response (for unary calls and for failures before streaming).
+pub(crate) fn error_response(err: &ConnectError) -> Response<Body> {
+    let mut resp = Response::new(full(err.to_unary_json()));
+    *resp.status_mut() = http::StatusCode::from_u16(err.http_status())
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A `Run` (or RunSSE) answered with nothing but an error end frame.
+pub(crate) fn stream_error(e: ConnectError) -> Response<Body> {
+    let enc = FrameEncoder::new(Encoding::Identity);
+    streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
+}
+
+pub(crate) fn streaming_response(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+proto"),
+    );
+    resp
 }
 
 #[cfg(test)]

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::agent::model;
+use crate::connect::{Code, ConnectError};
+use crate::proto::agent::v1 as pb;
+
 /// Where a run goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -82,6 +86,39 @@ impl RoutingTable {
             .filter(|(_, at)| at.elapsed() < self.ttl)
             .map(|(d, _)| d.clone())
     }
+}
+
+/// A run that names no model (a resume) runs on the model its conversation is pinned to.
+pub(super) fn with_pinned_model(
+    mut run: pb::AgentRunRequest,
+    decision: &Decision,
+) -> pb::AgentRunRequest {
+    if let Decision::Ours { model_id } = decision {
+        if model::requested_model_id(&run).is_none() {
+            run.requested_model
+                .get_or_insert_with(Default::default)
+                .model_id = model_id.clone();
+        }
+    }
+    run
+}
+
+/// How long a RunSSE on a request id whose run of ours ended waits for a new run's append 0.
+pub(super) const DECIDE_WAIT: Duration = Duration::from_secs(2);
+/// How long a run waits for what decides whose it is (a `Run`'s first frame, a RunSSE's or an
+/// append's append 0) while its client keeps the request open: the idle limit of a run. Never
+/// a reason to relay: past it the request ends with an error.
+pub(super) const UNDECIDED_WAIT: Duration = Duration::from_secs(600);
+
+/// The error for a run whose deciding message never came.
+pub(super) fn never_decided(what: &str) -> ConnectError {
+    ConnectError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "cursor-byok: {what} within {} s, so nothing says whether this run is on your own              model or on Cursor's; it was sent nowhere. Send the message again.",
+            UNDECIDED_WAIT.as_secs()
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
 //! HTTP/2 bidi `/agent.v1.AgentService/Run`: client frames in, server frames out, both at once.
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
 
-use super::body::{end_frame, replay, RunBody};
-use super::{
-    error_response, never_decided, request_id, with_pinned_model, AgentTransports, Decision, Peek,
-    UNDECIDED_WAIT,
+use super::body::{
+    end_frame, error_response, replay, stream_error, streaming_response, FramePeek, RunBody,
 };
+use super::caller::{request_id, Caller, ClientMessage};
+use super::face::AgentTransports;
+use super::routing::{never_decided, with_pinned_model, Decision, UNDECIDED_WAIT};
 use crate::agent::RunRequest;
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, RequestContext};
@@ -21,41 +22,15 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
-    // Only Connect's binary codec carries `AgentClientMessage` frames we can read; anything
-    // else (JSON codec, a wrong type) is not ours to judge: pass it on untouched.
-    let content_type = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
-        debug!(
-            content_type,
-            "Run with a content type we do not decode: relayed"
-        );
+    let Some(encoding) = readable_encoding(&parts.headers) else {
         return t
             .upstream()
             .forward(&ctx, Request::from_parts(parts, boxed(body)))
             .await;
-    }
-    let encoding = match Encoding::from_header(
-        parts
-            .headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        Ok(e) => e,
-        // An encoding we cannot read: not ours to judge, pass it on untouched.
-        Err(_) => {
-            return t
-                .upstream()
-                .forward(&ctx, Request::from_parts(parts, boxed(body)))
-                .await
-        }
     };
     let request_id = request_id(&parts.headers)
         .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
-    let mut peek = Peek::new(encoding, t.inner.limits);
+    let mut peek = FramePeek::new(encoding, t.inner.limits);
     // The first frame decides whose run this is: wait for it as long as the client keeps the
     // stream open (bounded). A slow one is never a reason to send the run to Cursor.
     let first = match tokio::time::timeout(UNDECIDED_WAIT, peek.next(&mut body, true)).await {
@@ -83,36 +58,72 @@ pub(super) async fn handle(
         }
         Ok(decision @ Decision::Ours { .. }) => {
             let span = tracing::info_span!("run_h2", request_id = %request_id);
-            let version = crate::status::client_version(&parts.headers);
-            let caller = super::Caller::of(&parts.headers);
-            serve_ours(
-                t,
-                (message, first),
-                &decision,
-                (request_id, version, caller),
-                peek,
-                body,
-            )
-            .instrument(span)
-            .await
+            let start = RunOpening {
+                first: ClientMessage {
+                    message,
+                    wire: first,
+                },
+                request_id,
+                client_version: crate::status::client_version(&parts.headers),
+                caller: Caller::of(&parts.headers),
+            };
+            serve_ours(t, start, &decision, peek, body)
+                .instrument(span)
+                .await
         }
     }
 }
 
+/// The encoding of a `Run` whose frames we read. Only Connect's binary codec carries
+/// `AgentClientMessage` frames we can read; anything else (JSON codec, a wrong type, an
+/// encoding we cannot read) is not ours to judge: `None`, and it is passed on untouched.
+fn readable_encoding(headers: &HeaderMap) -> Option<Encoding> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
+        debug!(
+            content_type,
+            "Run with a content type we do not decode: relayed"
+        );
+        return None;
+    }
+    Encoding::from_header(
+        headers
+            .get("connect-content-encoding")
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok()
+}
+
+/// What a `Run` of ours starts from: its first message, and what its request said.
+struct RunOpening {
+    first: ClientMessage,
+    request_id: String,
+    client_version: Option<String>,
+    caller: Caller,
+}
+
 async fn serve_ours(
     t: &AgentTransports,
-    (first, first_wire): (pb::AgentClientMessage, bytes::Bytes),
+    start: RunOpening,
     decision: &Decision,
-    (request_id, version, caller): (String, Option<String>, super::Caller),
-    mut peek: Peek,
+    mut peek: FramePeek,
     mut body: Incoming,
 ) -> Response<Body> {
     use pb::agent_client_message::Message as In;
+    let RunOpening {
+        first,
+        request_id,
+        client_version: version,
+        caller,
+    } = start;
     let enc = FrameEncoder::new(Encoding::Identity);
-    let run_request = match first.message {
+    let run_request = match first.message.message {
         Some(In::RunRequest(r)) => caller.run_request(RunRequest::from_client_message(
             with_pinned_model(r, decision),
-            &first_wire,
+            &first.wire,
         )),
         _ => {
             // A prewarm for one of our models: nothing to warm beyond our pooled client.
@@ -123,7 +134,7 @@ async fn serve_ours(
     let handle = t.agent().start_run_on(run_request, request_id, "Run");
     let input = handle.input.clone();
     let failer = handle.failer();
-    if let Some(reason) = t.inspect_client(&first_wire, version.as_deref()) {
+    if let Some(reason) = t.inspect_client(&first.wire, version.as_deref()) {
         failer.fail(reason);
     }
     let capture = t.agent().status().capture().cloned();
@@ -158,19 +169,4 @@ async fn serve_ours(
     let failer = handle.failer();
     let body = RunBody::new(handle.output, enc, failer).capturing(capture);
     streaming_response(boxed(body))
-}
-
-/// A `Run` answered with nothing but an error end frame.
-pub(super) fn stream_error(e: crate::connect::ConnectError) -> Response<Body> {
-    let enc = FrameEncoder::new(Encoding::Identity);
-    streaming_response(full(end_frame(&enc, &EndStream::from_error(e))))
-}
-
-pub(super) fn streaming_response(body: Body) -> Response<Body> {
-    let mut resp = Response::new(body);
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/connect+proto"),
-    );
-    resp
 }

@@ -1,8 +1,10 @@
 //! From a finished `ToolCall` to what the model sees: the result text (used both live and when
-//! rebuilding history), and for history also our tool name and arguments.
+//! rebuilding history), and for history also our tool name and arguments. It sits above every
+//! tool file: each renders its own kind, this file picks by kind.
 
 use serde_json::{json, Value};
 
+use super::call::{ToolOutcome, NOT_COMPLETED};
 use super::text::cap_head;
 use super::{edit, fs, interaction, lints, mcp, search, shell, stdin, task, todos, web};
 use crate::proto::agent::v1 as pb;
@@ -28,7 +30,7 @@ pub(crate) fn render(tc: &pb::ToolCall) -> (String, bool) {
         Some(Tool::SwitchModeToolCall(t)) => interaction::render_switch(t),
         Some(Tool::CreatePlanToolCall(t)) => interaction::render_create(t),
         Some(Tool::TaskToolCall(t)) => task::render(t),
-        _ => ("The tool call did not complete.".into(), true),
+        _ => (NOT_COMPLETED.into(), true),
     }
 }
 
@@ -60,6 +62,34 @@ pub(crate) fn with_error(tool: Tool, message: &str) -> Tool {
         }
         Tool::TaskToolCall(t) => Tool::TaskToolCall(task::with_error(t, message)),
         other => other,
+    }
+}
+
+/// The outcome of a finished `ToolCall`: the model's text is rendered from it.
+pub(crate) fn outcome(tool_call: pb::ToolCall) -> ToolOutcome {
+    let (content, is_error) = render(&tool_call);
+    ToolOutcome {
+        content,
+        is_error,
+        tool_call,
+    }
+}
+
+/// A failed outcome: `message` (for the model) set as the error result of `tool_call`.
+pub fn error_outcome(tool_call: pb::ToolCall, message: String) -> ToolOutcome {
+    let mut tc = tool_call;
+    match tc.tool.take() {
+        Some(tool) => {
+            tc.tool = Some(with_error(tool, &message));
+            let mut o = outcome(tc);
+            o.is_error = true;
+            o
+        }
+        None => ToolOutcome {
+            content: message,
+            is_error: true,
+            tool_call: tc,
+        },
     }
 }
 
