@@ -1,7 +1,7 @@
 //! Line diffs for edits: added/removed counts and a unified diff for Cursor's edit view, and
 //! the changed region of an edit for rebuilding history.
 
-use similar::{capture_diff_slices, group_diff_ops, Algorithm, ChangeTag, DiffOp};
+use crate::base::text::{line_diff, lines};
 
 /// Lines of context around each hunk.
 const CONTEXT: usize = 3;
@@ -11,11 +11,6 @@ pub(crate) struct DiffSummary {
     pub added: usize,
     pub removed: usize,
     pub unified: String,
-}
-
-/// Lines with their terminators, so that a missing final newline is a difference.
-fn lines(s: &str) -> Vec<&str> {
-    s.split_inclusive('\n').collect()
 }
 
 /// Lines shared at the start and at the end (not overlapping).
@@ -32,66 +27,18 @@ fn common_ends(a: &[&str], b: &[&str]) -> (usize, usize) {
 
 /// Counts and a unified diff (`--- a/<path>` / `+++ b/<path>`, 3 lines of context).
 pub(crate) fn summary(before: &str, after: &str, path: &str) -> DiffSummary {
-    let (a, b) = (lines(before), lines(after));
-    // Myers' diff in linear space, with similar's bound on the work for hard inputs.
-    let ops = capture_diff_slices(Algorithm::Myers, &a, &b);
-    let (mut added, mut removed) = (0, 0);
-    for op in &ops {
-        match op {
-            DiffOp::Equal { .. } => {}
-            DiffOp::Delete { old_len, .. } => removed += old_len,
-            DiffOp::Insert { new_len, .. } => added += new_len,
-            DiffOp::Replace {
-                old_len, new_len, ..
-            } => {
-                removed += old_len;
-                added += new_len;
-            }
-        }
-    }
-    let mut unified = String::new();
-    let hunks = group_diff_ops(ops, CONTEXT);
-    if hunks.is_empty() {
-        return DiffSummary {
-            added,
-            removed,
-            unified,
-        };
-    }
     let path = path.trim_start_matches('/');
-    unified.push_str(&format!("--- a/{path}\n+++ b/{path}\n"));
-    for hunk in &hunks {
-        let (Some(first), Some(last)) = (hunk.first(), hunk.last()) else {
-            continue;
-        };
-        let old = first.old_range().start..last.old_range().end;
-        let new = first.new_range().start..last.new_range().end;
-        // 1-based starts; an empty side names the line before it (0 at the top), as diff does.
-        let start = |r: &std::ops::Range<usize>| r.start + usize::from(!r.is_empty());
-        unified.push_str(&format!(
-            "@@ -{},{} +{},{} @@\n",
-            start(&old),
-            old.len(),
-            start(&new),
-            new.len()
-        ));
-        for change in hunk.iter().flat_map(|op| op.iter_changes(&a, &b)) {
-            unified.push(match change.tag() {
-                ChangeTag::Equal => ' ',
-                ChangeTag::Delete => '-',
-                ChangeTag::Insert => '+',
-            });
-            let line = change.value();
-            unified.push_str(line);
-            if !line.ends_with('\n') {
-                unified.push_str("\n\\ No newline at end of file\n");
-            }
-        }
-    }
+    let d = line_diff(
+        before,
+        after,
+        &format!("a/{path}"),
+        &format!("b/{path}"),
+        CONTEXT,
+    );
     DiffSummary {
-        added,
-        removed,
-        unified,
+        added: d.added,
+        removed: d.removed,
+        unified: d.unified,
     }
 }
 

@@ -143,12 +143,7 @@ fn slice(args: &pb::ReadToolArgs, s: &pb::ReadSuccess, content: &str) -> ReadToo
     let mut out = String::new();
     let mut end = start - 1;
     for (i, line) in lines.iter().enumerate().skip(start - 1).take(limit) {
-        let line = if line.chars().count() > MAX_LINE_CHARS {
-            let cut: String = line.chars().take(MAX_LINE_CHARS).collect();
-            format!("{cut}… [line truncated]")
-        } else {
-            (*line).to_string()
-        };
+        let line = crate::base::text::cut_chars(line, MAX_LINE_CHARS, "… [line truncated]");
         if !out.is_empty() && out.len() + line.len() > MAX_READ_BYTES {
             break;
         }

@@ -1,13 +1,15 @@
 //! Text shaping shared by the tools: size caps for what goes to the model and the UI.
 
+use crate::base::text::{ceil_char_boundary, floor_char_boundary};
+
 /// Keep the head and the tail of `s` within about `max` bytes, with a marker saying how much
 /// was cut. Command output matters most at both ends (what ran, how it ended).
 pub(crate) fn cap_middle(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let head_end = floor_char(s, max / 2);
-    let tail_start = ceil_char(s, s.len() - max / 2);
+    let head_end = floor_char_boundary(s, max / 2);
+    let tail_start = ceil_char_boundary(s, s.len() - max / 2);
     let elided = tail_start.saturating_sub(head_end);
     format!(
         "{}\n[... {elided} bytes elided ...]\n{}",
@@ -22,31 +24,13 @@ pub(crate) fn cap_head(s: &str, max: usize) -> (String, bool) {
     if s.len() <= max {
         return (s.to_string(), false);
     }
-    let end = floor_char(s, max);
+    let end = floor_char_boundary(s, max);
     // Cutting mid-line leaves a misleading last line; back up to the last newline if it is close.
     let end = match s[..end].rfind('\n') {
         Some(nl) if nl + 1 >= end / 2 => nl + 1,
         _ => end,
     };
     (s[..end].to_string(), true)
-}
-
-/// The largest char boundary at or below `i`.
-fn floor_char(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-/// The smallest char boundary at or above `i`.
-fn ceil_char(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
 }
 
 /// The last component of a path written with `/` or `\`.
