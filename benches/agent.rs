@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::agent_client::{frame, play, play_until, run_request, Door, Sink, Store};
 use common::client::{Alpn, Sender};
+use cursor_byok::base::secret::Secret;
 use cursor_byok::provider::{
     Message, ProviderClient, ProviderEvent, ProviderKind, ProviderRequest, ProviderSettings,
 };
-use cursor_byok::secret::Secret;
 use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};

@@ -6,11 +6,9 @@
 
 pub mod agent;
 pub mod base;
-pub(crate) mod cancel;
 pub mod capture;
 pub mod cli;
 pub mod config;
-pub(crate) mod conn_tasks;
 pub mod connect;
 pub mod cursor;
 pub mod http;
@@ -20,7 +18,6 @@ pub mod proxy;
 #[doc(hidden)]
 pub mod relay;
 pub mod router;
-pub mod secret;
 pub mod setup;
 pub mod status;
 pub mod tls;

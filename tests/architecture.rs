@@ -26,27 +26,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "proxy",
         &[
-            "agent",
-            "cancel",
-            "config",
-            "conn_tasks",
-            "cursor",
-            "http",
-            "relay",
-            "router",
-            "secret",
-            "status",
-            "tls",
+            "agent", "base", "config", "cursor", "http", "relay", "router", "status", "tls",
             "upstream",
         ],
     ),
-    ("relay", &["cancel", "http", "router", "upstream"]),
+    ("relay", &["base", "http", "router", "upstream"]),
     ("router", &["agent", "cursor", "http", "status", "upstream"]),
     (
         "agent",
         &[
-            "base", "cancel", "capture", "config", "connect", "cursor", "http", "proto",
-            "provider", "secret", "status", "upstream",
+            "base", "capture", "config", "connect", "cursor", "http", "proto", "provider",
+            "status", "upstream",
         ],
     ),
     (
@@ -55,25 +45,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "capture", "config", "connect", "http", "proto", "status", "upstream",
         ],
     ),
-    (
-        "status",
-        &["base", "capture", "http", "proto", "provider", "secret"],
-    ),
+    ("status", &["base", "capture", "http", "proto", "provider"]),
     ("capture", &["proto"]),
-    (
-        "upstream",
-        &["base", "config", "conn_tasks", "http", "secret", "tls"],
-    ),
-    ("provider", &["base", "cancel", "secret"]),
-    ("config", &["provider", "secret"]),
+    ("upstream", &["base", "config", "http", "tls"]),
+    ("provider", &["base"]),
+    ("config", &["base", "provider"]),
     ("tls", &[]),
     ("connect", &["proto"]),
     ("proto", &[]),
     ("http", &[]),
-    ("secret", &[]),
     ("base", &[]),
-    ("cancel", &[]),
-    ("conn_tasks", &[]),
 ];
 
 /// Inside the agent, only the transport adapters speak HTTP: the run loop, its state and the

@@ -863,7 +863,7 @@ async fn head_flood_returns_memory_and_fds_to_baseline() {
 async fn direct_doors_with_a_token_check_every_request() {
     const TOKEN: &str = "door-token-SECRET-0123456789";
     let h = harness(vec![Reply::sse(TEXT_SSE)], |c| {
-        c.direct.token = Some(cursor_byok::secret::Secret::new(TOKEN));
+        c.direct.token = Some(cursor_byok::base::secret::Secret::new(TOKEN));
         c.direct.http_listen = Some("0.0.0.0:0".parse().unwrap());
     })
     .await;

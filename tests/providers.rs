@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::fake_provider::{frame_jsonl, wire_body, After, FakeProvider, Framing, Reply};
+use cursor_byok::base::secret::Secret;
 use cursor_byok::provider::*;
-use cursor_byok::secret::Secret;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;

@@ -228,7 +228,7 @@ async fn echoed_header_values_are_scrubbed_everywhere() {
         let fake = c.providers.get_mut("fake").unwrap();
         fake.headers.insert(
             "x-org-token".into(),
-            cursor_byok::secret::Secret::new(ORG_TOKEN),
+            cursor_byok::base::secret::Secret::new(ORG_TOKEN),
         );
     })
     .await;
@@ -316,7 +316,7 @@ async fn outbound_proxy_credentials_work_and_never_show() {
     let proxy = outbound_proxy().await;
     let url = format!("http://us%3Aer:{PROXY_PASSWORD_ENCODED}@{proxy}");
     let h = harness_keyed(vec![], API_KEY, |c| {
-        c.upstream.proxy = Some(cursor_byok::secret::Secret::new(url));
+        c.upstream.proxy = Some(cursor_byok::base::secret::Secret::new(url));
     })
     .await;
     let mut tunnel = client::tunnel(h.server.proxy_addr(), "outside.example:443").await;
@@ -422,12 +422,12 @@ async fn a_provider_echoing_the_clients_secrets_is_scrubbed_while_the_run_lives(
     assert_logs_clean(&capture.text(), &secrets);
     // The run is over: its values are no longer held.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while cursor_byok::secret::scrub(CLIENT_BEARER) != CLIENT_BEARER {
+    while cursor_byok::base::secret::scrub(CLIENT_BEARER) != CLIENT_BEARER {
         assert!(std::time::Instant::now() < deadline, "still registered");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(
-        cursor_byok::secret::scrub(CLIENT_MODEL_KEY),
+        cursor_byok::base::secret::scrub(CLIENT_MODEL_KEY),
         CLIENT_MODEL_KEY
     );
 }

@@ -15,10 +15,10 @@
 //!   present, and a declaration without parameters omits them).
 
 use cursor_byok::agent::tools::{catalog, ToolContext};
+use cursor_byok::base::secret::Secret;
 use cursor_byok::proto::agent::v1 as pb;
 use cursor_byok::provider::schema::{Dialect, ToolNames, GEMINI_KEYWORDS};
 use cursor_byok::provider::*;
-use cursor_byok::secret::Secret;
 use serde_json::{json, Value};
 
 /// Awkward but real-world MCP input schemas.

@@ -191,7 +191,7 @@ impl Agent {
             parent,
         } = first.into();
         // Before anything can fail: a provider may echo them in the run's first error.
-        let secrets = crate::secret::register_while(
+        let secrets = crate::base::secret::register_while(
             client_secrets
                 .iter()
                 .map(|s| s.expose())

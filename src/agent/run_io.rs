@@ -37,7 +37,7 @@ pub struct RunRequest {
     pub wire: bytes::Bytes,
     /// What the client's request carried that must never show (its bearer token): scrubbed
     /// from every text that leaves the process while the run lives.
-    pub client_secrets: Vec<crate::secret::Secret>,
+    pub client_secrets: Vec<crate::base::secret::Secret>,
     /// The parent run and subagent call this run is the child of, as far as the client's
     /// requests said so by the time it started.
     pub parent: subagents::ParentLink,

@@ -35,7 +35,7 @@ pub fn turn_lines(user_text: &str, steps: &[StepRecord]) -> String {
             return;
         }
         let v = json!({ "role": role, "message": { "content": content } });
-        out.push_str(&crate::secret::scrub(&v.to_string()));
+        out.push_str(&crate::base::secret::scrub(&v.to_string()));
         out.push('\n');
     };
     if !user_text.trim().is_empty() {

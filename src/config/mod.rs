@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::secret::Secret;
+use crate::base::secret::Secret;
 
 pub use crate::provider::{AuthMode, Price, ProviderKind};
 
@@ -442,7 +442,7 @@ impl ModelConfig {
 const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high", "xhigh"];
 
 impl Config {
-    /// Every secret value the config holds, for the scrubber ([`crate::secret::register`]):
+    /// Every secret value the config holds, for the scrubber ([`crate::base::secret::register`]):
     /// provider keys and extra header values, the outbound proxy's URL and credentials (as
     /// written and percent-decoded), and the `proxy_auth` password.
     pub fn secret_values(&self) -> Vec<String> {

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::base::text::cut_bytes;
 
-use crate::secret::Scrubber;
+use crate::base::secret::Scrubber;
 
 /// What went wrong, coarse enough to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,7 +234,7 @@ impl fmt::Display for ProviderError {
             ProviderErrorKind::Other => write!(f, "{p} returned an error")?,
         }
         http(f)?;
-        write!(f, ": {}", crate::secret::scrub(&self.message))
+        write!(f, ": {}", crate::base::secret::scrub(&self.message))
     }
 }
 

@@ -17,7 +17,7 @@ use super::error::{ProviderError, ProviderErrorKind};
 use super::schema::ToolNames;
 use super::types::ProviderEvent;
 use super::{Resolved, RetryPolicy};
-use crate::secret::Scrubber;
+use crate::base::secret::Scrubber;
 
 /// An SSE event larger than this is treated as a broken stream rather than buffered forever.
 const MAX_PENDING_BYTES: usize = 32 << 20;
@@ -221,7 +221,7 @@ async fn forward_stream(
     decoder.set_tool_names(call.names.clone());
     let mut chunks = resp.bytes_stream();
     // One waiter and one timer for the whole stream, not a fresh pair per chunk and event.
-    let mut canceled = crate::cancel::cancelled(cancel);
+    let mut canceled = crate::base::cancel::cancelled(cancel);
     let idle = tokio::time::sleep(r.idle_timeout);
     tokio::pin!(idle);
     loop {

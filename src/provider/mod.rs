@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::secret::Secret;
+use crate::base::secret::Secret;
 pub use decode::{decode_all, StreamDecoder};
 pub use error::{ProviderError, ProviderErrorKind};
 pub(crate) use machine::DecodeCtx;

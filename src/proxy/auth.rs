@@ -125,7 +125,7 @@ pub(crate) fn origin_required() -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secret::Secret;
+    use crate::base::secret::Secret;
 
     #[test]
     fn checks_basic_credentials() {

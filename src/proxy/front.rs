@@ -16,8 +16,8 @@ use super::connect::Session;
 use super::state::State;
 use super::watch::{Watch, Watched};
 use super::{auth, connect, plain_error, serve};
+use crate::base::conn_tasks::LocalExec;
 use crate::config::host_matches;
-use crate::conn_tasks::LocalExec;
 use crate::http::{boxed, Body, Door, RequestContext};
 
 /// Serve proxy-protocol requests on one client connection.

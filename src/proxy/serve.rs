@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use super::auth::DoorCheck;
 use super::state::State;
 use super::watch::Watch;
-use crate::conn_tasks::LocalExec;
+use crate::base::conn_tasks::LocalExec;
 use crate::http::{Door, RequestContext};
 use crate::relay;
 use crate::router::Route;
@@ -97,7 +97,7 @@ where
         })
     });
     let graceful = state.shutdown.graceful_token();
-    let stopping: relay::BoxFuture<()> = Box::pin(crate::cancel::cancelled(&graceful));
+    let stopping: relay::BoxFuture<()> = Box::pin(crate::base::cancel::cancelled(&graceful));
     let setup = relay::Setup {
         authority: ctx.authority(),
         port: ctx.port,
@@ -155,7 +155,7 @@ pub(crate) async fn serve_http<I>(
     // HTTP/2: the streams' futures and the upstream link run in this task (see `conn_tasks`).
     let (exec, tasks) = match alpn {
         Some(b"h2") => {
-            let (exec, tasks) = crate::conn_tasks::new();
+            let (exec, tasks) = crate::base::conn_tasks::new();
             (exec, Some(tasks))
         }
         _ => (LocalExec::runtime(), None),
@@ -208,7 +208,7 @@ pub(crate) async fn serve_http<I>(
         .into_owned();
     let conn = state.shutdown.serve(conn);
     match tasks {
-        Some(tasks) => crate::conn_tasks::run(conn, tasks).await,
+        Some(tasks) => crate::base::conn_tasks::run(conn, tasks).await,
         None => conn.await,
     }
 }

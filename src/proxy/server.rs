@@ -71,7 +71,7 @@ impl ServerBuilder {
     pub async fn bind(self) -> Result<Server, ProxyError> {
         let config = self.config;
         // From here on, error text leaving the process is scrubbed of the config's secrets.
-        crate::secret::register(config.secret_values().iter().map(String::as_str));
+        crate::base::secret::register(config.secret_values().iter().map(String::as_str));
         let origin = Origin::parse(&config.direct.origin)?;
         let doors = Doors::bind(&config).await?;
         let (proxy_addr, tls_addr, http_addr) = (doors.proxy_addr, doors.tls_addr, doors.http_addr);

@@ -38,7 +38,7 @@ impl Shutdown {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let hard = crate::cancel::cancelled(&self.hard);
+        let hard = crate::base::cancel::cancelled(&self.hard);
         self.tracker.spawn(async move {
             tokio::select! {
                 biased;
@@ -94,7 +94,7 @@ where
     C::Error: Display,
 {
     tokio::pin!(conn);
-    let stopping = crate::cancel::cancelled(&graceful);
+    let stopping = crate::base::cancel::cancelled(&graceful);
     let result = tokio::select! {
         biased;
         result = conn.as_mut() => result,

@@ -19,7 +19,7 @@ use super::frame::{self, ConnError, FrameReader};
 use super::headers::{Opener, Wants};
 use super::limits::Limits;
 use super::state::State;
-use crate::cancel::WhenWoken;
+use crate::base::cancel::WhenWoken;
 use crate::http::H2_KEEP_ALIVE;
 use crate::upstream::UpstreamError;
 

@@ -572,7 +572,7 @@ fn millis(d: Duration) -> u64 {
 /// Error text as kept for the page: bounded, one line, and with anything shaped like a
 /// credential masked (a provider may echo a key back in its message).
 fn scrub(text: &str) -> String {
-    let text = crate::secret::scrub(text);
+    let text = crate::base::secret::scrub(text);
     let mut out = Vec::new();
     let mut mask_next = false;
     for word in text.split_whitespace() {

@@ -10,9 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::{io_reason, UpstreamError};
+use crate::base::secret::{Scrubber, Secret};
 use crate::config::UpstreamConfig;
 use crate::http::RequestContext;
-use crate::secret::{Scrubber, Secret};
 
 /// Upper bound on the outbound proxy's answer to our `CONNECT`.
 const PROXY_RESPONSE_MAX: usize = 8 * 1024;
@@ -164,7 +164,7 @@ impl Dialer {
         let fail = |reason: String| UpstreamError::Proxy {
             proxy: format!("{}:{}", proxy.host, proxy.port),
             host: host.to_string(),
-            reason: crate::secret::scrub(&scrubber.scrub(&reason)).into_owned(),
+            reason: crate::base::secret::scrub(&scrubber.scrub(&reason)).into_owned(),
         };
         let target = authority(host, port);
         let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");

@@ -54,7 +54,7 @@ impl UpstreamError {
         } else {
             ""
         };
-        crate::secret::scrub(&format!("cursor-byok: {self}{hint}")).into_owned()
+        crate::base::secret::scrub(&format!("cursor-byok: {self}{hint}")).into_owned()
     }
 
     /// From a legacy-client error: our own connector error if that is what failed, else the

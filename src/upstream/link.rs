@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use super::connector::Connector;
 use super::dial::origin_root;
 use super::error::{cause_chain, UpstreamError};
-use crate::conn_tasks::LocalExec;
+use crate::base::conn_tasks::LocalExec;
 use crate::http::{Body, RequestContext};
 use crate::http::{H2_CONN_WINDOW, H2_KEEP_ALIVE, H2_STREAM_WINDOW};
 

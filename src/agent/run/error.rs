@@ -178,7 +178,7 @@ impl RunError {
     /// detail, so Cursor shows "<title> <detail>". Secrets are scrubbed from the words.
     pub fn to_connect_after(&self, shown: bool) -> ConnectError {
         let ending = self.ending(shown);
-        let mut message = crate::secret::scrub(&self.to_string()).into_owned();
+        let mut message = crate::base::secret::scrub(&self.to_string()).into_owned();
         if shown && ending.kind != Kind::UserAbortedRequest {
             message.push_str(
                 ". The turn stopped after part of it was shown: send the message again to retry.",
@@ -451,7 +451,7 @@ mod tests {
     #[test]
     fn the_detail_keeps_the_providers_words_and_drops_the_key() {
         let key = "sk-error-test-key-0123456789";
-        let _reg = crate::secret::register_while([key]);
+        let _reg = crate::base::secret::register_while([key]);
         let body = format!(r#"{{"error":{{"message":"Incorrect API key provided: {key}"}}}}"#);
         let err = http(401, &body).to_connect();
         let details = err.decode_error_details().unwrap().unwrap();

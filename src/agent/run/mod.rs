@@ -163,7 +163,7 @@ struct Ending {
     started: Instant,
     outbox: Outbox,
     /// The client's secrets stay in the scrubber until the end frame is out.
-    secrets: crate::secret::Registration,
+    secrets: crate::base::secret::Registration,
 }
 
 impl Ending {

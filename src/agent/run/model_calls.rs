@@ -99,7 +99,7 @@ impl ModelCalls {
         let mut pending = Some(first);
         let mut first_event = true;
         // One waiter for the whole stream, not a fresh one per event.
-        let mut canceled = crate::cancel::cancelled(&self.cancel);
+        let mut canceled = crate::base::cancel::cancelled(&self.cancel);
         loop {
             let event = tokio::select! {
                 biased;

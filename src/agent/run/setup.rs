@@ -51,7 +51,7 @@ pub(crate) struct Run {
     /// The first `AgentRunRequest` as received (see [`RunRequest`](crate::agent::RunRequest)).
     pub first_wire: bytes::Bytes,
     /// The client's secrets in the scrubber, until the run's end frame is out.
-    pub secrets: crate::secret::Registration,
+    pub secrets: crate::base::secret::Registration,
     /// Subagent calls waiting for their child runs (shared by every run).
     pub subagents: Registry,
     /// When this run is a subagent: its kind and limits.

@@ -16,20 +16,20 @@ pub(super) struct ClientMessage {
 
 /// What a client request carries that must never show: its `authorization` bearer token (the
 /// user's Cursor session), for the run's scrubber.
-fn client_secrets(headers: &HeaderMap) -> Vec<crate::secret::Secret> {
+fn client_secrets(headers: &HeaderMap) -> Vec<crate::base::secret::Secret> {
     headers
         .get_all(http::header::AUTHORIZATION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .map(|v| v.split_once(' ').map_or(v, |(_, token)| token).trim())
-        .map(crate::secret::Secret::new)
+        .map(crate::base::secret::Secret::new)
         .collect()
 }
 
 /// What the client's HTTP request says about the run it starts, beyond its message.
 #[derive(Debug, Default)]
 pub(super) struct Caller {
-    secrets: Vec<crate::secret::Secret>,
+    secrets: Vec<crate::base::secret::Secret>,
     pub(super) parent: ParentLink,
 }
 

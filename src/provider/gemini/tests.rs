@@ -361,7 +361,7 @@ fn calls_from_other_providers_get_the_skip_placeholder() {
 #[test]
 fn endpoint_model_in_path_key_in_header() {
     use super::super::{ProviderClient, ProviderSettings};
-    use crate::secret::Secret;
+    use crate::base::secret::Secret;
     let url = |base: &str, model: &str| {
         let s = ProviderSettings::new(ProviderKind::Gemini, base, Secret::new("AIza-secret"));
         let c = ProviderClient::new(s).unwrap();
