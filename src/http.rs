@@ -13,7 +13,9 @@ use http_body_util::{BodyExt, Empty, Full};
 /// stream can fill a fast link, the connection's twice that so two can.
 pub const H2_STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 pub const H2_CONN_WINDOW: u32 = 4 * 1024 * 1024;
-/// HTTP/2 pings on an idle connection, so a dead peer is noticed.
+/// HTTP/2 pings on an idle connection, so a dead peer is noticed (the relay: a PING when
+/// streams are open and nothing arrived for this long; no answer by the next tick and the
+/// upstream connection counts as dead).
 pub const H2_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A host as URIs and `Host` headers write it, without the brackets of an IPv6 literal

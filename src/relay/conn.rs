@@ -26,9 +26,6 @@ use crate::upstream::UpstreamError;
 /// Read buffer growth: one largest frame we accept, and its header.
 pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 
-/// Upstream liveness: a PING when streams are open and nothing arrived for this long; no
-/// answer by the next tick and the upstream connection counts as dead.
-
 /// Buffer of the in-memory connection to our own server.
 const INTERNAL_BUF: usize = 256 * 1024;
 
