@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
-use super::state::{Origin, State, Tunnels};
+use super::state::{CapWarning, Origin, State, Tunnels};
 use super::watch::{Bounds, Watch, Watched};
 use super::{direct, front, ProxyError};
 use crate::agent::transport::AgentTransports;
@@ -294,12 +294,9 @@ enum Kind {
     DirectHttp,
 }
 
-/// How often the "connection cap reached" warning may repeat.
-const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
-
 async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind, cap: usize) {
     let open = Arc::new(Semaphore::new(cap));
-    let mut last_warn: Option<tokio::time::Instant> = None;
+    let mut cap_warning = CapWarning::new();
     loop {
         let accepted = tokio::select! {
             _ = state.shutdown.stopping() => return,
@@ -317,8 +314,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind, cap: 
         // Beyond the cap the connection is closed at once; those already open are unaffected.
         let Ok(permit) = open.clone().try_acquire_owned() else {
             drop(stream);
-            if last_warn.is_none_or(|at| at.elapsed() >= CAP_WARN_EVERY) {
-                last_warn = Some(tokio::time::Instant::now());
+            if cap_warning.due(tokio::time::Instant::now()) {
                 tracing::warn!(
                     ?kind,
                     cap,

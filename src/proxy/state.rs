@@ -43,11 +43,35 @@ pub(crate) struct Tunnels {
     open: Arc<Semaphore>,
     cap: usize,
     pub(crate) limits: SpliceLimits,
-    last_warn: Mutex<Option<Instant>>,
+    cap_warning: Mutex<CapWarning>,
 }
 
-/// How often the "tunnel cap reached" warning may repeat.
-const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
+/// A "cap reached" warning that repeats at most once per interval, so a flood of refused
+/// connections or tunnels cannot flood the log.
+#[derive(Debug)]
+pub(crate) struct CapWarning {
+    last: Option<Instant>,
+}
+
+impl CapWarning {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    pub(crate) fn new() -> Self {
+        CapWarning { last: None }
+    }
+
+    /// Whether to log now; if so, the next one waits a full interval.
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|at| now.duration_since(at) < Self::EVERY)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
 
 impl Tunnels {
     pub(crate) fn new(cap: usize, limits: SpliceLimits) -> Self {
@@ -56,7 +80,7 @@ impl Tunnels {
             open: Arc::new(Semaphore::new(cap)),
             cap,
             limits,
-            last_warn: Mutex::new(None),
+            cap_warning: Mutex::new(CapWarning::new()),
         }
     }
 
@@ -66,9 +90,8 @@ impl Tunnels {
             return Some(permit);
         }
         // A poisoned lock only means a panic elsewhere mid-update of a timestamp.
-        let mut last = self.last_warn.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|at| at.elapsed() >= CAP_WARN_EVERY) {
-            *last = Some(Instant::now());
+        let mut warning = self.cap_warning.lock().unwrap_or_else(|e| e.into_inner());
+        if warning.due(Instant::now()) {
             tracing::warn!(
                 cap = self.cap,
                 "tunnel cap reached ([limits] max_tunnels); refusing new tunnels with 503"
@@ -103,5 +126,25 @@ impl Origin {
             port: authority.port_u16().unwrap_or(default),
             scheme,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_warning_repeats_once_per_interval_for_hours() {
+        let mut warning = CapWarning::new();
+        let mut logged = 0;
+        // A refused connection every second for three hours.
+        for _ in 0..3 * 3600 {
+            if warning.due(Instant::now()) {
+                logged += 1;
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(logged, 3 * 3600 / 10);
+        assert!(!warning.due(Instant::now() - Duration::from_secs(1)));
     }
 }
