@@ -17,7 +17,7 @@ use std::time::Duration;
 use cursor_byok::config::Config;
 use cursor_byok::provider::Usage;
 use cursor_byok::proxy::Server;
-use cursor_byok::status::{Route, RunStart, RunTicket, Status};
+use cursor_byok::status::{FallbackRoute, RunStart, RunTicket, Status};
 use cursor_byok::tls::CertificateAuthority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -104,7 +104,7 @@ async fn populate(status: &Status, pace: Duration) -> Vec<RunTicket> {
             ticket.progress().usage(u, cost);
         }
         if id == "req-5d0e" {
-            ticket.progress().route(Route {
+            ticket.progress().route(FallbackRoute {
                 target: Some("openrouter/anthropic/claude-sonnet-4.5".into()),
                 skipped: vec![
                     "anthropic/claude-sonnet-4-5: Anthropic is overloaded (HTTP 529): Overloaded"

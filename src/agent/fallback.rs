@@ -18,7 +18,7 @@ use crate::provider::{
     Price, ProviderClient, ProviderError, ProviderErrorKind, ProviderEvent, ProviderRequest,
     ProviderStream, RequestOptions,
 };
-use crate::status::Route;
+use crate::status::FallbackRoute;
 
 /// Conversations remembered, and for how long after their last call.
 const STICKY_MAX: usize = 4096;
@@ -212,7 +212,7 @@ pub struct Opened {
     pub stream: ProviderStream,
     /// Index into [`Chain::targets`].
     pub target: usize,
-    pub route: Route,
+    pub route: FallbackRoute,
 }
 
 impl Chain {
@@ -354,7 +354,7 @@ impl Chain {
             first,
             stream,
             target: i,
-            route: Route {
+            route: FallbackRoute {
                 target: Some(self.targets[i].label.clone()),
                 skipped,
             },

@@ -124,7 +124,7 @@ struct Inner {
     /// Fallback targets' cool-downs and conversations' targets, across runs.
     health: fallback::Health,
     /// Subagent calls waiting for their child runs, across runs.
-    subagents: subagents::Registry,
+    subagents: subagents::SubagentCalls,
 }
 
 impl Agent {
@@ -153,7 +153,7 @@ impl Agent {
                 providers,
                 status,
                 health: fallback::Health::default(),
-                subagents: subagents::Registry::default(),
+                subagents: subagents::SubagentCalls::default(),
             }),
         })
     }

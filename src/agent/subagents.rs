@@ -158,7 +158,7 @@ struct Pending {
 /// The calls waiting for their child runs, and the child runs running, shared by every run
 /// of the agent.
 #[derive(Debug, Clone, Default)]
-pub struct Registry {
+pub struct SubagentCalls {
     pending: Arc<Mutex<VecDeque<Pending>>>,
     /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
     /// when it ends, so this holds no more than the runs alive.
@@ -185,7 +185,7 @@ struct Running {
     background: bool,
 }
 
-impl Registry {
+impl SubagentCalls {
     /// A parent sent `args` (for a child described by `child`).
     pub fn register(&self, args: &pb::SubagentArgs, child: Child) {
         let mut p = self.lock();
@@ -429,7 +429,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_child_claims_its_call_once_by_prompt_and_model() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         let a = args("t1", "Find the config loader", "byok-m");
         r.register(&a, Child::for_call(&a, &[], 0));
         assert_eq!(r.claim("Find the config loader", "other-model", None), None);
@@ -445,7 +445,7 @@ mod tests {
     /// conversation's subagent; a client that names the call is believed whatever the prompt.
     #[tokio::test(start_paused = true)]
     async fn a_resumed_child_continues_its_own_conversation_and_a_named_call_is_claimed() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         let mut a = args("t1", "Go on with the survey", "byok-m");
         a.resume_agent_id = Some("ag-1".into());
         r.register(&a, Child::for_call(&a, &[], 0));
@@ -475,7 +475,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn unclaimed_calls_age_out_and_stay_bounded_over_hours() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         for i in 0..(3 * 3600 / 10) {
             let a = args(&format!("t{i}"), &format!("task {i}"), "m");
             r.register(&a, Child::for_call(&a, &[], 0));
@@ -491,7 +491,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_past_the_bound_forgets_the_oldest() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         for i in 0..MAX_PENDING + 5 {
             let a = args(&format!("t{i}"), &format!("task {i}"), "m");
             r.register(&a, Child::for_call(&a, &[], 0));
@@ -507,7 +507,7 @@ mod tests {
 
     #[test]
     fn a_tracked_child_can_be_canceled_until_it_ends() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         let token = CancellationToken::new();
         r.track("conv-child", token.clone());
         assert!(!r.cancel("other"));
@@ -531,7 +531,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stopped_parent_stops_all_its_children_an_ended_one_its_foreground_ones() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         let mut tokens = Vec::new();
         for (parent, call, bg) in [("p1", "f", false), ("p1", "b", true), ("p2", "o", false)] {
             let (a, child) = call_of(parent, call, call, bg);
@@ -555,7 +555,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_child_whose_parent_ended_before_it_started_ends_at_once() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         let (a, child) = call_of("p1", "late", "Look late", false);
         r.register(&a, child);
         let (b, child) = call_of("p1", "bg", "Look in the background", true);
@@ -598,7 +598,7 @@ mod tests {
         ParentLink::new(parent, call)
     }
 
-    fn register_of(r: &Registry, parent_run: &str, call: &str, prompt: &str) {
+    fn register_of(r: &SubagentCalls, parent_run: &str, call: &str, prompt: &str) {
         let a = args(call, prompt, "byok-m");
         let mut child = Child::for_call(&a, &[], 0);
         child.parent_run = parent_run.into();
@@ -607,7 +607,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_named_parent_run_decides_between_its_calls_by_prompt_or_alone() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         register_of(&r, "req-a", "t1", "Find the loader");
         register_of(&r, "req-a", "t2", "Find the parser");
         register_of(&r, "req-b", "t3", "Find the loader");
@@ -630,7 +630,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_parent_named_after_the_child_started_stops_it_with_the_parent() {
-        let r = Registry::default();
+        let r = SubagentCalls::default();
         register_of(&r, "req-p", "t1", "Find it");
         let cancel = CancellationToken::new();
         r.track_unlinked("req-c", "conv-c", cancel.clone());

@@ -14,9 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 use super::conn::{BoxFuture, BoxIo, Relay, Setup};
 use super::frame::{self, flag, kind, setting, Frame, FrameReader, Reason};
-use super::hpack::{Decoder, Encoding, Headers};
+use super::hpack::{BlockEncoding, Decoder, Headers};
 use super::limits::Limits;
-use super::state::Usage;
+use super::state::Held;
 use crate::upstream::UpstreamError;
 
 const STEP: Duration = Duration::from_secs(5);
@@ -25,7 +25,7 @@ const PIPE: usize = 64 * 1024;
 /// The relay, recording the most it held after every poll.
 struct Watched {
     relay: Relay,
-    peak: Arc<Mutex<Usage>>,
+    peak: Arc<Mutex<Held>>,
 }
 
 impl Future for Watched {
@@ -146,7 +146,7 @@ async fn raw_server(mut io: DuplexStream, tag: &'static str, how: Behaviour, see
             let mut h = Headers::default();
             h.push(b":status", b"200");
             h.push(b"x-from", tag.as_bytes());
-            let block = Encoding::Raw.encode(&h);
+            let block = BlockEncoding::Raw.encode(&h);
             frame::put_headers(&mut out, id, true, &block, frame::DEFAULT_MAX_FRAME);
             answered += 1;
             if how.close_after == Some(answered) {
@@ -166,7 +166,7 @@ struct Harness {
     client: DuplexStream,
     rbuf: BytesMut,
     decoder: Decoder,
-    peak: Arc<Mutex<Usage>>,
+    peak: Arc<Mutex<Held>>,
     origin: Arc<Seen>,
     dials: Arc<AtomicUsize>,
     relay: tokio::task::JoinHandle<()>,
@@ -215,7 +215,7 @@ fn harness(dial: Dial, limits: Limits) -> Harness {
         stopping: Box::pin(std::future::pending()),
     };
     let (client, relay_io) = tokio::io::duplex(PIPE);
-    let peak = Arc::new(Mutex::new(Usage::default()));
+    let peak = Arc::new(Mutex::new(Held::default()));
     let relay = Relay::with_limits(Box::new(relay_io), setup, limits);
     let relay = tokio::spawn(Watched {
         relay,
@@ -314,7 +314,12 @@ impl Harness {
     async fn warm_up(&mut self) {
         self.hello().await;
         let mut out = BytesMut::new();
-        headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/echo")));
+        headers_frame(
+            &mut out,
+            1,
+            true,
+            &BlockEncoding::Raw.encode(&request("/echo")),
+        );
         self.send(&out).await;
         assert_eq!(self.answer(1).await, "origin");
     }
@@ -328,7 +333,7 @@ impl Harness {
         assert!(why.starts_with("client") && why.contains(what), "{why}");
     }
 
-    fn peak(&self) -> Usage {
+    fn peak(&self) -> Held {
         *self.peak.lock().unwrap()
     }
 }
@@ -338,7 +343,12 @@ async fn still_served(dial: Dial) {
     let mut h = harness(dial, Limits::default());
     h.hello().await;
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        1,
+        true,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "origin");
 }
@@ -353,7 +363,7 @@ async fn rapid_reset_is_capped_then_goaway() {
     let burst = limits.premature_resets.burst as usize;
     let mut h = harness(serves(), limits);
     h.warm_up().await;
-    let block = Encoding::Raw.encode(&request("/echo"));
+    let block = BlockEncoding::Raw.encode(&request("/echo"));
     // 20,000 HEADERS + RST_STREAM pairs (a rapid-reset flood), 100 to a write.
     let mut sent = 0;
     'flood: for batch in 0..200u32 {
@@ -395,7 +405,7 @@ async fn resets_refill_over_time() {
     let rate = limits.premature_resets;
     let mut h = harness(serves(), limits);
     h.warm_up().await;
-    let block = Encoding::Raw.encode(&request("/echo"));
+    let block = BlockEncoding::Raw.encode(&request("/echo"));
     let mut id = 3;
     // A burst at the limit, a pause that refills it, another burst: no GOAWAY.
     for _ in 0..2 {
@@ -420,7 +430,7 @@ async fn continuation_flood_is_capped() {
     let cap = limits.max_continuations;
     let mut h = harness(serves(), limits);
     h.hello().await;
-    let block = Encoding::Raw.encode(&request("/echo"));
+    let block = BlockEncoding::Raw.encode(&request("/echo"));
     let mut out = BytesMut::new();
     frame::put_head(&mut out, block.len(), kind::HEADERS, 0, 1);
     out.put_slice(&block);
@@ -454,7 +464,12 @@ async fn control_frame_floods_end_in_goaway() {
         let mut h = harness(serves(), Limits::default());
         h.warm_up().await;
         let mut out = BytesMut::new();
-        headers_frame(&mut out, 3, false, &Encoding::Raw.encode(&request("/echo")));
+        headers_frame(
+            &mut out,
+            3,
+            false,
+            &BlockEncoding::Raw.encode(&request("/echo")),
+        );
         for _ in 0..burst * 5 {
             put(&mut out);
         }
@@ -470,7 +485,7 @@ async fn zero_window_updates_reset_streams_until_goaway() {
     let cap = limits.max_error_resets;
     let mut h = harness(serves(), limits);
     h.warm_up().await;
-    let block = Encoding::Raw.encode(&request("/echo"));
+    let block = BlockEncoding::Raw.encode(&request("/echo"));
     let mut out = BytesMut::new();
     for i in 0..(cap as u32 + 10) {
         let id = 3 + 2 * i;
@@ -525,7 +540,12 @@ async fn tiny_data_frames_count_their_overhead() {
     let mut h = harness(Dial::Serves(stuck), limits);
     h.hello().await;
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, false, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        1,
+        false,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     h.send(&out).await;
     let mut chunk = BytesMut::new();
     for _ in 0..10_000 {
@@ -555,7 +575,7 @@ fn big_entry_blocks(n: u32, first_id: u32) -> (BytesMut, usize) {
     let mut out = BytesMut::new();
     let mut sent = 0;
     // Stream `first_id` to our server adds it (incremental indexing) and desyncs the origin.
-    let mut first = Encoding::Raw.encode(&request("/ours/x"));
+    let mut first = BlockEncoding::Raw.encode(&request("/ours/x"));
     first.push(0x40);
     first.push(5);
     first.extend_from_slice(b"x-big");
@@ -571,7 +591,7 @@ fn big_entry_blocks(n: u32, first_id: u32) -> (BytesMut, usize) {
     first.extend_from_slice(big.as_bytes());
     headers_frame(&mut out, first_id, true, &first);
     for i in 1..=n {
-        let mut block = Encoding::Raw.encode(&request("/echo"));
+        let mut block = BlockEncoding::Raw.encode(&request("/echo"));
         block.push(0x80 | 62);
         sent += block.len();
         headers_frame(&mut out, first_id + 2 * i, true, &block);
@@ -604,7 +624,12 @@ async fn reencoding_past_the_budget_ends_the_connection() {
     h.hello().await;
     // Let the origin's SETTINGS (no table) arrive first.
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        1,
+        true,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "origin");
     // 99 KB of such blocks; each would be a 3,900-byte literal.
@@ -652,7 +677,7 @@ async fn protocol_errors_get_their_codes() {
     assert!(why.contains("RST_STREAM on idle stream 7"), "{why}");
 
     let overflow = |o: &mut BytesMut| {
-        let block = Encoding::Raw.encode(&request("/echo"));
+        let block = BlockEncoding::Raw.encode(&request("/echo"));
         headers_frame(o, 1, false, &block);
         // The stream's window toward the client at 2^31-1, then one more by SETTINGS.
         frame::put_window_update(o, 1, (frame::MAX_WINDOW - 65_535) as u32);
@@ -673,7 +698,7 @@ async fn never_indexed_fields_stay_never_indexed() {
         &mut out,
         1,
         true,
-        &Encoding::Raw.encode(&request("/ours/x")),
+        &BlockEncoding::Raw.encode(&request("/ours/x")),
     );
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "internal");
@@ -681,7 +706,7 @@ async fn never_indexed_fields_stay_never_indexed() {
         let mut req = request("/echo");
         req.push_never(b"authorization", b"Bearer secret-token");
         let mut out = BytesMut::new();
-        headers_frame(&mut out, id, true, &Encoding::Raw.encode(&req));
+        headers_frame(&mut out, id, true, &BlockEncoding::Raw.encode(&req));
         h.send(&out).await;
         assert_eq!(h.answer(id).await, "origin");
     }
@@ -695,7 +720,12 @@ async fn our_error_answer_resets_the_upload() {
     let mut h = harness(Dial::Fails, Limits::default());
     h.hello().await;
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, false, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        1,
+        false,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     frame::put_data(&mut out, 1, false, &[1; 1000]);
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "502");
@@ -726,7 +756,12 @@ async fn an_origin_that_closed_while_idle_is_redialled() {
     h.hello().await;
     for (i, id) in [1u32, 3, 5].into_iter().enumerate() {
         let mut out = BytesMut::new();
-        headers_frame(&mut out, id, true, &Encoding::Raw.encode(&request("/echo")));
+        headers_frame(
+            &mut out,
+            id,
+            true,
+            &BlockEncoding::Raw.encode(&request("/echo")),
+        );
         h.send(&out).await;
         assert_eq!(h.answer(id).await, "origin", "stream {id}");
         // Each origin connection answers one stream, then closes (GOAWAY, EOF).
@@ -758,7 +793,12 @@ async fn the_origin_is_dialled_only_when_a_stream_needs_it() {
     let mut h = harness(serves(), Limits::default());
     h.hello().await;
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, true, &Encoding::Raw.encode(&request("/ours")));
+    headers_frame(
+        &mut out,
+        1,
+        true,
+        &BlockEncoding::Raw.encode(&request("/ours")),
+    );
     h.send(&out).await;
     assert_eq!(h.answer(1).await, "internal");
     assert_eq!(
@@ -767,7 +807,12 @@ async fn the_origin_is_dialled_only_when_a_stream_needs_it() {
         "dialled for no passthrough"
     );
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 3, true, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        3,
+        true,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     h.send(&out).await;
     assert_eq!(h.answer(3).await, "origin");
     assert_eq!(h.dials.load(Ordering::SeqCst), 1);
@@ -786,7 +831,12 @@ async fn a_client_held_back_by_the_origins_window_is_seen_leaving() {
     let mut h = harness(Dial::Serves(stuck), limits);
     h.hello().await;
     let mut out = BytesMut::new();
-    headers_frame(&mut out, 1, false, &Encoding::Raw.encode(&request("/echo")));
+    headers_frame(
+        &mut out,
+        1,
+        false,
+        &BlockEncoding::Raw.encode(&request("/echo")),
+    );
     h.send(&out).await;
     let mut chunk = BytesMut::new();
     for _ in 0..10_000 {

@@ -194,7 +194,7 @@ impl Relay {
 
     /// What the connection holds now, for tests to check against the limits.
     #[cfg(test)]
-    pub(crate) fn usage(&self) -> super::state::Usage {
+    pub(crate) fn usage(&self) -> super::state::Held {
         self.state.usage()
     }
 

@@ -4,7 +4,7 @@
 use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, flag, kind, setting, ConnError, Frame, Reason};
-use super::hpack::{self, Encoding};
+use super::hpack::{self, BlockEncoding};
 use super::stream::{Data, Item};
 
 /// Does this frame from the client cost us work without carrying anything for a stream?
@@ -56,7 +56,7 @@ pub(super) fn on_settings(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<
             // A peer that keeps a smaller table than every peer starts with: our own
             // encoder, sized for it, from the next block on.
             setting::HEADER_TABLE_SIZE if (value as usize) < hpack::TABLE_SIZE => {
-                peer.encoding = Encoding::own(value as usize);
+                peer.encoding = BlockEncoding::own(value as usize);
             }
             setting::MAX_CONCURRENT_STREAMS => peer.max_streams = value,
             setting::INITIAL_WINDOW_SIZE => {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::common::{Conn, Direction, CONN_WINDOW, STREAM_WINDOW};
 use super::frame::{self, setting, ConnError, Reason};
-use super::hpack::{self, Encoding};
+use super::hpack::{self, BlockEncoding};
 use super::limits::{calm, Limits, Spent};
 use super::peer::{Credit, Peer, Peers};
 use super::stream::{Data, Half, Item, Stream};
@@ -30,7 +30,7 @@ pub(super) struct Flow {
 
 impl Flow {
     pub(super) fn new(limits: Limits) -> Self {
-        let mut client = Peer::new(true, Encoding::Raw);
+        let mut client = Peer::new(true, BlockEncoding::Raw);
         frame::put_settings(
             &mut client.out,
             &[
@@ -41,7 +41,7 @@ impl Flow {
         );
         frame::put_window_update(&mut client.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
         // Frames for the origin wait in its buffer while it is dialled.
-        let upstream = Peer::client_role(false, Encoding::Raw);
+        let upstream = Peer::client_role(false, BlockEncoding::Raw);
         Flow {
             peers: Peers {
                 client,

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, flag, ConnError, Frame, Reason};
-use super::hpack::{self, Encoding, Headers};
+use super::hpack::{self, BlockEncoding, Headers};
 use super::limits::calm;
 use super::peer::{Partial, Peer};
 use super::stream::Item;
@@ -238,7 +238,10 @@ impl Opener {
             return Some(Conn::Upstream);
         }
         if peers.internal.is_none() {
-            peers.internal = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
+            peers.internal = Some(Peer::client_role(
+                false,
+                BlockEncoding::own(hpack::TABLE_SIZE),
+            ));
             self.wants.internal = true;
         }
         peers
@@ -273,7 +276,10 @@ impl Opener {
         // A new connection starts with an empty table on both of its ends: blocks toward it
         // are ours, and so are the blocks toward the client (its table still holds what the
         // old connection's encoder put there).
-        flow.peers.upstream = Some(Peer::client_role(false, Encoding::own(hpack::TABLE_SIZE)));
+        flow.peers.upstream = Some(Peer::client_role(
+            false,
+            BlockEncoding::own(hpack::TABLE_SIZE),
+        ));
         flow.peers.desync(Conn::Client);
         self.wants.dial = true;
     }
@@ -366,7 +372,7 @@ fn send_block(flow: &mut Flow, to: Direction, block: Block) {
             return;
         }
         // Behind queued DATA: it would reach the peer out of its encoder's order.
-        dest.encoding = Encoding::own(hpack::TABLE_SIZE);
+        dest.encoding = BlockEncoding::own(hpack::TABLE_SIZE);
     }
     half.queue.push_back(Item::Headers {
         input: block.hpack.len(),

@@ -343,24 +343,24 @@ impl Decoder {
 }
 
 /// How blocks toward one peer are produced.
-pub(crate) enum Encoding {
+pub(crate) enum BlockEncoding {
     /// Blocks from the peer's counterpart pass as received: both tables are in step.
     Raw,
     /// Our own encoder; `fresh` until its first block, which resets the peer's table first.
     Own { table: Box<Table>, fresh: bool },
 }
 
-impl Encoding {
+impl BlockEncoding {
     /// Our own encoder, for a peer whose table holds at most `size` bytes.
     pub(crate) fn own(size: usize) -> Self {
-        Encoding::Own {
+        BlockEncoding::Own {
             table: Box::new(Table::new(size.min(TABLE_SIZE))),
             fresh: true,
         }
     }
 
     pub(crate) fn is_raw(&self) -> bool {
-        matches!(self, Encoding::Raw)
+        matches!(self, BlockEncoding::Raw)
     }
 
     /// Encode `headers` with our own encoder (`Own`), or statelessly (`Raw`: the peer's table
@@ -368,8 +368,8 @@ impl Encoding {
     pub(crate) fn encode(&mut self, headers: &Headers) -> Vec<u8> {
         let mut out = Vec::with_capacity(headers.buf.len() + 4 * headers.fields.len() + 8);
         match self {
-            Encoding::Raw => encode_stateless(headers, &mut out),
-            Encoding::Own { table, fresh } => {
+            BlockEncoding::Raw => encode_stateless(headers, &mut out),
+            BlockEncoding::Own { table, fresh } => {
                 if std::mem::take(fresh) {
                     // Size updates to 0 (drops entries the other side's encoder put in the
                     // peer's table) and back to the size we use.
@@ -501,7 +501,7 @@ mod tests {
             ("authorization", &"x".repeat(700)),
             ("x-cursor-client-version", "1.2.3"),
         ]);
-        let mut own = Encoding::own(TABLE_SIZE);
+        let mut own = BlockEncoding::own(TABLE_SIZE);
         let mut peer = Decoder::new();
         let first = own.encode(&a);
         assert_eq!(pairs(&peer.decode(&first).unwrap()), pairs(&a));
@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(pairs(&peer.decode(&again).unwrap()), pairs(&a));
         // loona's decoder agrees.
         let mut theirs = loona_hpack::Decoder::new();
-        let mut own = Encoding::own(TABLE_SIZE);
+        let mut own = BlockEncoding::own(TABLE_SIZE);
         for _ in 0..3 {
             let got = theirs.decode(&own.encode(&a)).unwrap();
             assert_eq!(got, pairs(&a));
@@ -522,14 +522,14 @@ mod tests {
         let first = list(&[("x-cursor-path", "/a"), ("x-cursor-id", "1")]);
         let second = list(&[(":path", "/b"), ("x-cursor-id", "2")]);
         // A peer whose table the other side's encoder filled.
-        let mut theirs = Encoding::own(TABLE_SIZE);
+        let mut theirs = BlockEncoding::own(TABLE_SIZE);
         let mut decoder = Decoder::new();
         assert_eq!(
             pairs(&decoder.decode(&theirs.encode(&first)).unwrap()),
             pairs(&first)
         );
         // Our stateless block in between...
-        let ours = Encoding::Raw.encode(&second);
+        let ours = BlockEncoding::Raw.encode(&second);
         assert_eq!(pairs(&decoder.decode(&ours).unwrap()), pairs(&second));
         // ...and the other side's next block (indexed from its table) still decodes.
         let block = theirs.encode(&first);
@@ -541,10 +541,10 @@ mod tests {
     fn own_encoder_takes_over_a_table_filled_by_someone_else() {
         let a = list(&[("x-a", "1"), ("x-b", "2")]);
         let b = list(&[("x-c", "3"), ("x-a", "1")]);
-        let mut theirs = Encoding::own(TABLE_SIZE);
+        let mut theirs = BlockEncoding::own(TABLE_SIZE);
         let mut decoder = Decoder::new();
         decoder.decode(&theirs.encode(&a)).unwrap();
-        let mut own = Encoding::own(TABLE_SIZE);
+        let mut own = BlockEncoding::own(TABLE_SIZE);
         for _ in 0..3 {
             assert_eq!(pairs(&decoder.decode(&own.encode(&b)).unwrap()), pairs(&b));
             assert_eq!(pairs(&decoder.decode(&own.encode(&a)).unwrap()), pairs(&a));
@@ -555,7 +555,7 @@ mod tests {
     fn never_indexed_fields_stay_so_through_every_encoder() {
         let mut h = list(&[(":path", "/a")]);
         h.push_never(b"authorization", b"Bearer secret");
-        for mut encoding in [Encoding::own(TABLE_SIZE), Encoding::Raw] {
+        for mut encoding in [BlockEncoding::own(TABLE_SIZE), BlockEncoding::Raw] {
             let mut peer = Decoder::new();
             for _ in 0..2 {
                 let block = encoding.encode(&h);
@@ -572,7 +572,7 @@ mod tests {
 
     #[test]
     fn eviction_keeps_encoder_and_decoder_in_step() {
-        let mut own = Encoding::own(200);
+        let mut own = BlockEncoding::own(200);
         let mut peer = Decoder::new();
         for i in 0..50 {
             let h = list(&[("x-n", &format!("{i}")), (&format!("x-{}", i % 7), "v")]);

@@ -66,7 +66,7 @@ pub fn fuzz_frames_and_headers(data: &[u8]) {
     );
 
     let mut decoder = hpack::Decoder::new();
-    let mut own = hpack::Encoding::own(hpack::TABLE_SIZE);
+    let mut own = hpack::BlockEncoding::own(hpack::TABLE_SIZE);
     let mut follower = hpack::Decoder::new();
     for (kind, flags, stream, raw) in whole {
         if kind != frame::kind::HEADERS {
@@ -97,7 +97,7 @@ pub fn fuzz_frames_and_headers(data: &[u8]) {
             pairs(&again),
             "own encoding changed the headers"
         );
-        let stateless = hpack::Encoding::Raw.encode(&headers);
+        let stateless = hpack::BlockEncoding::Raw.encode(&headers);
         let again = follower
             .decode(&stateless)
             .expect("a stateless block decodes");

@@ -8,7 +8,7 @@ use bytes::{Buf, BytesMut};
 
 use super::common::{Conn, CONN_WINDOW, STREAM_WINDOW};
 use super::frame::{self, setting};
-use super::hpack::{self, Decoder, Encoding};
+use super::hpack::{self, BlockEncoding, Decoder};
 
 /// Bytes of DATA that came from `from` on `stream`, granted back once written up to `end`.
 pub(super) struct Credit {
@@ -31,7 +31,7 @@ pub(super) struct Peer {
     /// Follows the peer's encoder.
     pub(super) decoder: Decoder,
     /// How header blocks toward the peer are made.
-    pub(super) encoding: Encoding,
+    pub(super) encoding: BlockEncoding,
     /// A header block still waiting for its CONTINUATION frames.
     pub(super) partial: Option<Partial>,
     /// What we may still send (connection window), and the peer's settings.
@@ -67,7 +67,7 @@ pub(super) struct Partial {
 }
 
 impl Peer {
-    pub(super) fn new(connected: bool, encoding: Encoding) -> Self {
+    pub(super) fn new(connected: bool, encoding: BlockEncoding) -> Self {
         Peer {
             connected,
             out: BytesMut::new(),
@@ -94,7 +94,7 @@ impl Peer {
     }
 
     /// A connection where we are the client: preface, settings, the larger connection window.
-    pub(super) fn client_role(connected: bool, encoding: Encoding) -> Self {
+    pub(super) fn client_role(connected: bool, encoding: BlockEncoding) -> Self {
         let mut peer = Peer::new(connected, encoding);
         peer.out.extend_from_slice(frame::PREFACE);
         frame::put_settings(
@@ -190,7 +190,7 @@ impl Peers {
         if let Some(peer) = self.get_mut(side) {
             if peer.encoding.is_raw() {
                 tracing::trace!(?side, "header blocks re-encoded from now on");
-                peer.encoding = Encoding::own(hpack::TABLE_SIZE);
+                peer.encoding = BlockEncoding::own(hpack::TABLE_SIZE);
             }
         }
     }

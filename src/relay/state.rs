@@ -18,7 +18,7 @@ use crate::upstream::UpstreamError;
 
 /// What a relay holds at one moment (largest of its peers).
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Usage {
+pub(crate) struct Held {
     /// Output waiting for one peer, in bytes.
     pub(crate) out: usize,
     /// DATA held for windows from one peer, in accounted bytes.
@@ -28,10 +28,10 @@ pub(crate) struct Usage {
     pub(crate) queued_items: usize,
 }
 
-impl Usage {
+impl Held {
     #[cfg(test)]
-    pub(crate) fn max(self, other: Usage) -> Usage {
-        Usage {
+    pub(crate) fn max(self, other: Held) -> Held {
+        Held {
             out: self.out.max(other.out),
             buffered: self.buffered.max(other.buffered),
             streams: self.streams.max(other.streams),
@@ -246,10 +246,10 @@ impl State {
     }
 
     /// What the connection holds now, for tests and fuzzing to check against the limits.
-    pub(super) fn usage(&self) -> Usage {
-        let mut usage = Usage {
+    pub(super) fn usage(&self) -> Held {
+        let mut usage = Held {
             streams: self.flow.streams.len(),
-            ..Usage::default()
+            ..Held::default()
         };
         for p in self.flow.peers.iter() {
             usage.out = usage.out.max(p.out.len());

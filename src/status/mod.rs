@@ -165,7 +165,7 @@ struct Active {
     started_unix_ms: u64,
     usage: Usage,
     cost_usd: Option<f64>,
-    route: Route,
+    route: FallbackRoute,
 }
 
 impl Active {
@@ -202,7 +202,7 @@ struct LatencyStats {
 
 /// Which target of a model's fallback chain served a run, and why earlier ones did not.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Route {
+pub struct FallbackRoute {
     /// `provider/model` of the target that served the (last) call.
     pub target: Option<String>,
     /// `provider/model: reason` for each target passed over.
@@ -293,7 +293,7 @@ impl Status {
                 started_unix_ms: unix_ms(),
                 usage: Usage::default(),
                 cost_usd: None,
-                route: Route::default(),
+                route: FallbackRoute::default(),
             },
         );
         RunTicket {
@@ -533,7 +533,7 @@ impl RunProgress {
     }
 
     /// Which fallback target serves the run, and why earlier ones were passed over.
-    pub fn route(&self, route: Route) {
+    pub fn route(&self, route: FallbackRoute) {
         self.status.update(self.id, |a| a.route = route);
     }
 
@@ -715,7 +715,7 @@ mod tests {
                 ..Usage::default()
             };
             t.progress().usage(u, cost);
-            t.progress().route(Route {
+            t.progress().route(FallbackRoute {
                 target: Some("p/m".into()),
                 skipped: vec!["q/m: HTTP 429".into()],
             });

@@ -20,7 +20,7 @@ use super::setup::Run;
 use super::steer::Steering;
 use crate::agent::messages as msg;
 use crate::agent::state::{Blob, BlobId};
-use crate::agent::subagents::Registry;
+use crate::agent::subagents::SubagentCalls;
 use crate::proto::agent::v1 as pb;
 use crate::provider::Message;
 
@@ -54,7 +54,7 @@ pub(super) struct Client {
     /// Whether the model reads images (injected messages keep theirs).
     images: bool,
     /// Subagent calls and child runs (shared by every run): the user may stop one.
-    subagents: Registry,
+    subagents: SubagentCalls,
 }
 
 impl Client {

@@ -40,7 +40,7 @@ use crate::agent::run_io::RunOutput;
 use crate::connect::EndStream;
 use crate::proto::agent::v1 as pb;
 use crate::provider::Usage;
-use crate::status::{Route, RunTicket};
+use crate::status::{FallbackRoute, RunTicket};
 use client::Client;
 use model_calls::ModelCalls;
 use outbox::Outbox;
@@ -89,7 +89,7 @@ pub(super) fn spawn(
         outbox::heartbeat(outbox.clone(), run.settings.heartbeat, done.clone())
             .instrument(span.clone()),
     );
-    let route = Arc::new(Mutex::new(Route::default()));
+    let route = Arc::new(Mutex::new(FallbackRoute::default()));
     let ending = Ending {
         subagent_id: track_subagent(&run, &first, &cancel),
         registry: run.subagents.clone(),
@@ -148,7 +148,7 @@ fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationT
 
 /// What the end of a run needs: to untrack it, judge its result, report it, and send its end.
 struct Ending {
-    registry: crate::agent::subagents::Registry,
+    registry: crate::agent::subagents::SubagentCalls,
     subagent_id: String,
     /// The run's request id: its children know their parent by it.
     parent_key: String,
@@ -159,7 +159,7 @@ struct Ending {
     failure: Failure,
     model_name: String,
     provider_name: String,
-    route: Arc<Mutex<Route>>,
+    route: Arc<Mutex<FallbackRoute>>,
     started: Instant,
     outbox: Outbox,
     /// The client's secrets stay in the scrubber until the end frame is out.
@@ -260,7 +260,7 @@ impl Ending {
 }
 
 /// `fake/gpt-fake (skipped: a/b: HTTP 429 …)`, or the provider's name before any call.
-fn route_words(route: &Route, provider_name: &str) -> String {
+fn route_words(route: &FallbackRoute, provider_name: &str) -> String {
     let mut s = route
         .target
         .clone()
@@ -315,7 +315,7 @@ mod tests {
             usage_words(&plain, None),
             "5 in / 1 out tokens, price unknown"
         );
-        let route = Route {
+        let route = FallbackRoute {
             target: Some("backup/m".into()),
             skipped: vec!["fake/m: Fake is overloaded (HTTP 529): busy".into()],
         };
@@ -323,6 +323,6 @@ mod tests {
             route_words(&route, "Fake"),
             "backup/m (skipped fake/m: Fake is overloaded (HTTP 529): busy)"
         );
-        assert_eq!(route_words(&Route::default(), "Fake"), "Fake");
+        assert_eq!(route_words(&FallbackRoute::default(), "Fake"), "Fake");
     }
 }

@@ -21,7 +21,7 @@ use crate::provider::{
     FinishReason, Price, ProviderError, ProviderErrorKind, ProviderEvent, ProviderRequest,
     RequestOptions, Turn, TurnBuilder, Usage,
 };
-use crate::status::{Route, RunProgress};
+use crate::status::{FallbackRoute, RunProgress};
 
 /// What one model call produced.
 pub(super) struct ModelCall {
@@ -42,7 +42,7 @@ pub(super) struct ModelCalls {
     /// Dollars so far; `None` once a call's price is unknown.
     cost_usd: Option<f64>,
     /// The target that served the latest call, for the summary line.
-    route: Arc<Mutex<Route>>,
+    route: Arc<Mutex<FallbackRoute>>,
     /// Live figures for the status page.
     progress: RunProgress,
     /// What a model call canceled mid-stream had produced.
@@ -52,7 +52,7 @@ pub(super) struct ModelCalls {
 impl ModelCalls {
     pub(super) fn new(
         cancel: CancellationToken,
-        route: Arc<Mutex<Route>>,
+        route: Arc<Mutex<FallbackRoute>>,
         progress: RunProgress,
     ) -> ModelCalls {
         ModelCalls {

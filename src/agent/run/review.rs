@@ -45,7 +45,7 @@ pub enum Plan {
 
 /// The decision written into the exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum Verdict {
     Allow,
     Ask(String),
 }
@@ -141,12 +141,12 @@ pub fn describe_fetch(f: &pb::FetchArgs) -> String {
 /// (`request_id` names the review for the client's card): approved at once, or the card.
 pub fn fetch_query(
     f: &pb::FetchArgs,
-    decision: Decision,
+    decision: Verdict,
     request_id: &str,
 ) -> pb::interaction_query::Query {
     let (skip_approval, smart_mode_approval) = match decision {
-        Decision::Allow => (true, None),
-        Decision::Ask(reason) => (
+        Verdict::Allow => (true, None),
+        Verdict::Ask(reason) => (
             false,
             Some(pb::SmartModeApproval {
                 request_id: request_id.to_string(),
@@ -211,14 +211,14 @@ pub fn prompt(description: &str) -> (String, String) {
 }
 
 #[derive(Deserialize)]
-struct Verdict {
+struct ReviewAnswer {
     decision: String,
     #[serde(default)]
     reason: String,
 }
 
 /// The model's answer as a decision; `None` when it is not the JSON asked for.
-pub fn parse(text: &str) -> Option<Decision> {
+pub fn parse(text: &str) -> Option<Verdict> {
     let t = text.trim();
     let t = t
         .strip_prefix("```json")
@@ -226,11 +226,11 @@ pub fn parse(text: &str) -> Option<Decision> {
         .map(|r| r.trim_end().trim_end_matches("```"))
         .unwrap_or(t)
         .trim();
-    let v: Verdict = serde_json::from_str(t).ok()?;
+    let v: ReviewAnswer = serde_json::from_str(t).ok()?;
     let reason = v.reason.trim().to_string();
     match v.decision.trim().to_ascii_lowercase().as_str() {
-        "allow" => Some(Decision::Allow),
-        "ask" | "deny" => Some(Decision::Ask(if reason.is_empty() {
+        "allow" => Some(Verdict::Allow),
+        "ask" | "deny" => Some(Verdict::Ask(if reason.is_empty() {
             "Auto-review asks you to approve this call".to_string()
         } else {
             reason
@@ -240,10 +240,10 @@ pub fn parse(text: &str) -> Option<Decision> {
 }
 
 /// Writes `decision` into the exec (`request_id` names the review for the client's card).
-pub fn apply(exec: &mut X, decision: Decision, request_id: &str) {
+pub fn apply(exec: &mut X, decision: Verdict, request_id: &str) {
     let (skip, approval) = match decision {
-        Decision::Allow => (true, None),
-        Decision::Ask(reason) => (
+        Verdict::Allow => (true, None),
+        Verdict::Ask(reason) => (
             false,
             Some(pb::SmartModeApproval {
                 request_id: request_id.to_string(),
@@ -353,7 +353,7 @@ mod tests {
         };
         assert!(describe_fetch(&f).contains("https://example.com/x"));
         let pb::interaction_query::Query::WebFetchRequestQuery(q) =
-            fetch_query(&f, Decision::Ask("sends data".into()), "r1")
+            fetch_query(&f, Verdict::Ask("sends data".into()), "r1")
         else {
             panic!("a web fetch query")
         };
@@ -364,7 +364,7 @@ mod tests {
         );
         assert_eq!(q.args.map(|a| a.tool_call_id).as_deref(), Some("t1"));
         let pb::interaction_query::Query::WebFetchRequestQuery(q) =
-            fetch_query(&f, Decision::Allow, "r2")
+            fetch_query(&f, Verdict::Allow, "r2")
         else {
             panic!("a web fetch query")
         };
@@ -392,15 +392,15 @@ mod tests {
     fn verdicts_parse_strictly() {
         assert_eq!(
             parse(r#"{"decision":"allow","reason":"runs tests"}"#),
-            Some(Decision::Allow)
+            Some(Verdict::Allow)
         );
         assert_eq!(
             parse("```json\n{\"decision\": \"ask\", \"reason\": \"deletes files\"}\n```"),
-            Some(Decision::Ask("deletes files".into()))
+            Some(Verdict::Ask("deletes files".into()))
         );
         assert!(matches!(
             parse(r#"{"decision":"deny"}"#),
-            Some(Decision::Ask(_))
+            Some(Verdict::Ask(_))
         ));
         assert_eq!(parse("Sure, allow it."), None);
         assert_eq!(parse(r#"{"decision":"maybe"}"#), None);
@@ -409,13 +409,13 @@ mod tests {
     #[test]
     fn decisions_land_in_the_exec() {
         let mut s = shell("ls");
-        apply(&mut s, Decision::Allow, "r1");
+        apply(&mut s, Verdict::Allow, "r1");
         let X::ShellStreamArgs(a) = &s else {
             unreachable!()
         };
         assert!(a.skip_approval && a.smart_mode_approval.is_none());
         let mut m = X::McpArgs(Default::default());
-        apply(&mut m, Decision::Ask("sends mail".into()), "r2");
+        apply(&mut m, Verdict::Ask("sends mail".into()), "r2");
         let X::McpArgs(a) = &m else { unreachable!() };
         assert!(!a.skip_approval);
         assert_eq!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::agent::fallback::Chain;
 use crate::agent::model::ResolvedModel;
 use crate::agent::state::BlobCache;
-use crate::agent::subagents::{Child, Registry};
+use crate::agent::subagents::{Child, SubagentCalls};
 use crate::provider::Usage;
 
 /// Settings a run needs from the configuration.
@@ -53,7 +53,7 @@ pub(crate) struct Run {
     /// The client's secrets in the scrubber, until the run's end frame is out.
     pub secrets: crate::base::secret::Registration,
     /// Subagent calls waiting for their child runs (shared by every run).
-    pub subagents: Registry,
+    pub subagents: SubagentCalls,
     /// When this run is a subagent: its kind and limits.
     pub child: Option<Child>,
 }

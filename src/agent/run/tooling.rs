@@ -217,11 +217,11 @@ impl ToolRound<'_> {
         for (n, (exec, _)) in execs.iter_mut().enumerate() {
             let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
                 review::Plan::Leave => continue,
-                review::Plan::Ask(reason) => review::Decision::Ask(reason),
+                review::Plan::Ask(reason) => review::Verdict::Ask(reason),
                 // The user's and project's allow lists win over the model's verdict.
                 review::Plan::Judge(description) => {
                     if self.allowlisted(exec).await? {
-                        review::Decision::Allow
+                        review::Verdict::Allow
                     } else {
                         self.verdict(&description).await?
                     }
@@ -247,7 +247,7 @@ impl ToolRound<'_> {
         };
         let exec = pb::exec_server_message::Message::FetchArgs(f.clone());
         let decision = if self.allowlisted(&exec).await? {
-            review::Decision::Allow
+            review::Verdict::Allow
         } else {
             self.verdict(&review::describe_fetch(f)).await?
         };
@@ -285,7 +285,7 @@ impl ToolRound<'_> {
 
     /// The run's model judges one call, within [`review::VERDICT_TIMEOUT`]; anything but a
     /// clear verdict asks the user. Its tokens count in the run's usage.
-    async fn verdict(&mut self, description: &str) -> Result<review::Decision, RunError> {
+    async fn verdict(&mut self, description: &str) -> Result<review::Verdict, RunError> {
         let cfg = &self.run.model.config;
         let (system, user) = review::prompt(description);
         let request = ProviderRequest {
@@ -300,7 +300,7 @@ impl ToolRound<'_> {
                 ..Default::default()
             },
         };
-        let ask = |why: &str| review::Decision::Ask(format!("Auto-review {why}; please decide"));
+        let ask = |why: &str| review::Verdict::Ask(format!("Auto-review {why}; please decide"));
         let judged = self.model.complete(self.run, request);
         Ok(
             match tokio::time::timeout(review::VERDICT_TIMEOUT, judged).await {

@@ -34,7 +34,7 @@ use super::body::{
 };
 use super::caller::{parent_link, request_id, Caller, ClientMessage};
 use super::face::AgentTransports;
-use super::pairing::{digest, Entry, Inbound, Registry};
+use super::pairing::{digest, Entry, Inbound, Pairings};
 use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
 use crate::agent::RunOutput;
 use crate::capture::Capture;
@@ -565,13 +565,13 @@ fn ok_response() -> Response<Body> {
 /// run is ended (the client left).
 struct SseBody {
     entry: Arc<Entry>,
-    registry: Registry,
+    registry: Pairings,
     generation: u64,
     finished: bool,
 }
 
 impl SseBody {
-    fn attach(entry: Arc<Entry>, registry: Registry) -> Self {
+    fn attach(entry: Arc<Entry>, registry: Pairings) -> Self {
         let generation = {
             let mut b = entry.backlog();
             b.reader += 1;
@@ -689,7 +689,7 @@ mod tests {
     /// that is dropped (its connection died) or replaced go to the next reader again.
     #[tokio::test(start_paused = true)]
     async fn frames_a_reader_never_confirmed_go_to_the_next_one() {
-        let registry = Registry::new(PairingLimits::default());
+        let registry = Pairings::new(PairingLimits::default());
         let entry = registry.get_or_create("run").unwrap();
         for i in 0..3u8 {
             entry.backlog().push(Bytes::from(vec![i]), false);

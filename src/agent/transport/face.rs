@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::pairing::Registry;
+use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
 use crate::agent::{model, Agent};
@@ -32,7 +32,7 @@ pub(super) struct Inner {
     pub(super) routes: RoutingTable,
     /// Conversation pins that outlive the process (resumes name no model).
     pins: PinStore,
-    pub(super) bidi: Registry,
+    pub(super) bidi: Pairings,
     pub(super) limits: Limits,
 }
 
@@ -49,7 +49,7 @@ impl AgentTransports {
                 upstream,
                 routes: RoutingTable::default(),
                 pins,
-                bidi: Registry::default(),
+                bidi: Pairings::default(),
                 limits,
             }),
         }

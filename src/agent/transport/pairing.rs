@@ -1,5 +1,5 @@
 //! BidiSse pairing state: one [`Entry`] per request id, shared by its `RunSSE` readers and its
-//! `BidiAppend`s, and the [`Registry`] that holds them.
+//! `BidiAppend`s, and the [`Pairings`] that holds them.
 //!
 //! An entry lives exactly as long as it is needed:
 //! - while its run lives, however long (a turn with a three-hour build is one run), unless the
@@ -11,7 +11,7 @@
 //!   [`PairingLimits::pending_idle`] without traffic.
 //!
 //! A request id whose run of ours ended may carry a new run: Cursor's SDK starts a background
-//! task's completion as a new run on the parent run's request id. [`Registry::for_new_run`]
+//! task's completion as a new run on the parent run's request id. [`Pairings::for_new_run`]
 //! then puts a fresh entry (a *successor*) in the ended one's place. The old entry's readers
 //! keep their handle and finish reading it; frames nobody was reading are dropped, since the
 //! client has moved on to the new run. A successor nothing decides never becomes a relay: its
@@ -79,7 +79,7 @@ impl Default for PairingLimits {
 
 /// Request id → pairing state. Cheap to clone (one shared map).
 #[derive(Clone)]
-pub(super) struct Registry {
+pub(super) struct Pairings {
     shared: Arc<Shared>,
 }
 
@@ -97,15 +97,15 @@ struct Map {
     sweeper: bool,
 }
 
-impl Default for Registry {
+impl Default for Pairings {
     fn default() -> Self {
-        Registry::new(PairingLimits::default())
+        Pairings::new(PairingLimits::default())
     }
 }
 
-impl Registry {
+impl Pairings {
     pub(super) fn new(limits: PairingLimits) -> Self {
-        Registry {
+        Pairings {
             shared: Arc::new(Shared {
                 map: Mutex::new(Map {
                     entries: HashMap::new(),
@@ -203,7 +203,7 @@ impl Registry {
             loop {
                 tick.tick().await;
                 let Some(shared) = weak.upgrade() else { return };
-                Registry { shared }.sweep();
+                Pairings { shared }.sweep();
             }
         });
         true
@@ -632,7 +632,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_live_run_with_traffic_is_kept_for_hours() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         let e = r.get_or_create("run").unwrap();
         let probe = start_run(&e);
         // Three hours of a client that appends a heartbeat every 5 s.
@@ -647,7 +647,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_run_is_ended_as_abandoned_by_its_client() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         let e = r.get_or_create("run").unwrap();
         let probe = start_run(&e);
         tokio::time::sleep(limits().run_idle - Duration::from_secs(1)).await;
@@ -661,7 +661,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_run_whose_reader_never_comes_is_ended_by_the_sweep() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         let e = r.get_or_create("run").unwrap();
         let cancel = tokio_util::sync::CancellationToken::new();
         e.run_started(RunFailer::new(cancel.clone()));
@@ -677,7 +677,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_ended_run_goes_when_read_or_after_the_linger() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         // Read to the end, reader gone: forgotten at once.
         let read = r.get_or_create("read").unwrap();
         start_run(&read);
@@ -700,7 +700,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn ten_thousand_abandoned_ids_leave_nothing_behind() {
-        let r = Registry::new(PairingLimits {
+        let r = Pairings::new(PairingLimits {
             max_entries: 20_000,
             ..PairingLimits::default()
         });
@@ -721,7 +721,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_registry_refuses_new_ids_and_keeps_the_others() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         for i in 0..8 {
             start_run(&r.get_or_create(&format!("run-{i}")).unwrap());
         }
@@ -740,7 +740,7 @@ mod tests {
 
     #[tokio::test]
     async fn held_bytes_are_bounded_per_entry_and_in_total() {
-        let r = Registry::new(limits());
+        let r = Pairings::new(limits());
         let a = r.get_or_create("a").unwrap();
         let b = r.get_or_create("b").unwrap();
         let mut sa = a.state.lock().await;
