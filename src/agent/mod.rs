@@ -239,6 +239,16 @@ impl Agent {
         handle
     }
 
+    /// The model a subagent call of ours asked for, when a new run is its child (by the
+    /// parent its requests name, or its user message); `None` when no call of ours waits for it.
+    pub fn expected_child_model(
+        &self,
+        parent: &subagents::ParentLink,
+        prompt: Option<&str>,
+    ) -> Option<String> {
+        self.inner.subagents.expected_model(parent, prompt)
+    }
+
     /// A request of the running run `request_id` named its parent only now (the desktop may send
     /// the parent headers on a later request than the one that started the run).
     pub fn link_parent(&self, request_id: &str, parent: &subagents::ParentLink) -> bool {

@@ -102,6 +102,14 @@ pub fn is_ours(config: &Config, model_id: &str) -> bool {
     base.starts_with(MODEL_ID_PREFIX) && config.model_by_cursor_id(base).is_some()
 }
 
+/// Does this id carry our prefix (`byok-`), configured or not? Such an id is never Cursor's:
+/// a run naming it is ours or refused, never relayed.
+pub fn has_our_prefix(model_id: &str) -> bool {
+    let (base, _) = split_variant(model_id.trim());
+    base.get(..MODEL_ID_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(MODEL_ID_PREFIX))
+}
+
 /// Resolve a run's model against the configuration; `None` when it is not ours.
 pub fn resolve(
     config: &Config,
@@ -153,6 +161,11 @@ mod tests {
         assert!(is_ours(&c, "byok-m:high"));
         assert!(!is_ours(&c, "m"));
         assert!(!is_ours(&c, "gpt-5"));
+        assert!(!is_ours(&c, "byok-gone"));
+        for id in ["byok-gone", "byok-gone:high", "BYOK-m", " byok-x[effort=low]"] {
+            assert!(has_our_prefix(id), "{id}");
+        }
+        assert!(!has_our_prefix("gpt-5") && !has_our_prefix("byo"));
         assert_eq!(
             resolve(&c, "byok-m", &[])
                 .unwrap()

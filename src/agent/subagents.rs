@@ -216,6 +216,23 @@ impl SubagentCalls {
         })
     }
 
+    /// The model an outstanding call of ours asked for, when a new run is its child by what
+    /// the client says of the parent (`link`) or by its user message (`prompt`); nothing is
+    /// claimed. `None`: no call of ours waits for this run.
+    pub fn expected_model(&self, link: &ParentLink, prompt: Option<&str>) -> Option<String> {
+        let prompt = prompt.map(str::trim).filter(|p| !p.is_empty());
+        let mut p = self.lock();
+        prune(&mut p);
+        p.iter()
+            .find(|e| {
+                link.tool_call_id.as_deref() == Some(e.child.parent_tool_call_id.as_str())
+                    || (!e.child.parent_run.is_empty()
+                        && link.request_id.as_deref() == Some(e.child.parent_run.as_str()))
+                    || prompt == Some(e.prompt.as_str())
+            })
+            .map(|e| e.model_id.clone())
+    }
+
     /// A child run the client says belongs to the call `parent_tool_call_id`.
     pub fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
         self.take_first(|e| e.child.parent_tool_call_id == parent_tool_call_id)
@@ -603,6 +620,21 @@ mod tests {
         let mut child = Child::for_call(&a, &[], 0);
         child.parent_run = parent_run.into();
         r.register(&a, child);
+    }
+
+    /// What a call of ours expects of its child is read without claiming it: by the call,
+    /// the parent run, or the prompt.
+    #[tokio::test(start_paused = true)]
+    async fn the_expected_model_is_read_without_a_claim() {
+        let r = SubagentCalls::default();
+        register_of(&r, "req-a", "t1", "Find the loader");
+        assert_eq!(r.expected_model(&link(None, None), Some("other")), None);
+        for l in [link(None, Some("t1")), link(Some("req-a"), None)] {
+            assert_eq!(r.expected_model(&l, None).as_deref(), Some("byok-m"));
+        }
+        let by_prompt = r.expected_model(&link(None, None), Some(" Find the loader "));
+        assert_eq!(by_prompt.as_deref(), Some("byok-m"));
+        assert!(r.claim_call("t1").is_some(), "still there to claim");
     }
 
     #[tokio::test(start_paused = true)]

@@ -167,6 +167,11 @@ impl Server {
         &self.status
     }
 
+    /// The agent's conversation pins (which conversations are the user's).
+    pub fn agent_pins(&self) -> &crate::agent::transport::PinStore {
+        self.agent.pins()
+    }
+
     /// What the agent's HTTP/1.1 transport holds right now.
     pub fn agent_pairing(&self) -> crate::agent::transport::Pairing {
         self.agent.pairing()

@@ -49,6 +49,26 @@ pub enum RunError {
     /// A bug or limit on our side.
     #[error("cursor-byok: {0}")]
     Internal(String),
+    /// A run names a model with our prefix that the configuration does not have (renamed or
+    /// removed while a chat had it selected): it goes neither to a provider nor to Cursor.
+    #[error(
+        "cursor-byok: model `{0}` is not configured (renamed or removed from the config?), so \
+         this run was sent neither to your provider nor to Cursor. Choose a model again in \
+         Cursor's model picker and send the message again"
+    )]
+    NotConfigured(String),
+    /// Nothing says the run is Cursor's, so it was kept here and ended (why, in words).
+    #[error("cursor-byok: {0}; it was sent neither to your provider nor to Cursor")]
+    Withheld(String),
+    /// A request came for a run of ours that has already ended (what, in words).
+    #[error("cursor-byok: {0}")]
+    RunEnded(String),
+    /// The message that decides whose run this is never came (what, in words).
+    #[error("cursor-byok: {0}; the run was sent nowhere. Send the message again")]
+    NeverDecided(String),
+    /// A bound of the proxy's transport was reached (which, in words).
+    #[error("cursor-byok: {0}")]
+    Limit(String),
 }
 
 /// How one failure is told to Cursor's client: the end frame's code, the `ErrorDetails` kind
@@ -144,6 +164,37 @@ impl RunError {
                 "Not supported by cursor-byok",
                 false,
             ),
+            RunError::NotConfigured(_) => (
+                Code::FailedPrecondition,
+                Kind::CustomMessage,
+                "Model not configured in cursor-byok",
+                false,
+            ),
+            RunError::Withheld(_) => (
+                Code::FailedPrecondition,
+                Kind::CustomMessage,
+                "Kept from Cursor by cursor-byok",
+                false,
+            ),
+            RunError::RunEnded(_) => (
+                Code::NotFound,
+                Kind::CustomMessage,
+                "Agent run already ended",
+                false,
+            ),
+            // Nothing ran yet: the client sending the turn again can help.
+            RunError::NeverDecided(_) => (
+                Code::DeadlineExceeded,
+                Kind::Timeout,
+                "Cursor did not start the run",
+                true,
+            ),
+            RunError::Limit(_) => (
+                Code::ResourceExhausted,
+                Kind::CustomMessage,
+                "cursor-byok limit reached",
+                false,
+            ),
             // A bug repeats on a retry.
             RunError::Internal(_) => (
                 Code::Internal,
@@ -163,8 +214,14 @@ impl RunError {
             | RunError::ClientLeft(_)
             | RunError::BadClientMessage(_)
             | RunError::ClientTimeout { .. }
-            | RunError::ClientFailed { .. } => Side::Client,
-            RunError::Unsupported(_) | RunError::Internal(_) => Side::Proxy,
+            | RunError::ClientFailed { .. }
+            | RunError::Withheld(_)
+            | RunError::RunEnded(_)
+            | RunError::NeverDecided(_) => Side::Client,
+            RunError::Unsupported(_)
+            | RunError::Internal(_)
+            | RunError::NotConfigured(_)
+            | RunError::Limit(_) => Side::Proxy,
         }
     }
 
@@ -399,6 +456,10 @@ mod tests {
             },
             RunError::Unsupported("x".into()),
             RunError::BadClientMessage("x".into()),
+            RunError::NotConfigured("byok-x".into()),
+            RunError::Withheld("x".into()),
+            RunError::RunEnded("x".into()),
+            RunError::Limit("x".into()),
         ];
         for e in all {
             for shown in [false, true] {

@@ -166,7 +166,10 @@ fn model_for(
     if let Some(c) = custom {
         let m = c.model.trim();
         if !m.is_empty() && !m.eq_ignore_ascii_case("inherit") && !c.force_default_model {
-            return Ok(ours_by_name(o, m).unwrap_or(m).to_string());
+            return ours_by_name(o, m)
+                .or_else(|| offered(o, m))
+                .map(str::to_string)
+                .ok_or_else(|| unresolved(kind, m, o));
         }
     }
     for ov in o
@@ -196,9 +199,41 @@ fn model_for(
         .unwrap_or_else(|| o.parent_model_id.clone()))
 }
 
+/// One of Cursor's models the client offered for subagents (selected for them, or set as a
+/// kind's override): the only models not ours a child of our run may be sent to Cursor on.
+fn offered<'a>(o: &'a SubagentOptions, name: &str) -> Option<&'a str> {
+    use pb::subagent_model_override::Selection;
+    let overrides = o.overrides.iter().filter_map(|ov| match &ov.selection {
+        Some(Selection::Model(m)) => Some(m.model_id.as_str()),
+        _ => None,
+    });
+    o.selected_models
+        .iter()
+        .map(String::as_str)
+        .chain(overrides)
+        .find(|m| !m.is_empty() && m.eq_ignore_ascii_case(name))
+}
+
+/// The tool error for a subagent definition whose model matches none of ours nor one the client
+/// offered: the child would carry this conversation's files to Cursor, so it is not started.
+fn unresolved(kind: &str, model: &str, o: &SubagentOptions) -> String {
+    let mut ours: Vec<&str> = Vec::new();
+    for (name, _) in &o.model_names {
+        if !ours.contains(&name.as_str()) && ours.len() < 12 {
+            ours.push(name);
+        }
+    }
+    format!(
+        "the `{kind}` subagent asks for the model `{model}`, which is none of the user's \
+         cursor-byok models (by id or name: {}) nor a model Cursor offered for subagents; it was \
+         not started, so nothing of this conversation went to Cursor. Use another subagent, or \
+         ask the user to set its `model:` to one of those names or to `inherit`",
+        ours.join(", ")
+    )
+}
+
 /// Our model's Cursor id for a name a subagent definition gives it (as `.cursor/agents/*.md`
-/// files often do: "My GPT", "gpt"), compared without case; `None` for any other name, which
-/// then stays as given (one of Cursor's models goes to Cursor).
+/// files often do: "My GPT", "gpt"), compared without case; `None` for any other name.
 fn ours_by_name<'a>(o: &'a SubagentOptions, name: &str) -> Option<&'a str> {
     o.model_names
         .iter()

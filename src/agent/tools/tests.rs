@@ -1197,8 +1197,6 @@ fn a_subagents_model_named_by_display_name_or_alias_is_ours() {
         ("my small", "byok-small"),
         ("small", "byok-small"),
         ("byok-small", "byok-small"),
-        // Not ours: stays as given, so the child goes to Cursor.
-        ("claude-4.5-sonnet", "claude-4.5-sonnet"),
     ] {
         c.subagents.custom[0].model = given.into();
         let p = plan(
@@ -1210,6 +1208,17 @@ fn a_subagents_model_named_by_display_name_or_alias_is_ours() {
         .unwrap();
         assert_eq!(subagent_args(&p).model_id, want, "{given}");
     }
+    // Neither ours nor offered by the client: a tool error the parent model reads, no child
+    // (it would carry the parent's files to Cursor).
+    c.subagents.custom[0].model = "claude-sonnet-4".into();
+    let args = json!({"prompt": "Review", "subagent_type": "reviewer"});
+    let err = plan(&c, "t1", "task", &args).err().expect("refused");
+    assert!(err.to_string().contains("claude-sonnet-4"), "{err}");
+    assert!(err.to_string().contains("My Small"), "{err}");
+    // One of Cursor's models the client offered for subagents stays as given.
+    c.subagents.selected_models = vec!["claude-sonnet-4".into()];
+    let p = plan(&c, "t1", "task", &args).unwrap();
+    assert_eq!(subagent_args(&p).model_id, "claude-sonnet-4");
     // A model the call asks for, by display name, when the user selected ours for subagents.
     c.subagents.custom.clear();
     c.subagents.selected_models = vec!["byok-other".into(), "byok-small".into()];

@@ -33,12 +33,12 @@ use super::body::{
     encode_output, end_frame, error_response, read_bounded, replay, stream_error, FramePeek,
 };
 use super::caller::{parent_link, request_id, Caller, ClientMessage};
-use super::face::AgentTransports;
+use super::face::{unreadable, AgentTransports};
 use super::pairing::{digest, Entry, Inbound, Pairings};
 use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
-use crate::agent::RunOutput;
+use crate::agent::{RunError, RunOutput};
 use crate::capture::Capture;
-use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
+use crate::connect::{self, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, BodyError, RequestContext};
 use crate::proto::agent::v1 as pb;
 use crate::proto::aiserver::v1 as aiserver;
@@ -52,10 +52,10 @@ const READER_GRACE: Duration = Duration::from_secs(5);
 
 /// The error for an append or reader that comes after its run ended and was forgotten.
 fn run_ended(request_id: &str, what: &str) -> ConnectError {
-    ConnectError::new(
-        Code::NotFound,
-        format!("cursor-byok: agent run {request_id} has already ended; {what} was not delivered"),
-    )
+    RunError::RunEnded(format!(
+        "agent run {request_id} has already ended; {what} was not delivered"
+    ))
+    .to_connect()
 }
 
 /// `/agent.v1.AgentService/RunSSE`.
@@ -65,17 +65,19 @@ pub(super) async fn run_sse(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
-    let encoding = Encoding::from_header(
-        parts
-            .headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    )
-    .unwrap_or(Encoding::Identity);
+    let named = parts.headers.get("connect-content-encoding");
+    let Ok(encoding) = Encoding::from_header(named.and_then(|v| v.to_str().ok())) else {
+        let why = format!(
+            "a RunSSE with connect-content-encoding `{}`, which this cursor-byok does not read",
+            named.map(|v| String::from_utf8_lossy(v.as_bytes())).unwrap_or_default()
+        );
+        return stream_error(RunError::BadClientMessage(why).to_connect());
+    };
     let mut peek = FramePeek::new(encoding, t.inner.limits);
+    // Without its request id, nothing says whose run a reader is for: refused, never passed on.
     let Some(request_id) = reader_request_id(&mut peek, &mut body, &parts.headers).await else {
-        let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
-        return t.upstream().forward(&ctx, req).await;
+        let why = "a RunSSE that names no request id (neither its body nor x-request-id)";
+        return stream_error(RunError::BadClientMessage(why.into()).to_connect());
     };
     let pinned = t.inner.routes.request(&request_id);
     let entry = match entry_for_reader(t, &request_id, &pinned) {
@@ -179,7 +181,7 @@ pub(super) async fn append(
     let (parts, body) = req.into_parts();
     let raw = match read_bounded(body, t.inner.limits.max_frame_bytes).await {
         Ok(b) => b,
-        Err(e) => return error_response(&e),
+        Err(e) => return error_response(&unreadable(e)),
     };
     let relay = |parts: http::request::Parts, raw: Bytes| async {
         t.upstream()
@@ -190,14 +192,23 @@ pub(super) async fn append(
         .headers
         .get(http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
-    let Some(Append {
+    let Append {
         request_id,
         seqno,
         sent,
-    }) = decode_append(t, encoding, &raw)
-    else {
-        return relay(parts, raw).await;
+    } = match decode_append(t, encoding, &raw, &parts.headers) {
+        Read::Agent(a) => a,
+        Read::NotOurs => return relay(parts, raw).await,
+        Read::Unreadable { request_id, why } => {
+            return match refuse_unreadable(t, &request_id, why).await {
+                Some(e) => error_response(&e),
+                None => relay(parts, raw).await,
+            }
+        }
     };
+    if let Some(e) = relayed_id_names_ours(t, &request_id, seqno, &sent.message) {
+        return error_response(&e);
+    }
     let entry = match entry_for_append(t, &request_id, seqno, &sent).await {
         Ok(e) => e,
         Err(e) => return error_response(&e),
@@ -232,27 +243,128 @@ struct Append {
     sent: ClientMessage,
 }
 
-/// The agent message `raw` appends, unless it is not ours to judge: undecodable, on no
-/// request id or one relayed already, or another feature's append. Those are relayed.
-fn decode_append(t: &AgentTransports, encoding: Option<&str>, raw: &Bytes) -> Option<Append> {
-    let payload = connect::decode_unary(raw.clone(), encoding, t.inner.limits).ok()?;
-    let append = connect::decode_bidi_append_request(&payload).ok()?;
+/// What one `BidiAppend` is, as far as it can be read.
+enum Read {
+    /// An agent message on a request id that is not Cursor's already.
+    Agent(Append),
+    /// Not ours to judge: no request id, a request id relayed already (and not a new run's
+    /// first message), or another feature's append.
+    NotOurs,
+    /// It does not decode (why, in words); `request_id` from its body or its header.
+    Unreadable { request_id: String, why: String },
+}
+
+/// What `raw` appends. A request id relayed already is read too: its append 0 is decided by
+/// its model before the pin.
+fn decode_append(
+    t: &AgentTransports,
+    encoding: Option<&str>,
+    raw: &Bytes,
+    headers: &HeaderMap,
+) -> Read {
+    let header_id = request_id(headers).unwrap_or_default();
+    let unreadable = |request_id: String, what: &str, e: &dyn std::fmt::Display| Read::Unreadable {
+        request_id,
+        why: format!("a BidiAppend whose {what} does not decode ({e})"),
+    };
+    let payload = match connect::decode_unary(raw.clone(), encoding, t.inner.limits) {
+        Ok(p) => p,
+        Err(e) => return unreadable(header_id, "body", &e),
+    };
+    let append = match connect::decode_bidi_append_request(&payload) {
+        Ok(a) => a,
+        Err(e) => return unreadable(header_id, "request", &e),
+    };
     let request_id = append
         .request_id
         .as_ref()
         .map(|r| r.request_id.clone())
-        .unwrap_or_default();
-    if request_id.is_empty() || t.inner.routes.request(&request_id) == Some(Decision::Relay) {
+        .filter(|id| !id.is_empty())
+        .unwrap_or(header_id);
+    if request_id.is_empty() {
+        return Read::NotOurs;
+    }
+    let relayed = t.inner.routes.request(&request_id) == Some(Decision::Relay);
+    let wire = match connect::bidi_append_payload(&append) {
+        Ok(w) => w,
+        Err(_) if relayed => return Read::NotOurs,
+        Err(e) => return unreadable(request_id, "payload", &e),
+    };
+    match pb::AgentClientMessage::decode(wire.clone()) {
+        Ok(message) => Read::Agent(Append {
+            request_id,
+            seqno: append.append_seqno,
+            sent: ClientMessage { message, wire },
+        }),
+        Err(_) if relayed => Read::NotOurs,
+        Err(e) => unreadable(request_id, "agent message", &e),
+    }
+}
+
+/// An append that does not decode, on `request_id`: when the id is one of our runs or has a
+/// live entry, it is refused (and ends that run, or its undecided reader), never relayed.
+/// `None`: the id is nothing of ours, so it is another feature's append.
+async fn refuse_unreadable(t: &AgentTransports, request_id: &str, why: String) -> Option<ConnectError> {
+    let pinned_ours = matches!(
+        t.inner.routes.request(request_id),
+        Some(Decision::Ours { .. })
+    );
+    let entry = t.inner.bidi.get(request_id);
+    let decided = match &entry {
+        Some(e) => e.decision().await,
+        None => None,
+    };
+    let live = entry.is_some() && decided != Some(Decision::Relay);
+    if !pinned_ours && !live {
         return None;
     }
-    let wire = connect::bidi_append_payload(&append).ok()?;
-    // Other features reuse BidiAppend: not an agent message, not ours.
-    let message = pb::AgentClientMessage::decode(wire.clone()).ok()?;
-    Some(Append {
-        request_id,
-        seqno: append.append_seqno,
-        sent: ClientMessage { message, wire },
-    })
+    tracing::warn!(request_id, "{why}: refused");
+    let e = RunError::BadClientMessage(why.clone()).to_connect();
+    if let Some(entry) = entry.filter(|_| live) {
+        match entry.run.get() {
+            Some(failer) => failer.fail(why),
+            None => {
+                let mut st = entry.state.lock().await;
+                if st.decision.is_none() {
+                    refuse(&entry, &mut st, &e);
+                }
+            }
+        }
+    }
+    Some(e)
+}
+
+/// Append 0 of a new run on a request id relayed already, naming one of our models: it is
+/// not sent to Cursor with the earlier run (the error says why).
+fn relayed_id_names_ours(
+    t: &AgentTransports,
+    request_id: &str,
+    seqno: i64,
+    m: &pb::AgentClientMessage,
+) -> Option<ConnectError> {
+    if seqno != 0 || t.inner.routes.request(request_id) != Some(Decision::Relay) {
+        return None;
+    }
+    names_ours(m).then(|| relayed_id_error(request_id))
+}
+
+/// Whether a run's first message names a model with our prefix (configured or not).
+fn names_ours(m: &pb::AgentClientMessage) -> bool {
+    use pb::agent_client_message::Message as In;
+    let model = match &m.message {
+        Some(In::RunRequest(r)) => crate::agent::model::requested_model_id(r),
+        Some(In::PrewarmRequest(p)) => crate::agent::model::prewarm_model_id(p),
+        _ => None,
+    };
+    model.is_some_and(crate::agent::model::has_our_prefix)
+}
+
+fn relayed_id_error(request_id: &str) -> ConnectError {
+    RunError::Withheld(format!(
+        "request id {request_id} carries a run on Cursor's model already, and this message \
+         starts a run on one of your models"
+    ))
+    .to_connect()
 }
 
 /// The entry an append goes to.
@@ -336,6 +448,9 @@ async fn accept(
             return decide_first(t, entry, &mut st, seqno, sent, caller);
         }
         if st.decision == Some(Decision::Relay) {
+            if seqno == 0 && names_ours(&sent.message) {
+                return Err(relayed_id_error(&entry.request_id));
+            }
             return Ok(Accepted::Relay);
         }
         if seqno < st.next_seqno || st.is_waiting(seqno) {
@@ -368,7 +483,27 @@ fn decide_first(
             "append 0 of this run did not come before append {seqno}"
         )));
     }
-    let decision = match t.decide(&entry.request_id, &sent.message) {
+    let mut parent = entry.parent_note().link.clone();
+    parent.merge(&caller.parent);
+    let was_ours = match t.inner.routes.request(&entry.request_id) {
+        Some(d @ Decision::Ours { .. }) => Some(d),
+        _ => None,
+    };
+    let decided = t.decide(&entry.request_id, &sent.message, &parent);
+    let decided = match (decided, was_ours) {
+        // A request id of ours never carries a run to Cursor.
+        (Ok(Decision::Relay), Some(ours)) => {
+            t.inner.routes.pin_request(&entry.request_id, ours);
+            Err(RunError::Withheld(format!(
+                "request id {} carried a run on one of your models, and this message starts a \
+                 run on Cursor's model",
+                entry.request_id
+            ))
+            .to_connect())
+        }
+        (d, _) => d,
+    };
+    let decision = match decided {
         Ok(d) => d,
         Err(e) => {
             refuse(entry, st, &e);
@@ -400,13 +535,11 @@ fn in_order(
         return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
     }
     if seqno - st.next_seqno > MAX_GAP {
-        return Err(ConnectError::new(
-            Code::ResourceExhausted,
-            format!(
-                "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
-                st.next_seqno
-            ),
-        ));
+        return Err(RunError::Limit(format!(
+            "append {seqno} is too far ahead of {} (gap limit {MAX_GAP})",
+            st.next_seqno
+        ))
+        .to_connect());
     }
     // Only appends that arrive ahead of their turn are held (and count against the
     // bounds); the one that is next goes straight to the run.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
-use crate::agent::{model, Agent};
+use crate::agent::subagents::ParentLink;
+use crate::agent::{model, Agent, RunError};
 use crate::connect::{Code, ConnectError, Limits};
 use crate::proto::agent::v1 as pb;
 use crate::upstream::Upstream;
@@ -30,7 +31,7 @@ pub(super) struct Inner {
     agent: Agent,
     upstream: Upstream,
     pub(super) routes: RoutingTable,
-    /// Conversation pins that outlive the process (resumes name no model).
+    /// The one store of conversation pins, kept across restarts (resumes name no model).
     pins: PinStore,
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
@@ -70,61 +71,90 @@ impl AgentTransports {
         }
     }
 
-    /// Ours or Cursor's, for a run's first client message; pins the answer. A run naming one
-    /// of our models is ours, whatever any pin says. One that names no model (a resume)
-    /// follows its conversation's pin, kept across restarts; without one it is refused with an
-    /// error that says why, never relayed on a guess.
+    /// The conversation pins: where each conversation's runs go, and whether it ever had a
+    /// turn on one of our models (for the calls around a conversation, which name it).
+    pub fn pins(&self) -> &PinStore {
+        &self.inner.pins
+    }
+
+    /// Ours or Cursor's, for a run's first client message (`parent`: what the run's requests
+    /// say of a parent run); pins the answer, except for prewarms and subagent runs. A model
+    /// with our prefix is ours or refused. A child of one of our runs is ours, or refused
+    /// unless it names the model our subagent call asked for. One that names no model (a
+    /// resume) follows its conversation's pin, kept across restarts; without one it is refused
+    /// with an error that says why, never relayed on a guess.
     pub(super) fn decide(
         &self,
         request_id: &str,
         first: &pb::AgentClientMessage,
+        parent: &ParentLink,
     ) -> Result<Decision, ConnectError> {
-        use pb::agent_client_message::Message as In;
-        let routes = &self.inner.routes;
-        let (model_id, conversation, resume) = match &first.message {
-            Some(In::RunRequest(r)) => (
-                model::requested_model_id(r).map(str::to_string),
-                r.conversation_id.clone().unwrap_or_default(),
-                matches!(
-                    r.action.as_ref().and_then(|a| a.action.as_ref()),
-                    Some(pb::conversation_action::Action::ResumeAction(_))
-                ),
-            ),
-            Some(In::PrewarmRequest(p)) => (
-                model::prewarm_model_id(p).map(str::to_string),
-                p.conversation_id.clone().unwrap_or_default(),
-                false,
-            ),
-            _ => (None, String::new(), false),
-        };
-        let pinned = || {
-            routes
-                .conversation(&conversation)
-                .or_else(|| self.inner.pins.get(&conversation))
-        };
-        let decision = match model_id {
-            Some(id) if self.inner.agent.is_our_model(&id) => Decision::Ours { model_id: id },
-            Some(_) if !resume => Decision::Relay,
-            // A resume that names one of Cursor's models follows its pin, else it is Cursor's.
-            Some(_) => pinned().unwrap_or(Decision::Relay),
-            // No model at all: only the conversation's pin can say.
-            None => match pinned() {
-                Some(d) => d,
-                None => {
-                    tracing::warn!(
-                        request_id,
-                        conversation,
-                        "agent run names no model and its conversation has no pin: refused"
-                    );
-                    return Err(undecidable(&conversation));
-                }
-            },
-        };
-        routes.pin_request(request_id, decision.clone());
-        routes.pin_conversation(&conversation, decision.clone());
-        self.inner.pins.pin(&conversation, &decision);
+        let opening = Opening::of(first);
+        let child = self.child_of_ours(parent, opening.prompt.as_deref());
+        let decision = self.route(&opening, child.as_ref()).map_err(|e| {
+            tracing::warn!(request_id, conversation = %opening.conversation, "{e}");
+            e.to_connect()
+        })?;
+        if !opening.prewarm {
+            self.inner.routes.pin_request(request_id, decision.clone());
+            if child.is_none() {
+                self.inner.pins.pin(&opening.conversation, &decision);
+            }
+        }
         tracing::debug!(request_id, ?decision, "agent run routed");
         Ok(decision)
+    }
+
+    /// Where a run goes, by its model first, then by what is known of its conversation.
+    fn route(&self, o: &Opening, child: Option<&Expected>) -> Result<Decision, RunError> {
+        let pins = &self.inner.pins;
+        let pinned = || pins.get(&o.conversation);
+        // Ours on no model known: a prewarm is answered here, a run cannot be.
+        let marked = || pins.had_byok_turn(&o.conversation) && pins.get(&o.conversation).is_none();
+        let here = || Decision::Ours {
+            model_id: String::new(),
+        };
+        match &o.model_id {
+            Some(id) if self.inner.agent.is_our_model(id) => Ok(Decision::Ours {
+                model_id: id.clone(),
+            }),
+            Some(id) if model::has_our_prefix(id) => Err(RunError::NotConfigured(id.clone())),
+            _ if child.is_some() => child_route(o.model_id.as_deref(), child),
+            // A prewarm carries the conversation's state: one of ours is warmed here.
+            Some(_) if o.prewarm => match pinned() {
+                Some(d @ Decision::Ours { .. }) => Ok(d),
+                _ if marked() => Ok(here()),
+                _ => Ok(Decision::Relay),
+            },
+            Some(_) if !o.resume => Ok(Decision::Relay),
+            // A resume that names one of Cursor's models follows its pin, else it is Cursor's.
+            Some(_) => match pinned() {
+                Some(d) => Ok(d),
+                None if marked() => Err(undecidable(&o.conversation)),
+                None => Ok(Decision::Relay),
+            },
+            // No model at all: only the conversation's pin can say.
+            None => match pinned() {
+                Some(d) => Ok(d),
+                None if o.prewarm && marked() => Ok(here()),
+                None => Err(undecidable(&o.conversation)),
+            },
+        }
+    }
+
+    /// Whether a new run is the child of one of our runs: a subagent call of ours waits for
+    /// it (by the parent its requests name, or its user message), or it names a parent run
+    /// of ours.
+    fn child_of_ours(&self, parent: &ParentLink, prompt: Option<&str>) -> Option<Expected> {
+        if let Some(model) = self.inner.agent.expected_child_model(parent, prompt) {
+            return Some(Expected { model: Some(model) });
+        }
+        let parent_run = parent.request_id.as_deref()?;
+        matches!(
+            self.inner.routes.request(parent_run),
+            Some(Decision::Ours { .. })
+        )
+        .then_some(Expected { model: None })
     }
 
     pub(super) fn upstream(&self) -> &Upstream {
@@ -169,32 +199,100 @@ impl AgentTransports {
 
 const AGENT_CLIENT_MESSAGE: &str = "agent.v1.AgentClientMessage";
 
+/// A failure reading a request's body or frames, as the client is told it: a bound reached,
+/// or input that cannot be read (never passed on unread).
+pub(super) fn unreadable(e: ConnectError) -> ConnectError {
+    let e = match e.code {
+        Code::ResourceExhausted => RunError::Limit(e.message),
+        Code::Canceled => RunError::ClientLeft(e.message),
+        _ => RunError::BadClientMessage(e.message),
+    };
+    e.to_connect()
+}
+
+/// What a run's first client message says about where it goes.
+struct Opening {
+    model_id: Option<String>,
+    conversation: String,
+    resume: bool,
+    prewarm: bool,
+    /// Its user message, to match it with a subagent call of ours.
+    prompt: Option<String>,
+}
+
+impl Opening {
+    fn of(first: &pb::AgentClientMessage) -> Opening {
+        use pb::agent_client_message::Message as In;
+        use pb::conversation_action::Action;
+        match &first.message {
+            Some(In::RunRequest(r)) => {
+                let action = r.action.as_ref().and_then(|a| a.action.as_ref());
+                Opening {
+                    model_id: model::requested_model_id(r).map(str::to_string),
+                    conversation: r.conversation_id.clone().unwrap_or_default(),
+                    resume: matches!(action, Some(Action::ResumeAction(_))),
+                    prewarm: false,
+                    prompt: match action {
+                        Some(Action::UserMessageAction(a)) => {
+                            a.user_message.as_ref().map(|u| u.text.clone())
+                        }
+                        _ => None,
+                    },
+                }
+            }
+            Some(In::PrewarmRequest(p)) => Opening {
+                model_id: model::prewarm_model_id(p).map(str::to_string),
+                conversation: p.conversation_id.clone().unwrap_or_default(),
+                resume: false,
+                prewarm: true,
+                prompt: None,
+            },
+            _ => Opening {
+                model_id: None,
+                conversation: String::new(),
+                resume: false,
+                prewarm: false,
+                prompt: None,
+            },
+        }
+    }
+}
+
+/// A run that is the child of one of our runs, and the model our call asked for (when a call
+/// of ours waits for it).
+struct Expected {
+    model: Option<String>,
+}
+
+/// A child of one of our runs that names no model of ours: Cursor's only when it names the
+/// model our subagent call asked for (the task tool asks for one of Cursor's models only when
+/// the client offered it for subagents); otherwise it would carry the parent's files to Cursor.
+fn child_route(model_id: Option<&str>, child: Option<&Expected>) -> Result<Decision, RunError> {
+    let expected = child.and_then(|c| c.model.as_deref());
+    match model_id {
+        Some(id) if expected == Some(id) => Ok(Decision::Relay),
+        Some(id) => Err(RunError::Withheld(format!(
+            "this run is a subagent of a run on your own model and names the model `{id}`, \
+             which is none of your cursor-byok models nor the one its subagent call asked for"
+        ))),
+        None => Err(RunError::Withheld(
+            "this run is a subagent of a run on your own model and names no model".to_string(),
+        )),
+    }
+}
+
 /// The error for a run nothing decides: neither its model nor a pin of its conversation says
 /// whether it is the user's, so it goes nowhere.
-fn undecidable(conversation: &str) -> ConnectError {
-    use crate::proto::aiserver::v1 as aiserver;
-    let what = if conversation.is_empty() {
+fn undecidable(conversation: &str) -> RunError {
+    RunError::Withheld(if conversation.is_empty() {
         "this agent run names no model and no conversation".to_string()
     } else {
         format!(
-            "this agent run resumes conversation {conversation} without naming a model, and              cursor-byok has no record of which model that conversation is on"
+            "this agent run resumes conversation {conversation} without naming a model, and \
+             cursor-byok has no record of which of your models that conversation is on (choose \
+             the model again in Cursor's model picker, or start a new conversation)"
         )
-    };
-    let message = format!(
-        "cursor-byok: {what}, so it was sent neither to your provider nor to Cursor. Choose the          model again in Cursor's model picker (or start a new conversation) and send the          message again."
-    );
-    let details = aiserver::ErrorDetails {
-        error: aiserver::error_details::Error::CustomMessage as i32,
-        details: Some(aiserver::CustomErrorDetails {
-            title: "cursor-byok cannot tell whose run this is".to_string(),
-            detail: message.clone(),
-            is_retryable: Some(false),
-            ..Default::default()
-        }),
-        is_expected: Some(true),
-    };
-    ConnectError::new(Code::FailedPrecondition, message)
-        .with_detail(crate::connect::ErrorDetail::error_details(&details))
+    })
 }
 
 /// Where an unknown oneof branch ends the run, and what to call it.

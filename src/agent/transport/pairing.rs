@@ -34,8 +34,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Decision;
-use crate::agent::RunFailer;
-use crate::connect::{Code, ConnectError};
+use super::body::end_frame;
+use crate::agent::{RunError, RunFailer};
+use crate::connect::{ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 
 /// How often the background sweep looks for expired entries.
@@ -163,14 +164,12 @@ impl Pairings {
                     held = map.entries.len(),
                     "BidiSse pairing registry full: refusing a new request id"
                 );
-                return Err(ConnectError::new(
-                    Code::ResourceExhausted,
-                    format!(
-                        "cursor-byok: too many agent runs at once ({} request ids held); \
-                         try again when some have finished",
-                        limits.max_entries
-                    ),
-                ));
+                return Err(RunError::Limit(format!(
+                    "too many agent runs at once ({} request ids held); try again when some \
+                     have finished",
+                    limits.max_entries
+                ))
+                .to_connect());
             }
         }
         let entry = self.new_entry(request_id, new_run);
@@ -258,9 +257,10 @@ fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<Entry>, Strin
     map.entries.retain(|_, e| match e.verdict(now, limits) {
         Verdict::Keep => true,
         Verdict::Forget => false,
+        // Kept: the run's end frame waits for a reader that comes back, up to the linger.
         Verdict::Abandoned(how) => {
             abandoned.push((e.clone(), how));
-            false
+            true
         }
     });
     abandoned
@@ -347,11 +347,17 @@ impl Entry {
     }
 
     /// The client left for good (`how`, in words): its run ends, and its output stops moving.
+    /// Its stream ends with Cursor's cancel (`canceled`, `ERROR_USER_ABORTED_REQUEST`), so a
+    /// reader that comes back after all reads an end, not silence.
     pub(super) fn abandon(&self, how: String) {
+        let end = RunError::ClientLeft(how.clone()).to_connect();
         if let Some(run) = self.run.get() {
             run.client_left(how);
         }
         self.gone.cancel();
+        let enc = FrameEncoder::new(Encoding::Identity);
+        self.backlog()
+            .push(end_frame(&enc, &EndStream::from_error(end)), true);
     }
 
     pub(super) fn backlog(&self) -> std::sync::MutexGuard<'_, Backlog> {
@@ -378,10 +384,7 @@ impl Entry {
     }
 
     fn verdict(&self, now: Instant, limits: &PairingLimits) -> Verdict {
-        // The client left for good and its run was ended: nothing here can reach anyone.
-        if self.gone.is_cancelled() {
-            return Verdict::Forget;
-        }
+        // The client left for good: its end frame waits for a reader like any ended run's.
         let b = self.backlog();
         let idle = now.saturating_duration_since(b.last_seen);
         if let Some(ended_at) = b.ended_at {
@@ -475,14 +478,12 @@ impl Inbound {
         if self.held_here + size > self.limits.max_held_per_entry
             || total + size > self.limits.max_held_total
         {
-            return Err(ConnectError::new(
-                Code::ResourceExhausted,
-                format!(
-                    "cursor-byok: append {seqno} arrived ahead of {} and there is no room to \
-                     hold it ({} bytes already waiting for this run, {total} for all runs)",
-                    self.next_seqno, self.held_here
-                ),
-            ));
+            return Err(RunError::Limit(format!(
+                "append {seqno} arrived ahead of {} and there is no room to hold it ({} bytes \
+                 already waiting for this run, {total} for all runs)",
+                self.next_seqno, self.held_here
+            ))
+            .to_connect());
         }
         self.held_here += size;
         self.held_total.fetch_add(size, Ordering::Relaxed);
@@ -565,7 +566,11 @@ impl Backlog {
         usize::try_from(self.total() - self.delivered).unwrap_or(usize::MAX)
     }
 
+    /// Queue `frame` (the stream's last when `end`). Nothing goes after the end.
     pub(super) fn push(&mut self, frame: Bytes, end: bool) {
+        if self.ended() {
+            return;
+        }
         self.frames.push_back(frame);
         if end && self.ended_at.is_none() {
             self.ended_at = Some(Instant::now());
@@ -607,6 +612,7 @@ impl Backlog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::Code;
 
     fn limits() -> PairingLimits {
         PairingLimits {
@@ -629,6 +635,30 @@ mod tests {
     }
 
     struct CancelProbe(tokio_util::sync::CancellationToken);
+
+    /// The abandoned run's entry holds Cursor's cancel as its end for a reader that comes
+    /// back, then goes after the linger.
+    fn assert_ends_canceled(r: &Pairings) {
+        let e = r.get("run").expect("kept for a returning reader");
+        let end = e.backlog().frames.back().cloned().expect("an end frame");
+        let mut dec = crate::connect::FrameDecoder::new(
+            crate::connect::StreamKind::Response,
+            Encoding::Identity,
+            crate::connect::Limits::default(),
+        );
+        dec.feed(end);
+        let Ok(Some(crate::connect::Frame::End(end))) = dec.next_frame() else {
+            panic!("not an end frame");
+        };
+        let err = end.error.expect("an error end");
+        assert_eq!(err.code, Code::Canceled);
+        let details = err.decode_error_details().unwrap().expect("ErrorDetails");
+        assert_eq!(
+            details.error,
+            crate::proto::aiserver::v1::error_details::Error::UserAbortedRequest as i32
+        );
+        assert!(e.backlog().ended());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_live_run_with_traffic_is_kept_for_hours() {
@@ -656,7 +686,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         r.sweep();
         assert!(probe.0.is_cancelled());
-        assert!(r.get("run").is_none());
+        assert_ends_canceled(&r);
     }
 
     #[tokio::test(start_paused = true)]
@@ -672,7 +702,7 @@ mod tests {
         tokio::time::sleep(limits().reader_wait).await;
         r.sweep();
         assert!(cancel.is_cancelled());
-        assert!(r.get("run").is_none());
+        assert_ends_canceled(&r);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,5 +1,5 @@
-//! The "ours or Cursor's" decision for agent runs, pinned so later frames without a model
-//! follow the first one.
+//! The "ours or Cursor's" decision for agent runs, pinned by request id so later frames
+//! without a model follow the first one. Conversations are pinned in [`super::pins`] only.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::agent::model;
-use crate::connect::{Code, ConnectError};
+use crate::agent::RunError;
+use crate::connect::ConnectError;
 use crate::proto::agent::v1 as pb;
 
 /// Where a run goes.
@@ -20,8 +21,8 @@ pub enum Decision {
     Relay,
 }
 
-/// Pins decisions by request id and by conversation id. Bounded and expiring, so it cannot
-/// grow without limit on a long-running proxy.
+/// Pins decisions by request id. Bounded and expiring, so it cannot grow without limit on a
+/// long-running proxy.
 pub struct RoutingTable {
     inner: Mutex<Pins>,
     ttl: Duration,
@@ -53,18 +54,8 @@ impl RoutingTable {
         self.insert(format!("r:{request_id}"), d);
     }
 
-    pub fn pin_conversation(&self, conversation_id: &str, d: Decision) {
-        if !conversation_id.is_empty() {
-            self.insert(format!("c:{conversation_id}"), d);
-        }
-    }
-
     pub fn request(&self, request_id: &str) -> Option<Decision> {
         self.get(&format!("r:{request_id}"))
-    }
-
-    pub fn conversation(&self, conversation_id: &str) -> Option<Decision> {
-        self.get(&format!("c:{conversation_id}"))
     }
 
     fn insert(&self, key: String, d: Decision) {
@@ -112,13 +103,12 @@ pub(super) const UNDECIDED_WAIT: Duration = Duration::from_secs(600);
 
 /// The error for a run whose deciding message never came.
 pub(super) fn never_decided(what: &str) -> ConnectError {
-    ConnectError::new(
-        Code::DeadlineExceeded,
-        format!(
-            "cursor-byok: {what} within {} s, so nothing says whether this run is on your own              model or on Cursor's; it was sent nowhere. Send the message again.",
-            UNDECIDED_WAIT.as_secs()
-        ),
-    )
+    RunError::NeverDecided(format!(
+        "{what} within {} s, so nothing says whether this run is on your own model or on \
+         Cursor's",
+        UNDECIDED_WAIT.as_secs()
+    ))
+    .to_connect()
 }
 
 #[cfg(test)]
@@ -129,7 +119,7 @@ mod tests {
     fn pins_are_bounded() {
         let t = RoutingTable::new(Duration::from_secs(60), 2);
         t.pin_request("a", Decision::Relay);
-        t.pin_conversation(
+        t.pin_request(
             "c",
             Decision::Ours {
                 model_id: "byok-x".into(),
@@ -138,7 +128,7 @@ mod tests {
         t.pin_request("b", Decision::Relay);
         assert_eq!(t.request("a"), None);
         assert_eq!(
-            t.conversation("c"),
+            t.request("c"),
             Some(Decision::Ours {
                 model_id: "byok-x".into()
             })

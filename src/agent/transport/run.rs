@@ -5,13 +5,11 @@ use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
 
-use super::body::{
-    end_frame, error_response, replay, stream_error, streaming_response, FramePeek, RunBody,
-};
+use super::body::{end_frame, replay, stream_error, streaming_response, FramePeek, RunBody};
 use super::caller::{request_id, Caller, ClientMessage};
-use super::face::AgentTransports;
+use super::face::{unreadable, AgentTransports};
 use super::routing::{never_decided, with_pinned_model, Decision, UNDECIDED_WAIT};
-use crate::agent::RunRequest;
+use crate::agent::{RunError, RunRequest};
 use crate::connect::{Code, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
@@ -22,11 +20,10 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
-    let Some(encoding) = readable_encoding(&parts.headers) else {
-        return t
-            .upstream()
-            .forward(&ctx, Request::from_parts(parts, boxed(body)))
-            .await;
+    // What we cannot read may be the user's: it is refused, never passed on unread.
+    let encoding = match readable_encoding(&parts.headers) {
+        Ok(e) => e,
+        Err(why) => return stream_error(RunError::BadClientMessage(why).to_connect()),
     };
     let request_id = request_id(&parts.headers)
         .unwrap_or_else(|| format!("byok-{:016x}", rand::random::<u64>()));
@@ -41,16 +38,17 @@ pub(super) async fn handle(
             return t.upstream().forward(&ctx, req).await;
         }
         Err(_) => return stream_error(never_decided("the run's first message did not come")),
-        Ok(Err(e)) => return error_response(&e),
+        Ok(Err(e)) => return stream_error(unreadable(e)),
     };
     let message = match pb::AgentClientMessage::decode(first.clone()) {
         Ok(m) => m,
-        Err(_) => {
-            let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
-            return t.upstream().forward(&ctx, req).await;
+        Err(e) => {
+            let why = format!("the run's first message does not decode as an AgentClientMessage ({e})");
+            return stream_error(RunError::BadClientMessage(why).to_connect());
         }
     };
-    match t.decide(&request_id, &message) {
+    let caller = Caller::of(&parts.headers);
+    match t.decide(&request_id, &message, &caller.parent) {
         Err(e) => stream_error(e),
         Ok(Decision::Relay) => {
             let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
@@ -65,7 +63,7 @@ pub(super) async fn handle(
                 },
                 request_id,
                 client_version: crate::status::client_version(&parts.headers),
-                caller: Caller::of(&parts.headers),
+                caller,
             };
             serve_ours(t, start, &decision, peek, body)
                 .instrument(span)
@@ -76,25 +74,24 @@ pub(super) async fn handle(
 
 /// The encoding of a `Run` whose frames we read. Only Connect's binary codec carries
 /// `AgentClientMessage` frames we can read; anything else (JSON codec, a wrong type, an
-/// encoding we cannot read) is not ours to judge: `None`, and it is passed on untouched.
-fn readable_encoding(headers: &HeaderMap) -> Option<Encoding> {
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+/// encoding we cannot read) cannot be judged, so it is refused with why.
+fn readable_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
+    let text = |name| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
+    let content_type = text(http::header::CONTENT_TYPE.as_str()).unwrap_or_default();
     if !content_type.eq_ignore_ascii_case("application/connect+proto") {
-        debug!(
-            content_type,
-            "Run with a content type we do not decode: relayed"
-        );
-        return None;
+        debug!(%content_type, "Run with a content type we do not decode: refused");
+        return Err(format!(
+            "a Run with content type `{content_type}`, which this cursor-byok does not read \
+             (it reads application/connect+proto)"
+        ));
     }
-    Encoding::from_header(
-        headers
-            .get("connect-content-encoding")
-            .and_then(|v| v.to_str().ok()),
-    )
-    .ok()
+    let encoding = text("connect-content-encoding");
+    Encoding::from_header(encoding.as_deref()).map_err(|_| {
+        format!(
+            "a Run with connect-content-encoding `{}`, which this cursor-byok does not read",
+            encoding.unwrap_or_default()
+        )
+    })
 }
 
 /// What a `Run` of ours starts from: its first message, and what its request said.
