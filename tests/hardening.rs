@@ -360,7 +360,7 @@ async fn bad_gzip_is_refused_or_relayed_without_harm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_content_type_on_run_is_not_decoded_as_ours() {
+async fn wrong_content_type_on_run_is_refused_not_relayed() {
     let h = harness(vec![Reply::sse(TEXT_SSE)], |_| {}).await;
     let door = h.connect_door();
     let conn = h2_conn(&door).await;
@@ -377,19 +377,22 @@ async fn wrong_content_type_on_run_is_not_decoded_as_ours() {
     drop(tx);
     let status = stream.status;
     let relayed = stream.headers.get("x-fake-upstream").is_some();
-    let _ = stream.raw_to_end().await;
+    let body = stream.raw_to_end().await;
     outcome(
         "wrong content type on Run (application/json)",
         &format!("HTTP {}", status.as_u16()),
         if relayed {
-            "not decoded as ours: relayed to Cursor untouched (Cursor answers)"
+            "relayed to Cursor"
         } else {
-            "answered locally"
+            "refused: it cannot be read, so it is sent nowhere"
         },
     );
-    assert!(relayed, "relayed upstream");
-    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, STEP).await;
-    assert_eq!(recorded[0].body, first);
+    assert!(!relayed, "never relayed unread");
+    assert!(
+        String::from_utf8_lossy(&body).contains("application/json"),
+        "the error names the content type"
+    );
+    h.assert_nothing_relayed();
     assert!(h.provider.requests().is_empty(), "never run as ours");
     h.normal_run_succeeds("after-content-type").await;
 }

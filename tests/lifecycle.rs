@@ -602,6 +602,8 @@ async fn resumes_after_a_restart_follow_the_durable_pins() {
         H2Run::open_raw(&before.connect_door(), "req-official", official).await;
     drop(tx);
     assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
+    // The pins are written by a thread of their own: on disk before the next proxy reads them.
+    before.server.agent_pins().flush();
 
     // The restart: a new proxy on the same data dir, nothing in memory.
     let dir = before.data_dir();

@@ -263,17 +263,17 @@ fn decode_append(
     headers: &HeaderMap,
 ) -> Read {
     let header_id = request_id(headers).unwrap_or_default();
-    let unreadable = |request_id: String, what: &str, e: &dyn std::fmt::Display| Read::Unreadable {
+    let garbled = |request_id: String, what: &str, e: &dyn std::fmt::Display| Read::Unreadable {
         request_id,
         why: format!("a BidiAppend whose {what} does not decode ({e})"),
     };
     let payload = match connect::decode_unary(raw.clone(), encoding, t.inner.limits) {
         Ok(p) => p,
-        Err(e) => return unreadable(header_id, "body", &e),
+        Err(e) => return garbled(header_id, "body", &e),
     };
     let append = match connect::decode_bidi_append_request(&payload) {
         Ok(a) => a,
-        Err(e) => return unreadable(header_id, "request", &e),
+        Err(e) => return garbled(header_id, "request", &e),
     };
     let request_id = append
         .request_id
@@ -288,7 +288,7 @@ fn decode_append(
     let wire = match connect::bidi_append_payload(&append) {
         Ok(w) => w,
         Err(_) if relayed => return Read::NotOurs,
-        Err(e) => return unreadable(request_id, "payload", &e),
+        Err(e) => return garbled(request_id, "payload", &e),
     };
     match pb::AgentClientMessage::decode(wire.clone()) {
         Ok(message) => Read::Agent(Append {
@@ -297,7 +297,7 @@ fn decode_append(
             sent: ClientMessage { message, wire },
         }),
         Err(_) if relayed => Read::NotOurs,
-        Err(e) => unreadable(request_id, "agent message", &e),
+        Err(e) => garbled(request_id, "agent message", &e),
     }
 }
 

@@ -91,7 +91,8 @@ impl AgentTransports {
     ) -> Result<Decision, ConnectError> {
         let opening = Opening::of(first);
         let child = self.child_of_ours(parent, opening.prompt.as_deref());
-        let decision = self.route(&opening, child.as_ref()).map_err(|e| {
+        let decision = self.route(&opening, child.as_ref()).and_then(|d| self.configured(d));
+        let decision = decision.map_err(|e| {
             tracing::warn!(request_id, conversation = %opening.conversation, "{e}");
             e.to_connect()
         })?;
@@ -139,6 +140,19 @@ impl AgentTransports {
                 None if o.prewarm && marked() => Ok(here()),
                 None => Err(undecidable(&o.conversation)),
             },
+        }
+    }
+
+    /// `d`, unless it is ours on a model the configuration no longer has (a pin made before
+    /// the model was renamed or removed).
+    fn configured(&self, d: Decision) -> Result<Decision, RunError> {
+        match &d {
+            Decision::Ours { model_id }
+                if !model_id.is_empty() && !self.inner.agent.is_our_model(model_id) =>
+            {
+                Err(RunError::NotConfigured(model_id.clone()))
+            }
+            _ => Ok(d),
         }
     }
 

@@ -79,13 +79,14 @@ impl RoutingTable {
     }
 }
 
-/// A run that names no model (a resume) runs on the model its conversation is pinned to.
+/// A run decided ours by its conversation's pin (a resume that names no model, or one of
+/// Cursor's) runs on the model its conversation is pinned to.
 pub(super) fn with_pinned_model(
     mut run: pb::AgentRunRequest,
     decision: &Decision,
 ) -> pb::AgentRunRequest {
     if let Decision::Ours { model_id } = decision {
-        if model::requested_model_id(&run).is_none() {
+        if model::requested_model_id(&run) != Some(model_id.as_str()) {
             run.requested_model
                 .get_or_insert_with(Default::default)
                 .model_id = model_id.clone();

@@ -5,7 +5,9 @@ use hyper::body::Incoming;
 use prost::Message;
 use tracing::{debug, Instrument};
 
-use super::body::{end_frame, replay, stream_error, streaming_response, FramePeek, RunBody};
+use super::body::{
+    end_frame, error_response, replay, stream_error, streaming_response, FramePeek, RunBody,
+};
 use super::caller::{request_id, Caller, ClientMessage};
 use super::face::{unreadable, AgentTransports};
 use super::routing::{never_decided, with_pinned_model, Decision, UNDECIDED_WAIT};
@@ -38,7 +40,7 @@ pub(super) async fn handle(
             return t.upstream().forward(&ctx, req).await;
         }
         Err(_) => return stream_error(never_decided("the run's first message did not come")),
-        Ok(Err(e)) => return stream_error(unreadable(e)),
+        Ok(Err(e)) => return error_response(&unreadable(e)),
     };
     let message = match pb::AgentClientMessage::decode(first.clone()) {
         Ok(m) => m,
