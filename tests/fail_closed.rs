@@ -92,8 +92,17 @@ async fn only_end(stream: &mut ServerStream) -> EndStream {
 }
 
 /// A user message with the canary and an inline request context (with `custom` subagents).
-fn canary_request(model: &str, conversation: &str, custom: Vec<pb::CustomSubagent>) -> pb::AgentClientMessage {
-    let mut m = run_request(model, conversation, &format!("Read secret.txt. {CANARY}"), true);
+fn canary_request(
+    model: &str,
+    conversation: &str,
+    custom: Vec<pb::CustomSubagent>,
+) -> pb::AgentClientMessage {
+    let mut m = run_request(
+        model,
+        conversation,
+        &format!("Read secret.txt. {CANARY}"),
+        true,
+    );
     if let Some(In::RunRequest(r)) = &mut m.message {
         if let Some(pb::conversation_action::Action::UserMessageAction(a)) =
             r.action.as_mut().and_then(|a| a.action.as_mut())
@@ -123,7 +132,12 @@ struct Conn {
 
 impl Conn {
     /// Open a run whose first message is `first`; over RunSSE the reader comes first.
-    async fn open(h: &Harness, t: Transport, request_id: &str, first: &pb::AgentClientMessage) -> Conn {
+    async fn open(
+        h: &Harness,
+        t: Transport,
+        request_id: &str,
+        first: &pb::AgentClientMessage,
+    ) -> Conn {
         let door = h.connect_door();
         match t {
             Transport::H2 => {
@@ -138,7 +152,9 @@ impl Conn {
                 let bidi = Bidi::new(&door, request_id);
                 let (sse, announced) = bidi.spawn_sse_announced();
                 announced.await.expect("the RunSSE is being read");
-                let answer = bidi.append_body(bidi.append_bytes(bidi.seqno(), first)).await;
+                let answer = bidi
+                    .append_body(bidi.append_bytes(bidi.seqno(), first))
+                    .await;
                 assert_ours(&answer.headers);
                 let stream = sse.await.unwrap();
                 Conn {
@@ -178,7 +194,10 @@ impl Conn {
     }
 
     /// Play Cursor (execs against `client`'s workspace) to the end frame.
-    async fn finish(&mut self, client: &mut FakeCursor) -> (Vec<pb::AgentServerMessage>, EndStream) {
+    async fn finish(
+        &mut self,
+        client: &mut FakeCursor,
+    ) -> (Vec<pb::AgentServerMessage>, EndStream) {
         assert_ours(&self.stream.headers);
         let mut messages = Vec::new();
         loop {
@@ -199,7 +218,11 @@ impl Conn {
 /// A workspace holding a file with the canary.
 fn workspace() -> tempfile::TempDir {
     let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("secret.txt"), format!("the key is {CANARY}\n")).unwrap();
+    std::fs::write(
+        ws.path().join("secret.txt"),
+        format!("the key is {CANARY}\n"),
+    )
+    .unwrap();
     ws
 }
 
@@ -223,16 +246,26 @@ async fn byok_turns_on_both_transports_send_nothing_to_cursor() {
         let (_, end) = conn.finish(&mut client).await;
         assert!(end.error.is_none(), "{t:?}: {:?}", end.error);
         assert!(
-            client.execs.iter().any(|e| matches!(e.message, Some(pb::exec_server_message::Message::ReadArgs(_)))),
+            client.execs.iter().any(|e| matches!(
+                e.message,
+                Some(pb::exec_server_message::Message::ReadArgs(_))
+            )),
             "{t:?}: the model read the file"
         );
     }
     let seen = h.provider.requests();
     assert_eq!(seen.len(), 4);
-    assert!(contains(&seen[1].body, CANARY.as_bytes()), "the provider got the file");
+    assert!(
+        contains(&seen[1].body, CANARY.as_bytes()),
+        "the provider got the file"
+    );
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
-    assert_eq!(h.upstream.connections_accepted(), 0, "not one connection to Cursor");
+    assert_eq!(
+        h.upstream.connections_accepted(),
+        0,
+        "not one connection to Cursor"
+    );
 }
 
 /// A `byok-` model the config does not have (renamed, removed, another config) is refused on
@@ -244,7 +277,12 @@ async fn an_unconfigured_byok_model_is_refused_on_both_transports() {
     let mut run = H2Run::open(&h.connect_door(), "req-gone-h2", &first).await;
     assert_ours(&run.stream.headers);
     let end = only_end(&mut run.stream).await;
-    assert_refused(&end_error(&end), Code::FailedPrecondition, Kind::CustomMessage, "byok-renamed-away");
+    assert_refused(
+        &end_error(&end),
+        Code::FailedPrecondition,
+        Kind::CustomMessage,
+        "byok-renamed-away",
+    );
 
     let bidi = Bidi::new(&h.connect_door(), "req-gone-sse");
     let (sse, announced) = bidi.spawn_sse_announced();
@@ -252,11 +290,21 @@ async fn an_unconfigured_byok_model_is_refused_on_both_transports() {
     let answer = bidi.append_body(bidi.append_bytes(0, &first)).await;
     assert_ours(&answer.headers);
     let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
-    assert_refused(&err, Code::FailedPrecondition, Kind::CustomMessage, "byok-renamed-away");
+    assert_refused(
+        &err,
+        Code::FailedPrecondition,
+        Kind::CustomMessage,
+        "byok-renamed-away",
+    );
     let mut sse = sse.await.unwrap();
     assert_ours(&sse.headers);
     let end = only_end(&mut sse).await;
-    assert_refused(&end_error(&end), Code::FailedPrecondition, Kind::CustomMessage, "byok-renamed-away");
+    assert_refused(
+        &end_error(&end),
+        Code::FailedPrecondition,
+        Kind::CustomMessage,
+        "byok-renamed-away",
+    );
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
     assert!(h.provider.requests().is_empty());
@@ -285,10 +333,21 @@ async fn a_renamed_model_and_a_restart_keep_the_conversation_from_cursor() {
     let resume = resume_request("conv-renamed", store.conversation_state());
     for (i, t) in BOTH.into_iter().enumerate() {
         for m in [resume.clone(), first.clone()] {
-            let mut conn = Conn::open(&renamed, t, &format!("req-renamed-{i}-{}", m.encoded_len()), &m).await;
+            let mut conn = Conn::open(
+                &renamed,
+                t,
+                &format!("req-renamed-{i}-{}", m.encoded_len()),
+                &m,
+            )
+            .await;
             assert_ours(&conn.stream.headers);
             let end = only_end(&mut conn.stream).await;
-            assert_refused(&end_error(&end), Code::FailedPrecondition, Kind::CustomMessage, OURS);
+            assert_refused(
+                &end_error(&end),
+                Code::FailedPrecondition,
+                Kind::CustomMessage,
+                OURS,
+            );
         }
     }
     renamed.assert_nothing_relayed();
@@ -334,17 +393,24 @@ fn garbled_append(request_id: &str, seqno: i64) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_append_on_our_run_is_refused_never_relayed() {
     let h = harness(vec![
-        Reply::sse(harness::partial("Working")).then(After::Trickle(Duration::from_millis(50))),
+        Reply::sse(harness::partial("Working")).then(After::Trickle(Duration::from_millis(50)))
     ])
     .await;
     let first = canary_request(OURS, "conv-garbled", vec![]);
     let mut conn = Conn::open(&h, Transport::Sse, "req-garbled", &first).await;
     conn.under_way().await;
     let bidi = conn.bidi.clone().unwrap();
-    let answer = bidi.append_body(garbled_append("req-garbled", bidi.seqno())).await;
+    let answer = bidi
+        .append_body(garbled_append("req-garbled", bidi.seqno()))
+        .await;
     assert_ours(&answer.headers);
     let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
-    assert_refused(&err, Code::InvalidArgument, Kind::BadRequest, "does not decode");
+    assert_refused(
+        &err,
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "does not decode",
+    );
     let end = loop {
         match conn.stream.next().await {
             Some(Received::End(end)) => break end,
@@ -352,23 +418,43 @@ async fn an_undecodable_append_on_our_run_is_refused_never_relayed() {
             None => panic!("no end frame"),
         }
     };
-    assert_refused(&end_error(&end), Code::InvalidArgument, Kind::BadRequest, "does not decode");
+    assert_refused(
+        &end_error(&end),
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "does not decode",
+    );
 
     // Append 0 itself garbled, its reader waiting: both get the refusal.
     let waiting = Bidi::new(&h.connect_door(), "req-garbled-0");
     let (sse, announced) = waiting.spawn_sse_announced();
     announced.await.unwrap();
-    let answer = waiting.append_body(garbled_append("req-garbled-0", 0)).await;
+    let answer = waiting
+        .append_body(garbled_append("req-garbled-0", 0))
+        .await;
     assert_ours(&answer.headers);
     let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
-    assert_refused(&err, Code::InvalidArgument, Kind::BadRequest, "does not decode");
+    assert_refused(
+        &err,
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "does not decode",
+    );
     let mut sse = sse.await.unwrap();
     let end = only_end(&mut sse).await;
-    assert_refused(&end_error(&end), Code::InvalidArgument, Kind::BadRequest, "does not decode");
+    assert_refused(
+        &end_error(&end),
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "does not decode",
+    );
     assert!(h.upstream.recorded_on(BIDI_APPEND).is_empty());
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
 }
+
+/// Extra request headers.
+type Headers = &'static [(&'static str, &'static str)];
 
 /// A `Run` we cannot read (another content type, an unknown encoding, a first frame that does
 /// not decode) and a RunSSE with an unknown encoding are refused, naming the cause.
@@ -382,24 +468,45 @@ async fn an_unreadable_run_is_refused_naming_the_cause() {
     let payload = [b"\xff\xff\xff".as_slice(), CANARY.as_bytes()].concat();
     garbled.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     garbled.extend_from_slice(&payload);
-    let cases: [(&[(&str, &str)], Bytes, &str); 3] = [
-        (&[("content-type", "application/connect+json")], ours.clone(), "application/connect+json"),
-        (&[("connect-content-encoding", "x-unheard-of")], ours, "x-unheard-of"),
+    let cases: [(Headers, Bytes, &str); 3] = [
+        (
+            &[("content-type", "application/connect+json")],
+            ours.clone(),
+            "application/connect+json",
+        ),
+        (
+            &[("connect-content-encoding", "x-unheard-of")],
+            ours,
+            "x-unheard-of",
+        ),
         (&[], Bytes::from(garbled), "does not decode"),
     ];
     for (i, (headers, body, needle)) in cases.into_iter().enumerate() {
-        let run = harness::run_with_headers(&conn, &door, &format!("req-unreadable-{i}"), headers, body).await;
+        let run =
+            harness::run_with_headers(&conn, &door, &format!("req-unreadable-{i}"), headers, body)
+                .await;
         let H2Run { tx, mut stream } = run;
         assert_ours(&stream.headers);
         let end = only_end(&mut stream).await;
         drop(tx);
-        assert_refused(&end_error(&end), Code::InvalidArgument, Kind::BadRequest, needle);
+        assert_refused(
+            &end_error(&end),
+            Code::InvalidArgument,
+            Kind::BadRequest,
+            needle,
+        );
     }
-    let bidi = Bidi::new(&door, "req-unreadable-sse").sse_header("connect-content-encoding", "x-unheard-of");
+    let bidi = Bidi::new(&door, "req-unreadable-sse")
+        .sse_header("connect-content-encoding", "x-unheard-of");
     let mut sse = bidi.open_sse().await;
     assert_ours(&sse.headers);
     let end = only_end(&mut sse).await;
-    assert_refused(&end_error(&end), Code::InvalidArgument, Kind::BadRequest, "x-unheard-of");
+    assert_refused(
+        &end_error(&end),
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "x-unheard-of",
+    );
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
 }
@@ -409,7 +516,11 @@ async fn an_unreadable_run_is_refused_naming_the_cause() {
 /// A prewarm on a new conversation on Cursor's model is relayed and pins nothing either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prewarm_pins_nothing_and_the_resume_stays_ours() {
-    let h = harness(vec![Reply::sse(text_sse("first")), Reply::sse(text_sse("resumed"))]).await;
+    let h = harness(vec![
+        Reply::sse(text_sse("first")),
+        Reply::sse(text_sse("resumed")),
+    ])
+    .await;
     let store = Store::default();
     let first = canary_request(OURS, "conv-warm", vec![]);
     let mut run = H2Run::open(&h.connect_door(), "req-warm-1", &first).await;
@@ -426,7 +537,9 @@ async fn a_prewarm_pins_nothing_and_the_resume_stays_ours() {
     let pins = h.server.agent_pins();
     assert_eq!(
         pins.get("conv-warm"),
-        Some(cursor_byok::agent::transport::Decision::Ours { model_id: OURS.into() })
+        Some(cursor_byok::agent::transport::Decision::Ours {
+            model_id: OURS.into()
+        })
     );
     let resume = resume_request("conv-warm", store.conversation_state());
     let bidi = Bidi::new(&h.connect_door(), "req-warm-resume");
@@ -439,11 +552,18 @@ async fn a_prewarm_pins_nothing_and_the_resume_stays_ours() {
     assert_canary_unseen(&h);
 
     // Cursor's own prewarm on a new conversation: relayed unchanged, pinned nowhere.
-    let raw = frame(&common::agent_client::prewarm_request(CURSORS, "conv-cursors-warm"));
-    let H2Run { tx, stream } = H2Run::open_raw(&h.connect_door(), "req-cursors-warm", raw.clone()).await;
+    let raw = frame(&common::agent_client::prewarm_request(
+        CURSORS,
+        "conv-cursors-warm",
+    ));
+    let H2Run { tx, stream } =
+        H2Run::open_raw(&h.connect_door(), "req-cursors-warm", raw.clone()).await;
     drop(tx);
     assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
-    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, Duration::from_secs(10)).await;
+    let recorded = h
+        .upstream
+        .wait_recorded(AGENT_RUN, 1, Duration::from_secs(10))
+        .await;
     assert_eq!(recorded[0].body, raw);
     assert!(!pins.knows("conv-cursors-warm"));
 }
@@ -464,7 +584,12 @@ async fn a_relayed_request_id_never_relays_a_byok_append_0() {
     let answer = bidi.append_body(bidi.append_bytes(0, &ours)).await;
     assert_ours(&answer.headers);
     let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
-    assert_refused(&err, Code::FailedPrecondition, Kind::CustomMessage, "req-shared");
+    assert_refused(
+        &err,
+        Code::FailedPrecondition,
+        Kind::CustomMessage,
+        "req-shared",
+    );
     assert_eq!(h.upstream.recorded_on(BIDI_APPEND).len(), 1);
     assert_canary_unseen(&h);
     assert!(h.provider.requests().is_empty());
@@ -507,7 +632,10 @@ async fn a_task_naming_an_unknown_model_is_a_tool_error_the_parent_sees() {
     let seen = h.provider.requests();
     assert_eq!(seen.len(), 2);
     let second = String::from_utf8_lossy(&seen[1].body);
-    assert!(second.contains("claude-sonnet-4"), "the parent's model reads why: {second}");
+    assert!(
+        second.contains("claude-sonnet-4"),
+        "the parent's model reads why: {second}"
+    );
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
 }
@@ -537,12 +665,24 @@ async fn a_child_of_our_run_on_an_unknown_model_is_refused() {
     let conn = harness::h2_conn(&door).await;
     for (i, child) in [&unknown, &no_model].into_iter().enumerate() {
         let headers = [("x-parent-request-id", "req-parent")];
-        let run = harness::run_with_headers(&conn, &door, &format!("req-child-h2-{i}"), &headers, frame(child)).await;
+        let run = harness::run_with_headers(
+            &conn,
+            &door,
+            &format!("req-child-h2-{i}"),
+            &headers,
+            frame(child),
+        )
+        .await;
         let H2Run { tx, mut stream } = run;
         assert_ours(&stream.headers);
         let end = only_end(&mut stream).await;
         drop(tx);
-        assert_refused(&end_error(&end), Code::FailedPrecondition, Kind::CustomMessage, "subagent");
+        assert_refused(
+            &end_error(&end),
+            Code::FailedPrecondition,
+            Kind::CustomMessage,
+            "subagent",
+        );
 
         // Over RunSSE, on the reader and the append.
         let bidi = Bidi::new(&door, &format!("req-child-sse-{i}"))
@@ -554,7 +694,12 @@ async fn a_child_of_our_run_on_an_unknown_model_is_refused() {
         assert_ours(&answer.headers);
         let mut sse = sse.await.unwrap();
         let end = only_end(&mut sse).await;
-        assert_refused(&end_error(&end), Code::FailedPrecondition, Kind::CustomMessage, "subagent");
+        assert_refused(
+            &end_error(&end),
+            Code::FailedPrecondition,
+            Kind::CustomMessage,
+            "subagent",
+        );
     }
     h.assert_nothing_relayed();
     assert_canary_unseen(&h);
@@ -562,11 +707,16 @@ async fn a_child_of_our_run_on_an_unknown_model_is_refused() {
     // A run whose parent is Cursor's own: Cursor's, relayed unchanged.
     let cursors = frame(&run_request(CURSORS, "conv-cursors-child", "hi", true));
     let headers = [("x-parent-request-id", "req-someone-else")];
-    let run = harness::run_with_headers(&conn, &door, "req-cursors-child", &headers, cursors.clone()).await;
+    let run =
+        harness::run_with_headers(&conn, &door, "req-cursors-child", &headers, cursors.clone())
+            .await;
     let H2Run { tx, stream } = run;
     drop(tx);
     assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
-    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, Duration::from_secs(10)).await;
+    let recorded = h
+        .upstream
+        .wait_recorded(AGENT_RUN, 1, Duration::from_secs(10))
+        .await;
     assert_eq!(recorded[0].body, cursors);
 }
 
@@ -575,10 +725,10 @@ async fn a_child_of_our_run_on_an_unknown_model_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_run_ends_canceled_for_a_reader_that_returns_late() {
     let _metronome = common::metronome();
-    let h = harness(vec![
-        Reply::sse(harness::partial("Working")).then(After::Trickle(Duration::from_millis(500))),
-    ])
-    .await;
+    let h =
+        harness(vec![Reply::sse(harness::partial("Working"))
+            .then(After::Trickle(Duration::from_millis(500)))])
+        .await;
     let first = canary_request(OURS, "conv-abandoned", vec![]);
     let mut conn = Conn::open(&h, Transport::Sse, "req-abandoned", &first).await;
     conn.under_way().await;
@@ -608,10 +758,14 @@ async fn an_abandoned_run_ends_canceled_for_a_reader_that_returns_late() {
 async fn cursors_own_runs_pass_unchanged() {
     let h = harness(vec![]).await;
     let raw = frame(&run_request(CURSORS, "conv-cursors-run", "hi", true));
-    let H2Run { tx, stream } = H2Run::open_raw(&h.connect_door(), "req-cursors-run", raw.clone()).await;
+    let H2Run { tx, stream } =
+        H2Run::open_raw(&h.connect_door(), "req-cursors-run", raw.clone()).await;
     drop(tx);
     assert_eq!(stream.raw_to_end().await, relay_reply_bytes());
-    let recorded = h.upstream.wait_recorded(AGENT_RUN, 1, Duration::from_secs(10)).await;
+    let recorded = h
+        .upstream
+        .wait_recorded(AGENT_RUN, 1, Duration::from_secs(10))
+        .await;
     assert_eq!(recorded[0].body, raw);
 
     let bidi = Bidi::new(&h.connect_door(), "req-cursors-sse");
@@ -619,7 +773,11 @@ async fn cursors_own_runs_pass_unchanged() {
     let answer = bidi.append_body(append.clone()).await;
     assert_eq!(answer.headers["x-fake-upstream"], "bidi-append");
     assert_eq!(h.upstream.recorded_on(BIDI_APPEND)[0].body, append);
-    let (resp, _conn) = bidi.sse_request(frame(&ai::BidiRequestId { request_id: "req-cursors-sse".into() })).await;
+    let (resp, _conn) = bidi
+        .sse_request(frame(&ai::BidiRequestId {
+            request_id: "req-cursors-sse".into(),
+        }))
+        .await;
     assert_eq!(resp.headers()["x-fake-upstream"], "run-sse");
     assert!(h.provider.requests().is_empty());
     assert!(!h.server.agent_pins().had_byok_turn("conv-cursors-run"));

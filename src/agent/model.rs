@@ -162,7 +162,12 @@ mod tests {
         assert!(!is_ours(&c, "m"));
         assert!(!is_ours(&c, "gpt-5"));
         assert!(!is_ours(&c, "byok-gone"));
-        for id in ["byok-gone", "byok-gone:high", "BYOK-m", " byok-x[effort=low]"] {
+        for id in [
+            "byok-gone",
+            "byok-gone:high",
+            "BYOK-m",
+            " byok-x[effort=low]",
+        ] {
             assert!(has_our_prefix(id), "{id}");
         }
         assert!(!has_our_prefix("gpt-5") && !has_our_prefix("byo"));

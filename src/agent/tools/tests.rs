@@ -1212,7 +1212,9 @@ fn a_subagents_model_named_by_display_name_or_alias_is_ours() {
     // (it would carry the parent's files to Cursor).
     c.subagents.custom[0].model = "claude-sonnet-4".into();
     let args = json!({"prompt": "Review", "subagent_type": "reviewer"});
-    let err = plan(&c, "t1", "task", &args).err().expect("refused");
+    let Err(err) = plan(&c, "t1", "task", &args) else {
+        panic!("refused")
+    };
     assert!(err.to_string().contains("claude-sonnet-4"), "{err}");
     assert!(err.to_string().contains("My Small"), "{err}");
     // One of Cursor's models the client offered for subagents stays as given.

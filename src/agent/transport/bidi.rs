@@ -69,7 +69,9 @@ pub(super) async fn run_sse(
     let Ok(encoding) = Encoding::from_header(named.and_then(|v| v.to_str().ok())) else {
         let why = format!(
             "a RunSSE with connect-content-encoding `{}`, which this cursor-byok does not read",
-            named.map(|v| String::from_utf8_lossy(v.as_bytes())).unwrap_or_default()
+            named
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .unwrap_or_default()
         );
         return stream_error(RunError::BadClientMessage(why).to_connect());
     };
@@ -197,7 +199,7 @@ pub(super) async fn append(
         seqno,
         sent,
     } = match decode_append(t, encoding, &raw, &parts.headers) {
-        Read::Agent(a) => a,
+        Read::Agent(a) => *a,
         Read::NotOurs => return relay(parts, raw).await,
         Read::Unreadable { request_id, why } => {
             return match refuse_unreadable(t, &request_id, why).await {
@@ -245,8 +247,9 @@ struct Append {
 
 /// What one `BidiAppend` is, as far as it can be read.
 enum Read {
-    /// An agent message on a request id that is not Cursor's already.
-    Agent(Append),
+    /// An agent message on a request id that is not Cursor's already (boxed: a message is
+    /// several KiB).
+    Agent(Box<Append>),
     /// Not ours to judge: no request id, a request id relayed already (and not a new run's
     /// first message), or another feature's append.
     NotOurs,
@@ -291,11 +294,11 @@ fn decode_append(
         Err(e) => return garbled(request_id, "payload", &e),
     };
     match pb::AgentClientMessage::decode(wire.clone()) {
-        Ok(message) => Read::Agent(Append {
+        Ok(message) => Read::Agent(Box::new(Append {
             request_id,
             seqno: append.append_seqno,
             sent: ClientMessage { message, wire },
-        }),
+        })),
         Err(_) if relayed => Read::NotOurs,
         Err(e) => garbled(request_id, "agent message", &e),
     }
@@ -304,7 +307,11 @@ fn decode_append(
 /// An append that does not decode, on `request_id`: when the id is one of our runs or has a
 /// live entry, it is refused (and ends that run, or its undecided reader), never relayed.
 /// `None`: the id is nothing of ours, so it is another feature's append.
-async fn refuse_unreadable(t: &AgentTransports, request_id: &str, why: String) -> Option<ConnectError> {
+async fn refuse_unreadable(
+    t: &AgentTransports,
+    request_id: &str,
+    why: String,
+) -> Option<ConnectError> {
     let pinned_ours = matches!(
         t.inner.routes.request(request_id),
         Some(Decision::Ours { .. })

@@ -91,7 +91,9 @@ impl AgentTransports {
     ) -> Result<Decision, ConnectError> {
         let opening = Opening::of(first);
         let child = self.child_of_ours(parent, opening.prompt.as_deref());
-        let decision = self.route(&opening, child.as_ref()).and_then(|d| self.configured(d));
+        let decision = self
+            .route(&opening, child.as_ref())
+            .and_then(|d| self.configured(d));
         let decision = decision.map_err(|e| {
             tracing::warn!(request_id, conversation = %opening.conversation, "{e}");
             e.to_connect()

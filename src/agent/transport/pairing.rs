@@ -33,8 +33,8 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Decision;
 use super::body::end_frame;
+use super::Decision;
 use crate::agent::{RunError, RunFailer};
 use crate::connect::{ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;

@@ -492,7 +492,11 @@ mod tests {
         std::fs::write(dir.path().join(PINS_FILE), text).unwrap();
         let s = PinStore::open(dir.path());
         assert_eq!(s.get("conv-a"), Some(ours("byok-x")));
-        assert_eq!(s.get("conv-d"), Some(Decision::Relay), "after the garbled line");
+        assert_eq!(
+            s.get("conv-d"),
+            Some(Decision::Relay),
+            "after the garbled line"
+        );
         assert_eq!(s.get("conv-b"), None);
         s.pin("conv-c", &Decision::Relay);
         s.flush();
@@ -500,7 +504,9 @@ mod tests {
         assert_eq!(again.get("conv-a"), Some(ours("byok-x")));
         assert_eq!(again.get("conv-c"), Some(Decision::Relay));
         let text = std::fs::read_to_string(dir.path().join(PINS_FILE)).unwrap();
-        assert!(text.lines().all(|l| serde_json::from_str::<Line>(l).is_ok()));
+        assert!(text
+            .lines()
+            .all(|l| serde_json::from_str::<Line>(l).is_ok()));
     }
 
     /// A pin changes memory at once, whatever the disk does: the write is the writer's.

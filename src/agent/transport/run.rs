@@ -45,7 +45,8 @@ pub(super) async fn handle(
     let message = match pb::AgentClientMessage::decode(first.clone()) {
         Ok(m) => m,
         Err(e) => {
-            let why = format!("the run's first message does not decode as an AgentClientMessage ({e})");
+            let why =
+                format!("the run's first message does not decode as an AgentClientMessage ({e})");
             return stream_error(RunError::BadClientMessage(why).to_connect());
         }
     };
@@ -78,7 +79,11 @@ pub(super) async fn handle(
 /// `AgentClientMessage` frames we can read; anything else (JSON codec, a wrong type, an
 /// encoding we cannot read) cannot be judged, so it is refused with why.
 fn readable_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
-    let text = |name| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
+    let text = |name| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()))
+    };
     let content_type = text(http::header::CONTENT_TYPE.as_str()).unwrap_or_default();
     if !content_type.eq_ignore_ascii_case("application/connect+proto") {
         debug!(%content_type, "Run with a content type we do not decode: refused");
