@@ -270,6 +270,65 @@ async fn oversized_frames_are_refused() {
     h.normal_run_succeeds("after-oversized").await;
 }
 
+/// The `side` an error's `ErrorDetails` names.
+fn detail_side(err: &ConnectError) -> String {
+    let details = err.decode_error_details().unwrap().expect("ErrorDetails");
+    let custom = details.details.expect("custom details");
+    custom
+        .additional_info
+        .get("side")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A frame or body declaring more than the limit (here 4 GiB) is refused from its header at
+/// once, on every agent door, never after waiting for bytes that cannot be taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_lengths_are_refused_at_once() {
+    let h = harness(vec![], |_| {}).await;
+    // RunSSE: its one frame announces 4 GiB.
+    let bidi = Bidi::new(&h.connect_door(), "req-sse-4gib");
+    let (resp, conn) = bidi.sse_request(raw_frame(u32::MAX, b"")).await;
+    let mut sse = common::agent_client::ServerStream::new(resp, Some(conn));
+    let err = end_error(&silent(&mut sse).await);
+    record("RunSSE frame announcing 4 GiB", &err);
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert_eq!(detail_side(&err), "cursor-client");
+    // Run: the first frame announces 4 GiB.
+    let run = H2Run::open_raw(&h.connect_door(), "req-run-4gib", raw_frame(u32::MAX, b"")).await;
+    let status = run.stream.status;
+    let err = ConnectError::from_unary_response(status.as_u16(), &run.stream.raw_to_end().await);
+    record("Run frame announcing 4 GiB", &err);
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    // BidiAppend: the body's declared length is 4 GiB; only the head is sent.
+    let mut tcp = tokio::net::TcpStream::connect(h.server.http_addr().unwrap())
+        .await
+        .unwrap();
+    let head = "POST /aiserver.v1.BidiService/BidiAppend HTTP/1.1\r\nhost: api2.cursor.sh\r\n\
+                content-type: application/proto\r\nconnect-protocol-version: 1\r\n\
+                x-request-id: req-append-4gib\r\nx-cursor-client-version: 2.0.0-test\r\n\
+                content-length: 4294967295\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(STEP, tcp.read(&mut answer))
+        .await
+        .expect("answered at once")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    outcome(
+        "BidiAppend declaring 4 GiB",
+        "",
+        answer.lines().next().unwrap_or(""),
+    );
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("resource_exhausted"), "{answer}");
+    assert!(answer.contains("4294967295 bytes declared"), "{answer}");
+    assert!(h.provider.requests().is_empty());
+    h.normal_run_succeeds("after-4gib").await;
+}
+
 /// A body far past the limit and the socket buffers: the client, still writing it over
 /// HTTP/1.1, must read the refusal, not a reset connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
