@@ -177,11 +177,14 @@ fn undecidable(conversation: &str) -> ConnectError {
         "this agent run names no model and no conversation".to_string()
     } else {
         format!(
-            "this agent run resumes conversation {conversation} without naming a model, and              cursor-byok has no record of which model that conversation is on"
+            "this agent run resumes conversation {conversation} without naming a model, and \
+             cursor-byok has no record of which model that conversation is on"
         )
     };
     let message = format!(
-        "cursor-byok: {what}, so it was sent neither to your provider nor to Cursor. Choose the          model again in Cursor's model picker (or start a new conversation) and send the          message again."
+        "cursor-byok: {what}, so it was sent neither to your provider nor to Cursor. Choose the \
+         model again in Cursor's model picker (or start a new conversation) and send the \
+         message again."
     );
     let details = aiserver::ErrorDetails {
         error: aiserver::error_details::Error::CustomMessage as i32,

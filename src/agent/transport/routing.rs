@@ -115,7 +115,8 @@ pub(super) fn never_decided(what: &str) -> ConnectError {
     ConnectError::new(
         Code::DeadlineExceeded,
         format!(
-            "cursor-byok: {what} within {} s, so nothing says whether this run is on your own              model or on Cursor's; it was sent nowhere. Send the message again.",
+            "cursor-byok: {what} within {} s, so nothing says whether this run is on your own \
+             model or on Cursor's; it was sent nowhere. Send the message again.",
             UNDECIDED_WAIT.as_secs()
         ),
     )
