@@ -329,6 +329,30 @@ async fn impossible_lengths_are_refused_at_once() {
     h.normal_run_succeeds("after-4gib").await;
 }
 
+/// Appends that must wait (here for an append 0 that never comes) hold their bytes against
+/// the pairing bounds: with 12 MiB already waiting for a run, another 12 MiB append for it is
+/// refused at once with `resource_exhausted`, not held beside the first (an append carries its
+/// message in hex: 6 MiB of prompt is 12 MiB of body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_appends_are_bounded_by_their_bytes() {
+    let h = harness(vec![], |_| {}).await;
+    let bidi = Bidi::new(&h.connect_door(), "req-waiting-bytes");
+    let big = run_request(OURS, "conv-waiting", &"x".repeat(6 << 20), true);
+    // Whichever is counted second is the one refused; the other waits on.
+    let answer = tokio::select! {
+        a = bidi.append_body(bidi.append_bytes(1, &big)) => a,
+        a = bidi.append_body(bidi.append_bytes(2, &big)) => a,
+    };
+    let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
+    record("a second 12 MiB append waiting for the same run", &err);
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{err:?}");
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert!(err.message.contains("wait already"), "{}", err.message);
+    assert_eq!(detail_side(&err), "cursor-client");
+    assert!(h.provider.requests().is_empty());
+    h.normal_run_succeeds("after-waiting-bytes").await;
+}
+
 /// A body far past the limit and the socket buffers: the client, still writing it over
 /// HTTP/1.1, must read the refusal, not a reset connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
