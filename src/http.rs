@@ -104,3 +104,102 @@ impl RequestContext {
         }
     }
 }
+
+/// Whether a request's body has been read to its end, for the body timer of the connection it
+/// came on: the door puts one in the request's extensions when that timer runs, and the timer
+/// stops once it is marked, since what follows (the run, the origin's answer) is not the
+/// client's to hurry. A request without one has no timer: marking is then a no-op.
+#[derive(Debug, Clone, Default)]
+pub struct BodyRead(tokio_util::sync::CancellationToken);
+
+impl BodyRead {
+    /// The body of the request with `extensions` has been read whole.
+    pub fn mark(extensions: &http::Extensions) {
+        if let Some(read) = extensions.get::<BodyRead>() {
+            read.0.cancel();
+        }
+    }
+
+    /// Whether the body has been read whole.
+    pub fn is_done(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Ends once the body has been read whole.
+    pub async fn done(&self) {
+        self.0.cancelled().await;
+    }
+
+    /// `body`, marking the request's [`BodyRead`] (if any) when its end is reached: for a body
+    /// streamed on rather than read here.
+    pub fn marking<B>(extensions: &http::Extensions, body: B) -> MarkEnd<B> {
+        MarkEnd {
+            body,
+            read: extensions.get::<BodyRead>().cloned(),
+        }
+    }
+}
+
+/// A body that marks a [`BodyRead`] when its end is reached (see [`BodyRead::marking`]).
+pub struct MarkEnd<B> {
+    body: B,
+    read: Option<BodyRead>,
+}
+
+impl<B> MarkEnd<B> {
+    fn mark_if(&mut self, ended: bool) {
+        if ended {
+            if let Some(read) = self.read.take() {
+                read.0.cancel();
+            }
+        }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for MarkEnd<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let std::task::Poll::Ready(frame) = &polled {
+            let ended = frame.is_none() || self.body.is_end_stream();
+            self.mark_if(ended);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_marking_body_marks_its_end_and_only_its_end() {
+        let read = BodyRead::default();
+        let mut extensions = http::Extensions::new();
+        extensions.insert(read.clone());
+        let frames = (0..2).map(|_| Ok::<_, BodyError>(http_body::Frame::data(Bytes::new())));
+        let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let mut body = BodyRead::marking(&extensions, stream);
+        assert!(body.frame().await.is_some());
+        assert!(!read.is_done(), "more may come");
+        assert!(body.frame().await.is_some());
+        assert!(body.frame().await.is_none());
+        assert!(read.is_done());
+        // Without a `BodyRead` on the request, nothing to mark.
+        let mut plain = BodyRead::marking(&http::Extensions::new(), Full::new(Bytes::new()));
+        assert!(plain.frame().await.is_none());
+    }
+}

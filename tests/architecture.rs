@@ -60,7 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// Inside the agent, only the transport adapters speak HTTP: the run loop, its state and the
 /// tools never touch requests, bodies or the upstream.
 const AGENT_HTTP_FREE: &[&str] = &[
-    "run", "state", "tools", "messages", "model", "prompt", "context",
+    "run", "state", "tools", "messages", "model", "prompt", "context", "blob_id",
 ];
 const HTTP_ROOMS: &[&str] = &["http", "router", "upstream", "proxy", "relay"];
 
@@ -393,6 +393,110 @@ fn the_file_scanner_follows_reexports_and_finds_a_circle() {
     assert!(cycles[0].contains("a/low.rs -> ") && cycles[0].contains("high.rs: run"));
     write("a/low.rs", "pub struct Thing;\n");
     assert!(file_cycles(&src).is_empty());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Circles between the sub-rooms of a module: its child modules (a folder with everything
+/// below it, or a file), which may use their siblings in one direction only, as rooms do. Each
+/// circle comes with the file edges that tie it.
+fn sub_room_cycles(src: &Path) -> Vec<String> {
+    let krate = Crate::read(src);
+    // Parent module → its children's graph, the file edges standing for each child edge.
+    let mut rooms: BTreeMap<Vec<String>, Graph> = BTreeMap::new();
+    for (path, module) in &krate.modules {
+        for (to_file, names) in krate.edges_of(path) {
+            let to = mod_path(src, &to_file);
+            let common = path.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            // Across rooms (the room table's), or between a module and its own parent.
+            if common == 0 || common >= path.len() || common >= to.len() {
+                continue;
+            }
+            let names: Vec<_> = names.iter().map(String::as_str).collect();
+            rooms
+                .entry(path[..common].to_vec())
+                .or_default()
+                .entry(PathBuf::from(&path[common]))
+                .or_default()
+                .entry(PathBuf::from(&to[common]))
+                .or_default()
+                .insert(format!(
+                    "{} -> {}: {}",
+                    shown(&module.file),
+                    shown(&to_file),
+                    names.join(", ")
+                ));
+        }
+    }
+    let mut out = Vec::new();
+    for (parent, graph) in &rooms {
+        for circle in strongly_connected(graph)
+            .into_iter()
+            .filter(|c| c.len() > 1)
+        {
+            let named: Vec<_> = circle.iter().map(|c| c.display().to_string()).collect();
+            let mut lines = vec![format!(
+                "circle between the sub-rooms of {}: {}",
+                parent.join("::"),
+                named.join(", ")
+            )];
+            for from in &circle {
+                for (to, ties) in &graph[from] {
+                    if circle.contains(to) {
+                        lines.extend(ties.iter().map(|t| format!("  {t}")));
+                    }
+                }
+            }
+            out.push(lines.join("\n"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_sub_rooms_of_each_room_use_each_other_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let cycles = sub_room_cycles(&src);
+    assert!(
+        cycles.is_empty(),
+        "sub-rooms of a room depend on each other in a circle; move what both use into a \
+         sub-room below them (docs/architecture-rooms.md):\n{}",
+        cycles.join("\n")
+    );
+}
+
+/// A small crate on disk whose files use each other one way, yet whose folders `a::x` and
+/// `a::y` use each other both ways (`x/q.rs` uses `y/r.rs`, `y/s.rs` uses `x/p.rs`): the
+/// file check passes, the sub-room check finds the circle.
+#[test]
+fn the_sub_room_check_finds_a_circle_the_file_check_does_not() {
+    let dir = std::env::temp_dir().join(format!("arch-sub-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let src = dir.join("src");
+    fs::create_dir_all(src.join("a/x")).expect("temp dir");
+    fs::create_dir_all(src.join("a/y")).expect("temp dir");
+    let write = |path: &str, text: &str| fs::write(src.join(path), text).expect("write");
+    write("lib.rs", "pub mod a;\n");
+    write("a/mod.rs", "pub mod x;\npub mod y;\n");
+    write("a/x/mod.rs", "pub mod p;\npub mod q;\n");
+    write("a/x/p.rs", "pub struct P;\n");
+    write(
+        "a/x/q.rs",
+        "pub fn q() -> crate::a::y::r::R { crate::a::y::r::R }\n",
+    );
+    write("a/y/mod.rs", "pub mod r;\npub mod s;\n");
+    write("a/y/r.rs", "pub struct R;\n");
+    write(
+        "a/y/s.rs",
+        "use crate::a::x::p::P;\npub fn s() -> P { P }\n",
+    );
+    assert!(file_cycles(&src).is_empty());
+    let cycles = sub_room_cycles(&src);
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].contains("sub-rooms of a: x, y"), "{}", cycles[0]);
+    assert!(cycles[0].contains("a/x/q.rs -> ") && cycles[0].contains("r.rs: R"));
+    assert!(cycles[0].contains("a/y/s.rs -> ") && cycles[0].contains("p.rs: P"));
+    write("a/y/s.rs", "pub fn s() {}\n");
+    assert!(sub_room_cycles(&src).is_empty());
     let _ = fs::remove_dir_all(&dir);
 }
 

@@ -69,24 +69,29 @@ fn release_free_memory() {
 /// that live for the process (the TLS session and leaf caches, tokio's worker buffers).
 const RSS_SLACK_KIB: u64 = 32 * 1024;
 
+/// The gauges once the work before has wound down (its connections' tasks ended, their
+/// descriptors closed): a baseline.
+async fn settled_gauges() -> Gauges {
+    common::settled(Duration::from_secs(5), || (fds(), alive_tasks())).await;
+    gauges()
+}
+
 /// Wait (at most `limit`) until fds and live tasks are back within `slack` of `base` and RSS
 /// (after [`release_free_memory`]) within [`RSS_SLACK_KIB`]. Returns what was seen at the end.
 async fn back_to(base: Gauges, slack: usize, limit: Duration, case: &str) -> Gauges {
-    let started = Instant::now();
-    loop {
-        let now = gauges();
-        let settled = now.fds <= base.fds + slack
+    let mut now = gauges();
+    let back = common::wait_until(limit, || {
+        now = gauges();
+        now.fds <= base.fds + slack
             && now.tasks <= base.tasks + slack
-            && now.rss_kib <= base.rss_kib + RSS_SLACK_KIB;
-        if settled {
-            return now;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{case}: not back to baseline after {limit:?}: {base:?} -> {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            && now.rss_kib <= base.rss_kib + RSS_SLACK_KIB
+    })
+    .await;
+    assert!(
+        back,
+        "{case}: not back to baseline after {limit:?}: {base:?} -> {now:?}"
+    );
+    now
 }
 
 /// 1,000 short HTTP/2 connections to the direct TLS door, one request each: when they close,
@@ -105,8 +110,7 @@ async fn short_h2_connections_to_the_direct_tls_door_leave_nothing() {
         client::collect(resp).await;
     };
     one().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let base = gauges();
+    let base = settled_gauges().await;
     let started = Instant::now();
     let all = async {
         for _ in 0..CONNS / 50 {
@@ -190,8 +194,7 @@ async fn silent_connections_are_closed_at_the_head_timeout_on_every_listener() {
     ensure_fds(4 * CONNS as u64 + 500);
     let h = harness(vec![], |c| c.limits.head_timeout_secs = 1).await;
     h.normal_run_succeeds("silent-warm-up").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let base = gauges();
+    let base = settled_gauges().await;
     let doors = [
         ("proxy listener", h.server.proxy_addr()),
         ("direct TLS door", h.server.tls_addr().unwrap()),
@@ -261,8 +264,7 @@ async fn idle_tls_sessions_through_connect_are_capped_and_closed() {
     })
     .await;
     h.normal_run_succeeds("idle-warm-up").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let base = gauges();
+    let base = settled_gauges().await;
     let dials_before = h.upstream.connections_accepted();
     let started = Instant::now();
     let mut held = idle_sessions(&h, CONNS).await;
@@ -333,8 +335,7 @@ async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
     })
     .await;
     h.normal_run_succeeds("fat-warm-up").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let base = gauges();
+    let base = settled_gauges().await;
     let proxy = h.server.proxy_addr();
     let roots = client::roots(&[&h.our_ca]);
     let session = || {
@@ -457,8 +458,7 @@ async fn clients_leaving_a_stream_the_origin_never_reads_leave_nothing() {
     .await;
     let origin_task = tokio::spawn(no_window_origin(listener, h.upstream.ca.leaf(&[API])));
     h.normal_run_succeeds("no-window-warm-up").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let base = gauges();
+    let base = settled_gauges().await;
     let proxy = h.server.proxy_addr();
     let roots = client::roots(&[&h.our_ca]);
     let started = Instant::now();

@@ -593,15 +593,11 @@ async fn graceful_shutdown_lets_an_inflight_stream_finish() {
         upstream, server, ..
     } = h;
     let shutdown = tokio::spawn(server.shutdown(Duration::from_secs(20)));
-    // Stops accepting at once.
-    let mut refused = false;
-    for _ in 0..50 {
-        if tokio::net::TcpStream::connect(proxy).await.is_err() {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Stops accepting at once (a loopback connect is answered or refused at once).
+    let refused = common::wait_until(Duration::from_secs(1), || {
+        std::net::TcpStream::connect(proxy).is_err()
+    })
+    .await;
     assert!(refused, "the listener closed");
     // The live stream still finishes.
     for i in 1..3 {
@@ -653,15 +649,15 @@ async fn client_disconnect_cancels_the_upstream_stream() {
         // The upstream sends into a stream nobody reads any more, a frame at a time, until the
         // proxy (whenever it sees the client gone) cancels it.
         h.upstream.release(1);
-        let deadline = Instant::now() + STEP;
-        while h.upstream.cancelled_streams() <= round {
-            assert!(
-                Instant::now() < deadline,
-                "{alpn:?}: upstream stream still open"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            h.upstream.release(1);
-        }
+        let cancelled = common::wait_until(STEP, || {
+            let done = h.upstream.cancelled_streams() > round;
+            if !done {
+                h.upstream.release(1);
+            }
+            done
+        })
+        .await;
+        assert!(cancelled, "{alpn:?}: upstream stream still open");
     }
 }
 
@@ -673,15 +669,12 @@ async fn one_upstream_connection_per_client_connection() {
     let wait_open = |n: usize| {
         let upstream = &h.upstream;
         async move {
-            let deadline = Instant::now() + STEP;
-            while upstream.connections_open() != n {
-                assert!(
-                    Instant::now() < deadline,
-                    "{} upstream connections open, expected {n}",
-                    upstream.connections_open()
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let open = common::wait_until(STEP, || upstream.connections_open() == n).await;
+            assert!(
+                open,
+                "{} upstream connections open, expected {n}",
+                upstream.connections_open()
+            );
         }
     };
     for alpn in Alpn::both() {

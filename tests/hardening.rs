@@ -270,6 +270,89 @@ async fn oversized_frames_are_refused() {
     h.normal_run_succeeds("after-oversized").await;
 }
 
+/// The `side` an error's `ErrorDetails` names.
+fn detail_side(err: &ConnectError) -> String {
+    let details = err.decode_error_details().unwrap().expect("ErrorDetails");
+    let custom = details.details.expect("custom details");
+    custom
+        .additional_info
+        .get("side")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A frame or body declaring more than the limit (here 4 GiB) is refused from its header at
+/// once, on every agent door, never after waiting for bytes that cannot be taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_lengths_are_refused_at_once() {
+    let h = harness(vec![], |_| {}).await;
+    // RunSSE: its one frame announces 4 GiB.
+    let bidi = Bidi::new(&h.connect_door(), "req-sse-4gib");
+    let (resp, conn) = bidi.sse_request(raw_frame(u32::MAX, b"")).await;
+    let mut sse = common::agent_client::ServerStream::new(resp, Some(conn));
+    let err = end_error(&silent(&mut sse).await);
+    record("RunSSE frame announcing 4 GiB", &err);
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert_eq!(detail_side(&err), "cursor-client");
+    // Run: the first frame announces 4 GiB.
+    let run = H2Run::open_raw(&h.connect_door(), "req-run-4gib", raw_frame(u32::MAX, b"")).await;
+    let status = run.stream.status;
+    let err = ConnectError::from_unary_response(status.as_u16(), &run.stream.raw_to_end().await);
+    record("Run frame announcing 4 GiB", &err);
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    // BidiAppend: the body's declared length is 4 GiB; only the head is sent.
+    let mut tcp = tokio::net::TcpStream::connect(h.server.http_addr().unwrap())
+        .await
+        .unwrap();
+    let head = "POST /aiserver.v1.BidiService/BidiAppend HTTP/1.1\r\nhost: api2.cursor.sh\r\n\
+                content-type: application/proto\r\nconnect-protocol-version: 1\r\n\
+                x-request-id: req-append-4gib\r\nx-cursor-client-version: 2.0.0-test\r\n\
+                content-length: 4294967295\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(STEP, tcp.read(&mut answer))
+        .await
+        .expect("answered at once")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    outcome(
+        "BidiAppend declaring 4 GiB",
+        "",
+        answer.lines().next().unwrap_or(""),
+    );
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("resource_exhausted"), "{answer}");
+    assert!(answer.contains("4294967295 bytes declared"), "{answer}");
+    assert!(h.provider.requests().is_empty());
+    h.normal_run_succeeds("after-4gib").await;
+}
+
+/// Appends that must wait (here for an append 0 that never comes) hold their bytes against
+/// the pairing bounds: with 12 MiB already waiting for a run, another 12 MiB append for it is
+/// refused at once with `resource_exhausted`, not held beside the first (an append carries its
+/// message in hex: 6 MiB of prompt is 12 MiB of body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_appends_are_bounded_by_their_bytes() {
+    let h = harness(vec![], |_| {}).await;
+    let bidi = Bidi::new(&h.connect_door(), "req-waiting-bytes");
+    let big = run_request(OURS, "conv-waiting", &"x".repeat(6 << 20), true);
+    // Whichever is counted second is the one refused; the other waits on.
+    let answer = tokio::select! {
+        a = bidi.append_body(bidi.append_bytes(1, &big)) => a,
+        a = bidi.append_body(bidi.append_bytes(2, &big)) => a,
+    };
+    let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
+    record("a second 12 MiB append waiting for the same run", &err);
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{err:?}");
+    assert_eq!(err.code, Code::ResourceExhausted, "{err:?}");
+    assert!(err.message.contains("wait already"), "{}", err.message);
+    assert_eq!(detail_side(&err), "cursor-client");
+    assert!(h.provider.requests().is_empty());
+    h.normal_run_succeeds("after-waiting-bytes").await;
+}
+
 /// A body far past the limit and the socket buffers: the client, still writing it over
 /// HTTP/1.1, must read the refusal, not a reset connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,23 +752,17 @@ async fn silent_tunnels_close_at_the_idle_timeout() {
     let mut silent = common::client::tunnel(proxy, "tunnel.example:7000").await;
     let mut busy = common::client::tunnel(proxy, "tunnel.example:7000").await;
     let started = Instant::now();
-    let busy_run = async {
-        while started.elapsed() < Duration::from_secs(3) {
-            echo_round(&mut busy).await;
-            tokio::time::sleep(Duration::from_millis(400)).await;
-        }
-    };
-    let (_, closed) = tokio::join!(busy_run, async {
-        let closed = closed_within(&mut silent, Duration::from_secs(5)).await;
-        (closed, started.elapsed())
-    });
-    outcome(
-        "silent tunnel (idle 1 s)",
-        "closed",
-        &format!("{:?}", closed.1),
-    );
-    assert!(closed.0, "the silent tunnel stayed open");
-    assert!(closed.1 >= Duration::from_millis(900), "{:?}", closed.1);
+    // The busy tunnel echoes a round every 400 ms (well within the idle timeout), paced by
+    // waiting for the silent one's close: it keeps going until that comes.
+    let mut closed = false;
+    while !closed && started.elapsed() < Duration::from_secs(5) {
+        echo_round(&mut busy).await;
+        closed = closed_within(&mut silent, Duration::from_millis(400)).await;
+    }
+    let took = started.elapsed();
+    outcome("silent tunnel (idle 1 s)", "closed", &format!("{took:?}"));
+    assert!(closed, "the silent tunnel stayed open");
+    assert!(took >= Duration::from_millis(900), "{took:?}");
     echo_round(&mut busy).await;
     h.normal_run_succeeds("after-idle").await;
 }
@@ -708,21 +785,18 @@ async fn tunnels_beyond_the_cap_are_refused_with_503() {
     echo_round(&mut first).await;
     echo_round(&mut second).await;
     // The peer ignores the FIN: the tunnel ends at the half-close timeout and frees its place.
+    // Its connection is a task of this runtime: the count shows when it is gone (taken once
+    // the refused CONNECT's task has ended too).
+    let holding = common::settled(Duration::from_secs(5), common::alive_tasks).await;
     drop(first);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, _, mut stream) =
-            common::client::connect_raw(proxy, "tunnel.example:7000", None).await;
-        if status == 200 {
-            echo_round(&mut stream).await;
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the closed tunnel's place never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        common::wait_until(Duration::from_secs(5), || common::alive_tasks() < holding).await,
+        "the closed tunnel never ended"
+    );
+    let (status, _, mut stream) =
+        common::client::connect_raw(proxy, "tunnel.example:7000", None).await;
+    assert_eq!(status, 200, "the closed tunnel's place came back");
+    echo_round(&mut stream).await;
     h.normal_run_succeeds("after-tunnel-cap").await;
 }
 
@@ -822,11 +896,12 @@ async fn head_flood_returns_memory_and_fds_to_baseline() {
     // The peak while held: sampled until the proxy has taken them all (or the timeout began
     // closing them).
     let (mut rss1, mut fds1) = (0, 0);
-    for _ in 0..30 {
+    common::wait_until(Duration::from_secs(3), || {
         rss1 = rss1.max(harness::proc_status(&pid, "VmRSS:"));
         fds1 = fds1.max(fd_count(&pid));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        fds1 >= fds0 + CONNS
+    })
+    .await;
     assert!(
         fds1 >= fds0 + CONNS * 9 / 10,
         "held: {fds0} -> {fds1} (sent in {sent:?})"

@@ -20,6 +20,22 @@ fn bin() -> Command {
     cmd
 }
 
+/// Whether `cond` came to hold within `timeout`, checked every few milliseconds: for a state
+/// another process owns (its log file, the service manager's view), which no event here
+/// announces.
+fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn spec(root: &Path) -> Spec {
     Spec {
         name: "cursor-byok".into(),
@@ -351,19 +367,16 @@ fn the_service_run_reads_its_env_file_and_logs_plain_text_to_its_file() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let text = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("one summary line per finished run") {
-            break text;
-        }
+    let mut text = String::new();
+    let banner = poll_until(Duration::from_secs(60), || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
         assert!(
             child.try_wait().unwrap().is_none(),
             "the proxy exited: {text}"
         );
-        assert!(Instant::now() < deadline, "no banner in the log: {text}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        text.contains("one summary line per finished run")
+    });
+    assert!(banner, "no banner in the log: {text}");
     child.kill().unwrap();
     let _ = child.wait();
     assert!(
@@ -536,16 +549,13 @@ fn install_status_uninstall_under_a_user_systemd() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut text = String::new();
+    let active = poll_until(Duration::from_secs(30), || {
         let out = run(&["service", "status"]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if text.contains("manager: active") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never active: {text}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("manager: active")
+    });
+    assert!(active, "never active: {text}");
     let unit = dirs_config()
         .join("systemd/user")
         .join(format!("{name}.service"));

@@ -126,8 +126,10 @@ async fn forward_absolute(
         peer,
     };
     if host_matches(&state.intercept, &ctx.host) {
+        let mut req = req;
         let guard = serve::reads_body_whole(&req).then_some(watch);
-        serve::guarded(guard, state.router.handle(ctx, req)).await
+        let read = serve::watch_body(&mut req);
+        serve::guarded(guard, &read, state.router.handle(ctx, req)).await
     } else {
         state.router.upstream().forward(&ctx, req.map(boxed)).await
     }

@@ -19,9 +19,9 @@ use tokio_rustls::TlsAcceptor;
 
 use super::auth::DoorCheck;
 use super::state::State;
-use super::watch::Watch;
+use super::watch::{Stalled, Watch, MIN_BODY_RATE};
 use crate::base::conn_tasks::LocalExec;
-use crate::http::{Door, RequestContext};
+use crate::http::{BodyRead, Door, RequestContext};
 use crate::relay;
 use crate::router::Route;
 use crate::upstream::Link;
@@ -189,11 +189,17 @@ pub(crate) async fn serve_http<I>(
             let mut ctx = shared.base.clone();
             ctx.client_version = req.version();
             let guard = shared.watch.as_deref().filter(|_| reads_body_whole(&req));
-            let handled = shared.router.handle_linked(Some(&shared.link), ctx, req);
             let resp = match guard {
                 // The hot path (passthrough, bodiless requests): no timer.
-                None => handled.await,
-                Some(watch) => guarded(Some(watch), handled).await,
+                None => {
+                    let handled = shared.router.handle_linked(Some(&shared.link), ctx, req);
+                    handled.await
+                }
+                Some(watch) => {
+                    let read = watch_body(&mut req);
+                    let handled = shared.router.handle_linked(Some(&shared.link), ctx, req);
+                    guarded(Some(watch), &read, handled).await
+                }
             };
             Ok::<_, Infallible>(resp)
         });
@@ -236,29 +242,43 @@ pub(crate) fn reads_body_whole(req: &Request<Incoming>) -> bool {
     whole && !req.body().is_end_stream() && declared.is_none_or(|n| n > SMALL_BODY)
 }
 
-/// Run a handler; with `watch`, a client that sends no byte for the body timeout before the
-/// handler answered gets a 408 and the handler (with the body it held) is dropped.
+/// Put a [`BodyRead`] on `req` for [`guarded`]: the handler marks it once it has the whole body.
+pub(crate) fn watch_body(req: &mut Request<Incoming>) -> BodyRead {
+    let read = BodyRead::default();
+    req.extensions_mut().insert(read.clone());
+    read
+}
+
+/// Run a handler; with `watch`, a client whose body is late (see [`Watch::body_stalled`])
+/// before the handler has read it whole (`read`) gets a 408 and the handler (with the body it
+/// held) is dropped. Once the body is read, the handler takes as long as its answer takes.
 pub(crate) async fn guarded(
     watch: Option<&Watch>,
+    read: &BodyRead,
     handled: impl Future<Output = Response<crate::http::Body>>,
 ) -> Response<crate::http::Body> {
     let Some(watch) = watch else {
         return handled.await;
     };
-    tokio::select! {
-        resp = handled => resp,
-        _ = watch.body_stalled() => {
-            let secs = watch.bounds().body.as_secs();
-            tracing::info!(secs, "request body stalled; answering 408");
-            super::plain_error(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!(
-                    "cursor-byok: the request body stalled: no byte for {secs} s \
-                     ([limits] body_timeout_secs); send it again"
-                ),
-            )
-        }
-    }
+    let mut handled = std::pin::pin!(handled);
+    let why = tokio::select! {
+        resp = &mut handled => return resp,
+        () = read.done() => return handled.await,
+        why = watch.body_stalled() => why,
+    };
+    let secs = watch.bounds().body.as_secs();
+    let detail = match why {
+        Stalled::Gap => format!("no byte for {secs} s ([limits] body_timeout_secs)"),
+        Stalled::Slow { bytes, secs } => format!(
+            "{bytes} bytes in {secs} s, slower than {} KiB/s",
+            MIN_BODY_RATE / 1024
+        ),
+    };
+    tracing::info!(%detail, "request body late; answering 408");
+    super::plain_error(
+        StatusCode::REQUEST_TIMEOUT,
+        &format!("cursor-byok: the request body came too slowly: {detail}; send it again"),
+    )
 }
 
 /// hyper's server settings: HTTP/1.1 and HTTP/2, or only the one ALPN chose.
@@ -289,4 +309,51 @@ pub(crate) fn limit_head(builder: &mut auto::Builder<LocalExec>, timeout: Durati
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeout);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::watch::Bounds;
+    use super::*;
+    use tokio::time::Instant;
+
+    fn watch() -> Arc<Watch> {
+        Watch::new(Bounds {
+            head: Duration::from_secs(15),
+            idle: Duration::from_secs(600),
+            body: Duration::from_secs(30),
+        })
+    }
+
+    /// A handler that takes 100 s to answer, having read its body whole first when `reads`.
+    async fn slow_handler(read: BodyRead, reads: bool) -> Response<crate::http::Body> {
+        if reads {
+            let mut extensions = http::Extensions::new();
+            extensions.insert(read);
+            BodyRead::mark(&extensions);
+        }
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        Response::new(crate::http::empty())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_read_whole_stops_the_timer() {
+        let watch = watch();
+        let read = BodyRead::default();
+        let started = Instant::now();
+        let resp = guarded(Some(&watch), &read, slow_handler(read.clone(), true)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(started.elapsed(), Duration::from_secs(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_never_read_is_answered_408_at_the_body_timeout() {
+        let watch = watch();
+        let read = BodyRead::default();
+        let started = Instant::now();
+        let resp = guarded(Some(&watch), &read, slow_handler(read.clone(), false)).await;
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        assert!(!read.is_done());
+    }
 }

@@ -1,7 +1,8 @@
 //! One client connection's time bounds, from accept to close: the next request head must come
 //! within the head timeout (counted from accept, and again from a CONNECT's upgrade), a
 //! connection that moves no byte either way for the idle timeout is closed, and a request
-//! whose body makes no progress for the body timeout is answered with an error.
+//! whose body makes no progress for the body timeout, or comes slower on the whole than
+//! [`MIN_BODY_RATE`] after it, is answered with an error.
 //!
 //! [`Watched`] wraps the accepted socket and counts the bytes moving through it; everything
 //! above it (hyper, TLS, the relay, tunnels) runs on that one socket, so the counters see the
@@ -39,6 +40,25 @@ pub(crate) enum Expired {
     Idle,
 }
 
+/// A body read whole must come at least this fast on average, after a first body timeout of
+/// grace. The client is on this machine: an honest body arrives at memory speed, and even a
+/// 16 MiB one at this rate is done within the grace and 256 s more.
+pub(crate) const MIN_BODY_RATE: u64 = 64 * 1024;
+
+/// How long `bytes` may take at [`MIN_BODY_RATE`].
+fn at_min_rate(bytes: u64) -> Duration {
+    Duration::from_millis(bytes.saturating_mul(1000) / MIN_BODY_RATE)
+}
+
+/// Why a body read whole was given up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stalled {
+    /// No byte for the body timeout.
+    Gap,
+    /// `bytes` in `secs`: slower than [`MIN_BODY_RATE`] on the whole.
+    Slow { bytes: u64, secs: u64 },
+}
+
 /// A connection's counters and its head deadline, shared by its socket and its handlers.
 #[derive(Debug)]
 pub(crate) struct Watch {
@@ -47,6 +67,8 @@ pub(crate) struct Watch {
     activity: AtomicU64,
     /// Bumped by every read that moved bytes.
     reads: AtomicU64,
+    /// Bytes read from the client.
+    read_bytes: AtomicU64,
     /// A request head is awaited (`head_since` holds since when).
     awaiting: AtomicBool,
     head_since: Mutex<Option<Instant>>,
@@ -61,6 +83,7 @@ impl Watch {
             bounds,
             activity: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
             awaiting: AtomicBool::new(true),
             head_since: Mutex::new(Some(Instant::now())),
             rearmed: Notify::new(),
@@ -124,13 +147,17 @@ impl Watch {
         }
     }
 
-    /// Ends once no byte has been read from the client for the body timeout (sampled, like
-    /// idle). Raced against a handler that reads a request body whole.
-    pub(crate) async fn body_stalled(&self) {
+    /// Ends once a body read whole is late: no byte has been read from the client for the
+    /// body timeout (sampled, like idle), or the bytes read since the start came slower than
+    /// [`MIN_BODY_RATE`] beyond a first body timeout of grace, so a body trickling a byte
+    /// now and then ends too. Raced against a handler that reads a request body whole.
+    pub(crate) async fn body_stalled(&self) -> Stalled {
         let limit = self.bounds.body;
         let sample = (limit / 4).max(Duration::from_millis(10));
+        let started = Instant::now();
+        let first_byte = self.read_bytes.load(Ordering::Relaxed);
         let mut seen = self.reads.load(Ordering::Relaxed);
-        let mut last_change = Instant::now();
+        let mut last_change = started;
         loop {
             let now = Instant::now();
             let current = self.reads.load(Ordering::Relaxed);
@@ -139,14 +166,23 @@ impl Watch {
                 last_change = now;
             }
             if now >= last_change + limit {
-                return;
+                return Stalled::Gap;
             }
-            tokio::time::sleep_until((now + sample).min(last_change + limit)).await;
+            let bytes = self.read_bytes.load(Ordering::Relaxed) - first_byte;
+            let whole = started + limit + at_min_rate(bytes);
+            if now >= whole {
+                let secs = (now - started).as_secs();
+                return Stalled::Slow { bytes, secs };
+            }
+            let wake = (now + sample).min(last_change + limit).min(whole);
+            tokio::time::sleep_until(wake).await;
         }
     }
 
-    fn read(&self) {
+    fn read(&self, n: usize) {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.activity.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -179,8 +215,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.watch.read();
+        let n = buf.filled().len() - before;
+        if matches!(result, Poll::Ready(Ok(()))) && n > 0 {
+            self.watch.read(n);
         }
         result
     }
@@ -281,23 +318,64 @@ mod tests {
         assert!(took <= Duration::from_secs(3750), "{took:?}");
     }
 
+    /// Writes `chunk` on `b` and reads it whole from `a` (the watched side).
+    async fn pass(
+        a: &mut Watched<tokio::io::DuplexStream>,
+        b: &mut tokio::io::DuplexStream,
+        chunk: &[u8],
+    ) {
+        let mut got = vec![0u8; chunk.len()];
+        let (w, r) = tokio::join!(b.write_all(chunk), a.read_exact(&mut got));
+        w.unwrap();
+        r.unwrap();
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_body_stalls_only_without_reads() {
+    async fn a_body_that_keeps_its_rate_stalls_only_without_reads() {
+        let watch = Watch::new(bounds());
+        let (a, mut b) = tokio::io::duplex(64 << 10);
+        let mut a = Watched::new(a, watch.clone());
+        let w = watch.clone();
+        let started = Instant::now();
+        let stalled = tokio::spawn(async move { w.body_stalled().await });
+        // 2 MiB every 20 s: well above the minimum rate, so only the gap after it counts.
+        let chunk = vec![7u8; 2 << 20];
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            pass(&mut a, &mut b, &chunk).await;
+        }
+        assert_eq!(stalled.await.unwrap(), Stalled::Gap);
+        let took = started.elapsed();
+        assert!(took >= Duration::from_secs(130), "{took:?}");
+        assert!(took <= Duration::from_secs(140), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_trickling_a_byte_at_a_time_ends_at_the_whole_body_deadline() {
         let watch = Watch::new(bounds());
         let (a, mut b) = tokio::io::duplex(64);
         let mut a = Watched::new(a, watch.clone());
         let w = watch.clone();
         let started = Instant::now();
         let stalled = tokio::spawn(async move { w.body_stalled().await });
-        for _ in 0..5 {
+        // A byte every 20 s never leaves a 30 s gap, yet the body never comes.
+        while !stalled.is_finished() {
             tokio::time::sleep(Duration::from_secs(20)).await;
-            b.write_all(b"x").await.unwrap();
-            let mut byte = [0u8; 1];
-            a.read_exact(&mut byte).await.unwrap();
+            pass(&mut a, &mut b, b"x").await;
+            assert!(started.elapsed() < Duration::from_secs(100), "never ended");
         }
-        stalled.await.unwrap();
-        let took = started.elapsed();
-        assert!(took >= Duration::from_secs(130), "{took:?}");
-        assert!(took <= Duration::from_secs(140), "{took:?}");
+        let Stalled::Slow { bytes, secs } = stalled.await.unwrap() else {
+            panic!("ended by a gap")
+        };
+        assert_eq!((bytes, secs), (1, 30));
+        assert_eq!(watch.read_bytes.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn the_whole_body_deadline_grows_with_the_bytes_read() {
+        assert_eq!(at_min_rate(0), Duration::ZERO);
+        assert_eq!(at_min_rate(MIN_BODY_RATE), Duration::from_secs(1));
+        assert_eq!(at_min_rate(16 << 20), Duration::from_secs(256));
+        assert_eq!(at_min_rate(u64::MAX), at_min_rate(u64::MAX - 1));
     }
 }

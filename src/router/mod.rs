@@ -100,6 +100,8 @@ impl Router {
                 }
             }
             Route::Cursor(rpc) => {
+                // Streamed on to the origin: read whole once the origin has taken its end.
+                let body = crate::http::BodyRead::marking(&parts.extensions, body);
                 let req = Request::from_parts(parts, boxed(body));
                 // Boxed, like the agent arm: every request's future is as large as its largest
                 // arm, and hyper moves it on each request; passthrough stays small and hot.

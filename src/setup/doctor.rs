@@ -571,17 +571,20 @@ pub fn check_wiring(
             Level::Fail,
             subject,
             format!(
-                "Cursor is cut off right now: its http.proxy is {p} and nothing answers there, so                  chats, Tab and login fail"
+                "Cursor is cut off right now: its http.proxy is {p} and nothing answers there, so \
+                 chats, Tab and login fail"
             ),
         )
         .fix(format!(
-            "{start}; or `cursor-byok setup system-proxy` (DIRECT when the proxy is down) and              remove http.proxy (`cursor-byok setup cursor --undo`)"
+            "{start}; or `cursor-byok setup system-proxy` (DIRECT when the proxy is down) and \
+             remove http.proxy (`cursor-byok setup cursor --undo`)"
         )),
         (Some(p), pac, true) => Check::new(
             Level::Ok,
             subject,
             format!(
-                "Cursor settings http.proxy = {p}{} (no fallback: Cursor is cut off whenever the                  proxy stops)",
+                "Cursor settings http.proxy = {p}{} (no fallback: Cursor is cut off whenever the \
+                 proxy stops)",
                 pac.map(|u| format!("; the system PAC {u} is also set but http.proxy wins"))
                     .unwrap_or_default()
             ),
@@ -595,7 +598,8 @@ pub fn check_wiring(
             Level::Warn,
             subject,
             format!(
-                "system PAC {u} with the proxy down: Cursor goes DIRECT and keeps working,                  without your models"
+                "system PAC {u} with the proxy down: Cursor goes DIRECT and keeps working, \
+                 without your models"
             ),
         )
         .fix(start),

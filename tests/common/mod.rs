@@ -49,6 +49,26 @@ pub async fn wait_until(timeout: std::time::Duration, mut cond: impl FnMut() -> 
     }
 }
 
+/// Wait until `gauge` reads the same for 10 polls in a row (about 50 ms: the in-process
+/// server's connection tasks have ended and nothing else moves), at most `timeout`; returns
+/// the last reading. For a baseline taken once earlier work has wound down.
+#[allow(dead_code)]
+pub async fn settled<T: PartialEq>(
+    timeout: std::time::Duration,
+    mut gauge: impl FnMut() -> T,
+) -> T {
+    let mut last = gauge();
+    let mut same = 0;
+    wait_until(timeout, || {
+        let now = gauge();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        same >= 10
+    })
+    .await;
+    last
+}
+
 /// Tasks alive in the current runtime: an in-process server's connection tasks among them, so
 /// a test can see that it accepted or let go of connections.
 #[allow(dead_code)]

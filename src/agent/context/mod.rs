@@ -20,7 +20,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use tracing::warn;
 
-use crate::agent::state::{self, BlobId};
+use crate::agent::blob_id::{self, BlobId};
 use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message, UserPart};
 
@@ -33,7 +33,7 @@ pub struct Blobs(HashMap<BlobId, Bytes>, HashMap<String, String>);
 
 impl Blobs {
     pub fn get(&self, id: &[u8]) -> Option<&Bytes> {
-        state::id_from_bytes(id).and_then(|id| self.0.get(&id))
+        blob_id::id_from_bytes(id).and_then(|id| self.0.get(&id))
     }
 
     pub fn insert(&mut self, id: BlobId, data: Bytes) {
@@ -44,8 +44,8 @@ impl Blobs {
     pub fn pre_fetched(req: &pb::AgentRunRequest) -> Blobs {
         let mut b = Blobs::default();
         for p in &req.pre_fetched_blobs {
-            match state::id_from_bytes(&p.id) {
-                Some(id) if state::verify(&id, &p.value) => b.insert(id, p.value.clone()),
+            match blob_id::id_from_bytes(&p.id) {
+                Some(id) if blob_id::verify(&id, &p.value) => b.insert(id, p.value.clone()),
                 _ => warn!("a pre-fetched blob does not match its id; ignoring it"),
             }
         }
@@ -99,7 +99,7 @@ pub fn wanted_blobs(
     }
     let mut out: Vec<BlobId> = Vec::new();
     for id in ids.into_iter().filter(|i| !i.is_empty()) {
-        match state::id_from_bytes(id) {
+        match blob_id::id_from_bytes(id) {
             Some(id) if !out.contains(&id) => out.push(id),
             Some(_) => {}
             None => warn!("a context blob id is not 32 bytes; leaving it out"),

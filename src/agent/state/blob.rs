@@ -3,10 +3,8 @@
 use bytes::Bytes;
 
 use super::error::StateError;
+pub use crate::agent::blob_id::{id_from_bytes, verify, BlobId};
 use crate::proto::agent::v1 as pb;
-
-/// A blob id: SHA-256 of the blob's bytes.
-pub type BlobId = [u8; 32];
 
 /// Immutable bytes plus their id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,16 +45,6 @@ impl Blob {
             blob_data: self.data.clone(),
         }
     }
-}
-
-/// Whether `data` hashes to `id`. An id of the wrong length never matches.
-pub fn verify(id: &[u8], data: &[u8]) -> bool {
-    id == crate::proto::blob_id(data).as_slice()
-}
-
-/// A protobuf `bytes` id as a [`BlobId`]; `None` unless it is exactly 32 bytes.
-pub fn id_from_bytes(b: &[u8]) -> Option<BlobId> {
-    b.try_into().ok()
 }
 
 /// The KV request asking the client for one blob.

@@ -30,7 +30,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, Instrument};
 
 use super::body::{
-    encode_output, end_frame, error_response, read_bounded, replay, stream_error, FramePeek,
+    client_error, encode_output, end_frame, error_response, read_bounded, replay, stream_error,
+    FramePeek,
 };
 use super::caller::{parent_link, request_id, Caller, ClientMessage};
 use super::face::{unreadable, AgentTransports};
@@ -77,9 +78,13 @@ pub(super) async fn run_sse(
     };
     let mut peek = FramePeek::new(encoding, t.inner.limits);
     // Without its request id, nothing says whose run a reader is for: refused, never passed on.
-    let Some(request_id) = reader_request_id(&mut peek, &mut body, &parts.headers).await else {
-        let why = "a RunSSE that names no request id (neither its body nor x-request-id)";
-        return stream_error(RunError::BadClientMessage(why.into()).to_connect());
+    let request_id = match reader_request_id(&mut peek, &mut body, &parts.headers).await {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            let why = "a RunSSE that names no request id (neither its body nor x-request-id)";
+            return stream_error(RunError::BadClientMessage(why.into()).to_connect());
+        }
+        Err(e) => return stream_error(e),
     };
     let pinned = t.inner.routes.request(&request_id);
     let entry = match entry_for_reader(t, &request_id, &pinned) {
@@ -102,21 +107,33 @@ pub(super) async fn run_sse(
 }
 
 /// The request id a RunSSE is for: its body is one frame holding `BidiRequestId`, and the
-/// header carries the same id.
+/// header carries the same id. A frame the decoder refuses from its header (a length over the
+/// limit, unknown flags) is refused at once: waiting for the rest of it could only end badly.
 async fn reader_request_id(
     peek: &mut FramePeek,
     body: &mut Incoming,
     headers: &HeaderMap,
-) -> Option<String> {
+) -> Result<Option<String>, ConnectError> {
     let from_body = match peek.next(body, true).await {
         Ok(Some(frame)) => aiserver::BidiRequestId::decode(frame)
             .ok()
             .map(|r| r.request_id),
+        Err(e) if e.code != Code::Canceled => {
+            return Err(client_error(
+                e.code,
+                "Malformed request",
+                format!(
+                    "cursor-byok: this RunSSE request's frame is unusable: {}",
+                    e.message
+                ),
+                false,
+            ))
+        }
         _ => None,
     };
-    from_body
+    Ok(from_body
         .filter(|id| !id.is_empty())
-        .or_else(|| request_id(headers))
+        .or_else(|| request_id(headers)))
 }
 
 /// The entry a RunSSE reads from.
@@ -185,6 +202,8 @@ pub(super) async fn append(
         Ok(b) => b,
         Err(e) => return error_response(&unreadable(e)),
     };
+    // What follows (a run's inbox, the origin) is not the client's to hurry.
+    crate::http::BodyRead::mark(&parts.extensions);
     let relay = |parts: http::request::Parts, raw: Bytes| async {
         t.upstream()
             .forward(&ctx, Request::from_parts(parts, full(raw)))
@@ -216,6 +235,14 @@ pub(super) async fn append(
         Err(e) => return error_response(&e),
     };
     entry.touch();
+    // Counted from here until answered: it may wait long for its turn.
+    let _in_hand = match entry.wait_room(seqno, raw.len()) {
+        Ok(g) => g,
+        Err(e) => {
+            let title = "Too many messages waiting";
+            return error_response(&client_error(e.code, title, e.message, true));
+        }
+    };
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
     let caller = Caller::of(&parts.headers);
     note_parent(t, &entry, &caller.parent);

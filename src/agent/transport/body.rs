@@ -238,8 +238,25 @@ impl FramePeek {
 const DRAIN_BYTES: usize = 8 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
-/// Reads a whole unary body, bounded.
+/// Reads a whole unary body, bounded. A body whose declared length is over `max` is refused
+/// before any of it is read.
 pub(crate) async fn read_bounded(mut body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
+    let too_large = |len: String| {
+        client_error(
+            Code::ResourceExhausted,
+            "Request too large",
+            format!("cursor-byok: the request body is larger than {max} bytes ({len})"),
+            false,
+        )
+    };
+    let declared = body.size_hint().lower();
+    if declared > u64::try_from(max).unwrap_or(u64::MAX) {
+        // Draining only helps a client that will finish soon; one declaring far more is cut off.
+        if declared - u64::try_from(max).unwrap_or(u64::MAX) <= DRAIN_BYTES as u64 {
+            drain(body).await;
+        }
+        return Err(too_large(format!("{declared} bytes declared")));
+    }
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
@@ -253,14 +270,34 @@ pub(crate) async fn read_bounded(mut body: Incoming, max: usize) -> Result<Bytes
         };
         if buf.len() + data.len() > max {
             drain(body).await;
-            return Err(ConnectError::new(
-                Code::ResourceExhausted,
-                format!("request body larger than {max} bytes"),
-            ));
+            return Err(too_large(format!(
+                "{} bytes so far",
+                buf.len() + data.len()
+            )));
         }
         buf.extend_from_slice(&data);
     }
     Ok(buf.freeze())
+}
+
+/// A request refused for what the client sent: `code`, with the `aiserver.v1.ErrorDetails`
+/// Cursor shows as "<title> <message>", naming the client's side; `retry` when sending the
+/// same again later can work.
+pub(crate) fn client_error(code: Code, title: &str, message: String, retry: bool) -> ConnectError {
+    use crate::proto::aiserver::v1 as aiserver;
+    let details = aiserver::ErrorDetails {
+        error: aiserver::error_details::Error::CustomMessage as i32,
+        details: Some(aiserver::CustomErrorDetails {
+            title: title.to_string(),
+            detail: message.clone(),
+            is_retryable: Some(retry),
+            additional_info: [("side".to_string(), crate::base::Side::Client.to_string())].into(),
+            ..Default::default()
+        }),
+        is_expected: Some(true),
+    };
+    ConnectError::new(code, message)
+        .with_detail(crate::connect::ErrorDetail::error_details(&details))
 }
 
 /// Read and drop the rest of `body`, bounded by [`DRAIN_BYTES`] and [`DRAIN_TIME`].

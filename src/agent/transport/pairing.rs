@@ -301,6 +301,26 @@ pub(super) struct Entry {
     pub deliver: tokio::sync::Mutex<()>,
     /// What the run's requests said of its parent so far (see [`ParentNote`]).
     pub parent: Mutex<ParentNote>,
+    /// Bytes of this entry's appends in hand and waiting for their turn (see
+    /// [`Entry::wait_room`]), and the registry's total they also count in.
+    in_hand: Arc<AtomicUsize>,
+    held_total: Arc<AtomicUsize>,
+    limits: PairingLimits,
+}
+
+/// An append's bytes, counted against the pairing bounds while it waits for its turn (for
+/// append 0, for the appends before it, for room in the run's inbox); released on drop.
+pub(super) struct InHand {
+    here: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+    size: usize,
+}
+
+impl Drop for InHand {
+    fn drop(&mut self) {
+        self.here.fetch_sub(self.size, Ordering::Relaxed);
+        self.total.fetch_sub(self.size, Ordering::Relaxed);
+    }
 }
 
 /// The parent headers of a run's requests (its RunSSE readers, its appends), merged; once the
@@ -323,6 +343,9 @@ impl Entry {
             request_id,
             successor,
             decided: Notify::new(),
+            in_hand: Arc::default(),
+            held_total: held.clone(),
+            limits,
             state: tokio::sync::Mutex::new(Inbound {
                 decision: None,
                 next_seqno: 0,
@@ -340,6 +363,37 @@ impl Entry {
             deliver: tokio::sync::Mutex::new(()),
             parent: Mutex::new(ParentNote::default()),
         }
+    }
+
+    /// Count `size` bytes of append `seqno` against the bounds on held appends (this entry's
+    /// and all entries'), until the guard is dropped; refused when there is no room. An append
+    /// in hand may wait long (a run that reads no input), so how many wait is bounded by their
+    /// bytes, not only by the connections they came on.
+    pub(super) fn wait_room(&self, seqno: i64, size: usize) -> Result<InHand, ConnectError> {
+        let here = self.in_hand.fetch_add(size, Ordering::Relaxed) + size;
+        let total = self.held_total.fetch_add(size, Ordering::Relaxed) + size;
+        let guard = InHand {
+            here: self.in_hand.clone(),
+            total: self.held_total.clone(),
+            size,
+        };
+        // One append alone always fits (it is within the frame limit, which may be larger).
+        let fits_here = here == size || here <= self.limits.max_held_per_entry;
+        let fits_total = total == size || total <= self.limits.max_held_total;
+        if fits_here && fits_total {
+            return Ok(guard);
+        }
+        drop(guard);
+        Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!(
+                "cursor-byok: append {seqno} ({size} bytes) must wait for the run, and there is \
+                 no room to hold it ({} bytes of this run's appends wait already, {} of all \
+                 runs'); send it again when the run has read its input",
+                here - size,
+                total - size
+            ),
+        ))
     }
 
     pub(super) fn parent_note(&self) -> std::sync::MutexGuard<'_, ParentNote> {
@@ -792,6 +846,35 @@ mod tests {
         r.get("b").unwrap();
         // Forgetting an entry releases what it held.
         r.shared.map.lock().unwrap().entries.clear();
+        assert_eq!(r.held_bytes(), 0);
+    }
+
+    /// Appends in hand (waiting for append 0, their turn or room in the run's inbox) count
+    /// against the held bounds, per entry and in total, until they are answered.
+    #[test]
+    fn appends_in_hand_are_counted_and_bounded() {
+        let r = Pairings::new(limits());
+        let a = r.get_or_create("a").unwrap();
+        let b = r.get_or_create("b").unwrap();
+        let first = a.wait_room(1, 600).unwrap();
+        let second = a.wait_room(2, 400).unwrap();
+        assert_eq!(r.held_bytes(), 1000);
+        let err = a.wait_room(3, 1).err().expect("over the entry's bound");
+        assert_eq!(err.code, Code::ResourceExhausted);
+        assert!(
+            err.message.contains("1000 bytes of this run's appends"),
+            "{}",
+            err.message
+        );
+        assert_eq!(r.held_bytes(), 1000, "a refused append holds nothing");
+        let other = b.wait_room(1, 500).unwrap();
+        assert!(b.wait_room(2, 1).is_err(), "over the total bound");
+        drop((first, second));
+        assert_eq!(r.held_bytes(), 500);
+        // One append alone always fits, even over the entry's bound.
+        let big = a.wait_room(4, 1000).unwrap();
+        assert_eq!(r.held_bytes(), 1500);
+        drop((big, other));
         assert_eq!(r.held_bytes(), 0);
     }
 }
