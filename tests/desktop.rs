@@ -1194,6 +1194,22 @@ async fn auto_review_judges_when_the_allowlist_precheck_gets_no_answer() {
     let (messages, end) = turn(&h, "req-no-precheck", &first, &mut client).await;
     assert!(end.error.is_none(), "{:?}", end.error);
     assert!(started.elapsed() >= std::time::Duration::from_secs(10));
+    let precheck = client
+        .execs
+        .iter()
+        .find(|e| {
+            matches!(
+                e.message,
+                Some(ag::exec_server_message::Message::ShellAllowlistPrecheckArgs(_))
+            )
+        })
+        .map(|e| e.id)
+        .expect("a precheck was sent");
+    assert!(
+        client.aborted.contains(&precheck),
+        "the unanswered precheck is aborted at the client: {:?}",
+        client.aborted
+    );
     let sent = shells(&messages);
     assert!(sent[0].skip_approval, "the model's verdict allowed it");
     assert_eq!(

@@ -14,6 +14,7 @@
 mod action;
 mod background;
 mod client;
+mod command_check;
 mod error;
 mod exec;
 mod inbox;
