@@ -46,7 +46,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("status", &["base", "capture", "http", "proto", "provider"]),
-    ("capture", &["proto"]),
+    ("capture", &["base", "proto"]),
     ("upstream", &["base", "config", "http", "tls"]),
     ("provider", &["base"]),
     ("config", &["base", "provider"]),

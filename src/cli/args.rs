@@ -193,4 +193,8 @@ pub struct SystemProxyArgs {
     /// URL; only some OS proxy stacks accept file URLs.
     #[arg(long)]
     pub file_url: bool,
+    /// Replace a proxy configuration the OS already has (a company's PAC or manual proxy);
+    /// without it, setup stops and explains. `--undo` puts it back.
+    #[arg(long)]
+    pub replace_existing: bool,
 }
