@@ -212,7 +212,11 @@ fn take_credentials(m: &mut crate::proto::agent::v1::AgentClientMessage) -> Vec<
         v
     };
     let mut out = Vec::new();
-    match r.requested_model.as_mut().and_then(|m| m.credentials.take()) {
+    match r
+        .requested_model
+        .as_mut()
+        .and_then(|m| m.credentials.take())
+    {
         Some(R::ApiKeyCredentials(k)) => out.push(k.api_key),
         Some(R::AzureCredentials(a)) => out.push(a.api_key),
         Some(R::BedrockCredentials(b)) => out.extend(bedrock(b)),
@@ -340,6 +344,9 @@ mod tests {
         c.message(Direction::FromClient, "agent run", kind, &wire, None, None);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("CAPTURED"), "{text}");
-        assert!(text.contains("in a prompt") && text.contains("byok-m"), "{text}");
+        assert!(
+            text.contains("in a prompt") && text.contains("byok-m"),
+            "{text}"
+        );
     }
 }

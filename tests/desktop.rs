@@ -995,7 +995,12 @@ async fn auto_review_reads_what_a_command_runs_before_any_model_call() {
     let calls: Vec<(String, String)> = commands
         .iter()
         .enumerate()
-        .map(|(i, c)| (format!("s{i}"), serde_json::json!({ "command": c }).to_string()))
+        .map(|(i, c)| {
+            (
+                format!("s{i}"),
+                serde_json::json!({ "command": c }).to_string(),
+            )
+        })
         .collect();
     let calls: Vec<(&str, &str, &str)> = calls
         .iter()
@@ -1027,14 +1032,18 @@ async fn auto_review_reads_what_a_command_runs_before_any_model_call() {
         assert!(reason.contains("deny list"), "{}: {reason}", s.command);
     }
     assert!(
-        !client
-            .execs
-            .iter()
-            .any(|e| matches!(e.message, Some(ag::exec_server_message::Message::WriteShellStdinArgs(_)))),
+        !client.execs.iter().any(|e| matches!(
+            e.message,
+            Some(ag::exec_server_message::Message::WriteShellStdinArgs(_))
+        )),
         "the shell input never went to the client"
     );
     let requests = h.provider.requests();
-    assert_eq!(requests.len(), 3, "two tool turns and the answer: no verdict call");
+    assert_eq!(
+        requests.len(),
+        3,
+        "two tool turns and the answer: no verdict call"
+    );
     let last = requests[2].json().to_string();
     assert!(last.contains("did not let this input through"), "{last}");
 }

@@ -62,8 +62,16 @@ fn memory_taken_in_a_burst_goes_back_after_a_trim() {
     let live = (kept.len() * CHUNK) as u64;
     println!("| step | resident MiB |\n|---|---|");
     println!("| before the burst | {:.1} |", mib(baseline));
-    println!("| at its peak ({:.0} MiB in 16 KiB chunks) | {:.1} |", mib(burst), mib(peak));
-    println!("| freed, {:.1} MiB still live | {:.1} |", mib(live), mib(after_free));
+    println!(
+        "| at its peak ({:.0} MiB in 16 KiB chunks) | {:.1} |",
+        mib(burst),
+        mib(peak)
+    );
+    println!(
+        "| freed, {:.1} MiB still live | {:.1} |",
+        mib(live),
+        mib(after_free)
+    );
     println!(
         "| after `malloc_trim(0)` ({:.2} ms) | {:.1} |",
         took.as_secs_f64() * 1000.0,

@@ -80,7 +80,11 @@ mod tests {
         setrlimit(Resource::Nofile, lowered).expect("lowering the soft limit");
         let (before, after) = raise_open_files_limit().expect("raised");
         assert_eq!(before, 256);
-        let expected = if cfg!(target_os = "macos") { hard.min(10_240) } else { hard };
+        let expected = if cfg!(target_os = "macos") {
+            hard.min(10_240)
+        } else {
+            hard
+        };
         assert_eq!(after, expected);
         assert_eq!(getrlimit(Resource::Nofile).current, Some(expected));
     }

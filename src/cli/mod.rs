@@ -195,7 +195,11 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
     };
     if let Some((before, after)) = crate::base::process::raise_open_files_limit() {
         if after > before {
-            tracing::info!(before, after, "raised the open-files limit to the hard limit");
+            tracing::info!(
+                before,
+                after,
+                "raised the open-files limit to the hard limit"
+            );
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -201,9 +201,8 @@ fn write_private(path: &Path, text: &str, user: &str) -> anyhow::Result<()> {
             .with_context(|| format!("cannot chmod 600 {}", path.display()))?;
     }
     if cfg!(windows) {
-        run_cmd(&service::private_acl_command(path, user), false).map_err(|e| {
-            anyhow::anyhow!("cannot make {} private to you: {e}", path.display())
-        })?;
+        run_cmd(&service::private_acl_command(path, user), false)
+            .map_err(|e| anyhow::anyhow!("cannot make {} private to you: {e}", path.display()))?;
     }
     let _ = user;
     std::io::Write::write_all(&mut f, text.as_bytes())

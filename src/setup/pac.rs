@@ -494,13 +494,15 @@ mod tests {
         assert!(found(&gnome("'manual'", "''")).is_some_and(|w| w.contains("manual")));
         assert!(found(&gnome("'auto'", "''")).is_some(), "auto-detection");
         assert_eq!(found(&gnome("'none'", "''")), None);
-        assert_eq!(found(&gnome("'auto'", &format!("'{ours}'"))), None, "ours already");
+        assert_eq!(
+            found(&gnome("'auto'", &format!("'{ours}'"))),
+            None,
+            "ours already"
+        );
         assert!(found(&parse_kde("1", "")).is_some());
         assert!(found(&parse_kde("2", "http://corp/p.pac")).is_some());
         assert_eq!(found(&parse_kde("", "")), None);
-        let win = parse_windows(Some(
-            "    AutoConfigURL    REG_SZ    http://corp/p.pac\r\n",
-        ));
+        let win = parse_windows(Some("    AutoConfigURL    REG_SZ    http://corp/p.pac\r\n"));
         assert!(found(&win).is_some_and(|w| w.contains("corp/p.pac")));
         let none = Previous::Windows {
             auto_config_url: None,

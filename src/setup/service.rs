@@ -495,14 +495,27 @@ mod name_and_acl_tests {
             assert_eq!(check_name(ok), Ok(()), "{ok}");
         }
         let long = "a".repeat(65);
-        for bad in ["", "../x", "a/b", "-x", ".hidden", "a b", "x;rm", "ü", long.as_str()] {
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            "-x",
+            ".hidden",
+            "a b",
+            "x;rm",
+            "ü",
+            long.as_str(),
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn the_windows_key_file_is_left_to_its_user() {
-        let c = private_acl_command(Path::new(r"C:\Users\me\AppData\Local\cursor-byok\k.env"), r"PC\me");
+        let c = private_acl_command(
+            Path::new(r"C:\Users\me\AppData\Local\cursor-byok\k.env"),
+            r"PC\me",
+        );
         assert_eq!(
             c.to_string(),
             r"icacls C:\Users\me\AppData\Local\cursor-byok\k.env /inheritance:r /grant:r PC\me:F"

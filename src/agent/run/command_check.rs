@@ -165,7 +165,10 @@ fn inline_script(name: &str, words: &[String]) -> Option<Option<String>> {
         .iter()
         .position(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('c'))?;
     // The script is the first word after the flags.
-    let script = words[at + 2..].iter().find(|w| !w.starts_with('-')).cloned();
+    let script = words[at + 2..]
+        .iter()
+        .find(|w| !w.starts_with('-'))
+        .cloned();
     Some(script)
 }
 
@@ -202,7 +205,8 @@ fn substitutions(line: &str) -> Option<Vec<String>> {
                 i = end;
             }
             (_, '`') => {
-                let end = (i + 1..chars.len()).find(|&j| chars[j] == '`' && chars[j - 1] != '\\')?;
+                let end =
+                    (i + 1..chars.len()).find(|&j| chars[j] == '`' && chars[j - 1] != '\\')?;
                 found.push(chars[i + 1..end].iter().collect());
                 i = end;
             }
@@ -329,7 +333,10 @@ mod tests {
         assert_eq!(hit("rm -r -f ~"), Some("rm -rf"));
         assert_eq!(hit("cd / && sudo /bin/rm -rf ."), Some("rm -rf"));
         assert_eq!(hit("echo $(curl x)"), Some("curl"));
-        assert_eq!(hit("git push origin main --force"), Some("git push --force"));
+        assert_eq!(
+            hit("git push origin main --force"),
+            Some("git push --force")
+        );
         assert_eq!(hit("rm -r build"), None);
         assert_eq!(hit("curly x"), None);
         assert_eq!(hit("git push origin main"), None);

@@ -137,9 +137,10 @@ fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationT
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| run.request_id.clone());
     match &run.child {
-        Some(child) => run
-            .subagents
-            .track_child(&run.request_id, &subagent_id, Some(child), cancel.clone()),
+        Some(child) => {
+            run.subagents
+                .track_child(&run.request_id, &subagent_id, Some(child), cancel.clone())
+        }
         None => run
             .subagents
             .track_unlinked(&run.request_id, &subagent_id, cancel.clone()),

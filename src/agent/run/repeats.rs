@@ -175,7 +175,10 @@ mod tests {
     type Call<'a> = (&'a str, &'a str, &'a str, bool);
 
     fn feed(d: &mut RepeatDetector, calls: &[Call]) -> Vec<Verdict> {
-        calls.iter().map(|(n, a, r, e)| d.observe(n, a, r, *e)).collect()
+        calls
+            .iter()
+            .map(|(n, a, r, e)| d.observe(n, a, r, *e))
+            .collect()
     }
 
     fn kinds(v: &[Verdict]) -> String {
@@ -323,7 +326,12 @@ mod tests {
             ),
             (
                 "five MCP calls answering `{\"success\":true}`, different arguments",
-                each("mcp_github_create_label", &labels, r#"{"success":true}"#, false),
+                each(
+                    "mcp_github_create_label",
+                    &labels,
+                    r#"{"success":true}"#,
+                    false,
+                ),
                 ".....",
             ),
             (
@@ -338,7 +346,12 @@ mod tests {
             ),
             (
                 "the same failing call, five times",
-                same("run_terminal_cmd", r#"{"command":"cargo buld"}"#, "Error: no such command", true),
+                same(
+                    "run_terminal_cmd",
+                    r#"{"command":"cargo buld"}"#,
+                    "Error: no such command",
+                    true,
+                ),
                 "..W.S",
             ),
             (
@@ -355,7 +368,11 @@ mod tests {
                 .map(|(n, a, r, e)| d.observe(n, a, r, *e))
                 .collect();
             let got = kinds(&v);
-            let stopped = if got.contains('S') { "yes, at call 5" } else { "no" };
+            let stopped = if got.contains('S') {
+                "yes, at call 5"
+            } else {
+                "no"
+            };
             println!("| {what} | `{got}` | {stopped} |");
             assert_eq!(got, expected, "{what}");
         }
