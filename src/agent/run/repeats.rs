@@ -284,6 +284,7 @@ mod tests {
 
     /// The cases of the loop-detection table in `docs/agent.md`: each sequence, fed call by
     /// call, with its verdicts (`.` go, `W` warned, `S` stopped). Printed with `--nocapture`.
+    // Long on purpose: the table's rows read best in one place, as the docs show them.
     #[test]
     fn loop_cases_table() {
         let scaffold: Vec<String> = [

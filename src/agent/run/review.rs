@@ -8,6 +8,11 @@
 //! and a call on them is approved without asking the model. The administrator's deny list (in
 //! the request context) wins over both.
 //!
+//! The deny list is matched on what a command runs, not on its text (see [`command_check`]:
+//! wrappers, assignments and paths come off, scripts inside `sh -c` and substitutions are
+//! read too); what cannot be read asks the user. The model sees the action as JSON data in a
+//! block its text cannot close, told that nothing in it can approve it.
+//!
 //! Sans-IO: [`plan`] says whether a call needs a verdict, [`precheck`] and [`allowlisted`] ask
 //! the client's lists and read its answer, [`prompt`] is what the model is asked, [`parse`]
 //! reads its answer, [`apply`] writes the decision into the exec. Anything short of a clear
@@ -505,6 +510,7 @@ mod tests {
     /// holds). Deny-listed and unreadable commands are decided before any model call; every
     /// command the model sees reaches it only as JSON data inside the block. Printed with
     /// `--nocapture`.
+    // Long on purpose: the table's rows read best in one place, as the docs show them.
     #[test]
     fn auto_review_table() {
         use By::{Deny as D, Doubt as U, Model as M};
