@@ -494,7 +494,13 @@ fn install_without_a_user_systemd_says_why_and_writes_nothing() {
     // A name that would reach outside the unit directory is refused before anything else.
     for bad in ["../../evil", "a b", "-x"] {
         let out = bin()
-            .args(["service", "install", "--dry-run", &format!("--name={bad}"), "--data-dir"])
+            .args([
+                "service",
+                "install",
+                "--dry-run",
+                &format!("--name={bad}"),
+                "--data-dir",
+            ])
             .arg(dir.path().join("data"))
             .env("XDG_CONFIG_HOME", &xdg)
             .output()

@@ -282,7 +282,9 @@ pub fn verdict_options(model: &ModelConfig) -> RequestOptions {
     let by_name = |prefixes: &[&str]| prefixes.iter().any(|p| name.starts_with(p));
     let takes_effort =
         model.reasoning_effort.is_some() || by_name(&["gpt-5", "o1", "o3", "o4", "gemini-3"]);
-    let reasons = takes_effort || model.thinks() || by_name(&["gemini-2.5"]);
+    let reasons = takes_effort
+        || model.thinks()
+        || by_name(&["gemini-2.5", "deepseek-reasoner", "deepseek-r1"]);
     let cap = if reasons {
         VERDICT_REASONING_MAX_TOKENS
     } else {
