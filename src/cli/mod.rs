@@ -183,7 +183,7 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
             eprintln!(
                 "recording a{} capture of the agent traffic into {}",
                 if run.include_content {
-                    " full (NOT redacted)"
+                    " full (prompts and file contents included, keys masked)"
                 } else {
                     " redacted"
                 },
