@@ -199,6 +199,13 @@ fn substitutions(line: &str) -> Option<Vec<String>> {
             (Some('"'), '"') => quote = None,
             (None, '\'' | '"') => quote = Some(c),
             (_, '\\') => i += 1,
+            // `$((…))` is arithmetic, not a command; a substitution inside it still is one.
+            (_, '$') if next == Some('(') && chars.get(i + 2) == Some(&'(') => {
+                let end = closing_paren(&chars, i + 2)?;
+                let inner: String = chars[i + 2..end].iter().collect();
+                found.extend(substitutions(&inner)?);
+                i = end;
+            }
             (_, '$') | (None, '<' | '>') if next == Some('(') => {
                 let end = closing_paren(&chars, i + 2)?;
                 found.push(chars[i + 2..end].iter().collect());
@@ -309,6 +316,12 @@ mod tests {
         assert_eq!(names("diff <(ls a) <(ls b)")[..2], ["ls a", "ls b"]);
         assert_eq!(names("echo '$(not run)'"), ["echo $(not run)"]);
         assert!(read("echo '$(not run)'").doubt.is_none());
+        assert_eq!(names("echo $((1 + 2))"), ["echo $((1 + 2))"]);
+        assert!(
+            read("echo $((1 + 2))").doubt.is_none(),
+            "arithmetic is no command"
+        );
+        assert_eq!(names("echo $(( $(curl x) + 1 ))")[0], "curl x");
     }
 
     #[test]
