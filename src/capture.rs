@@ -5,7 +5,9 @@
 //!
 //! Redacted by construction: values never enter a record — no file contents, prompts, keys,
 //! tokens, paths or header values — unless `--include-content` was given, which adds each
-//! message's decoded text. Bounded in time (`--capture-minutes`) and size.
+//! message's decoded text, with the client's model credentials taken out and every secret the
+//! scrubber knows (the config's keys, a live run's credentials) masked. Bounded in time
+//! (`--capture-minutes`) and size.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use crate::base::secret::Scrubber;
 use crate::proto::inspect::{self, Report};
 
 /// The file stops growing here (a long session of big checkpoints would otherwise fill a disk).
@@ -170,14 +173,18 @@ impl Capture {
     }
 }
 
-/// The decoded message as text, for `--include-content` only.
+/// The decoded message as text, for `--include-content` only: scrubbed (see the module).
 fn decoded_text(message_type: &str, wire: &[u8]) -> String {
     use crate::proto::{agent::v1 as ag, aiserver::v1 as ai};
     use prost::Message as _;
     let text = match message_type {
-        "agent.v1.AgentClientMessage" => {
-            ag::AgentClientMessage::decode(wire).map(|m| format!("{m:?}"))
-        }
+        "agent.v1.AgentClientMessage" => ag::AgentClientMessage::decode(wire).map(|mut m| {
+            let credentials = take_credentials(&mut m);
+            let text = format!("{m:?}");
+            Scrubber::new(credentials.iter().map(String::as_str))
+                .scrub(&text)
+                .into_owned()
+        }),
         "agent.v1.AgentServerMessage" => {
             ag::AgentServerMessage::decode(wire).map(|m| format!("{m:?}"))
         }
@@ -186,7 +193,42 @@ fn decoded_text(message_type: &str, wire: &[u8]) -> String {
         }
         _ => return String::new(),
     };
-    text.unwrap_or_else(|e| format!("undecodable: {e}"))
+    let text = text.unwrap_or_else(|e| format!("undecodable: {e}"));
+    crate::base::secret::scrub(&text).into_owned()
+}
+
+/// Takes the model credentials out of a run request; their values, to mask wherever else
+/// they appear.
+fn take_credentials(m: &mut crate::proto::agent::v1::AgentClientMessage) -> Vec<String> {
+    use crate::proto::agent::v1 as ag;
+    use ag::model_details::Credentials as D;
+    use ag::requested_model::Credentials as R;
+    let Some(ag::agent_client_message::Message::RunRequest(r)) = &mut m.message else {
+        return Vec::new();
+    };
+    let bedrock = |b: ag::BedrockCredentials| {
+        let mut v = vec![b.access_key, b.secret_key];
+        v.extend(b.session_token);
+        v
+    };
+    let mut out = Vec::new();
+    match r
+        .requested_model
+        .as_mut()
+        .and_then(|m| m.credentials.take())
+    {
+        Some(R::ApiKeyCredentials(k)) => out.push(k.api_key),
+        Some(R::AzureCredentials(a)) => out.push(a.api_key),
+        Some(R::BedrockCredentials(b)) => out.extend(bedrock(b)),
+        None => {}
+    }
+    match r.model_details.as_mut().and_then(|m| m.credentials.take()) {
+        Some(D::ApiKeyCredentials(k)) => out.push(k.api_key),
+        Some(D::AzureCredentials(a)) => out.push(a.api_key),
+        Some(D::BedrockCredentials(b)) => out.extend(bedrock(b)),
+        None => {}
+    }
+    out
 }
 
 fn private_file(path: &Path) -> std::io::Result<File> {
@@ -267,5 +309,44 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("capture_ended"), "{text}");
         assert_eq!(text.lines().count(), 1, "{text}");
+    }
+
+    /// With content, the client's model credentials and every secret the scrubber knows stay
+    /// out of the file, wherever in the message they appear.
+    #[test]
+    fn content_is_scrubbed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.jsonl");
+        crate::base::secret::register(["sk-config-CAPTURED-1"]);
+        let wire = pb::AgentClientMessage {
+            message: Some(pb::agent_client_message::Message::RunRequest(
+                pb::AgentRunRequest {
+                    custom_system_prompt: Some(
+                        "keys sk-client-CAPTURED-2 and sk-config-CAPTURED-1 in a prompt".into(),
+                    ),
+                    requested_model: Some(pb::RequestedModel {
+                        model_id: "byok-m".into(),
+                        credentials: Some(pb::requested_model::Credentials::ApiKeyCredentials(
+                            pb::ApiKeyCredentials {
+                                api_key: "sk-client-CAPTURED-2".into(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+        }
+        .encode_to_vec();
+        let c = Capture::create(&path, None, true).unwrap();
+        let kind = "agent.v1.AgentClientMessage";
+        c.message(Direction::FromClient, "agent run", kind, &wire, None, None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("CAPTURED"), "{text}");
+        assert!(
+            text.contains("in a prompt") && text.contains("byok-m"),
+            "{text}"
+        );
     }
 }

@@ -20,7 +20,9 @@ use architecture::source::{code_of, rust_files};
 const ALLOWED: &[(&str, &[&str])] = &[
     (
         "cli",
-        &["capture", "config", "proxy", "setup", "status", "tls"],
+        &[
+            "base", "capture", "config", "proxy", "setup", "status", "tls",
+        ],
     ),
     ("setup", &["base", "config", "provider", "status", "tls"]),
     (
@@ -46,7 +48,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("status", &["base", "capture", "http", "proto", "provider"]),
-    ("capture", &["proto"]),
+    ("capture", &["base", "proto"]),
     ("upstream", &["base", "config", "http", "tls"]),
     ("provider", &["base"]),
     ("config", &["base", "provider"]),

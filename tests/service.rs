@@ -503,6 +503,26 @@ fn install_without_a_user_systemd_says_why_and_writes_nothing() {
     assert!(!stdout.contains("sk-never-printed"), "{stdout}");
     assert!(stdout.contains("ExecStart="), "{stdout}");
     assert!(!xdg.exists(), "nothing written");
+
+    // A name that would reach outside the unit directory is refused before anything else.
+    for bad in ["../../evil", "a b", "-x"] {
+        let out = bin()
+            .args([
+                "service",
+                "install",
+                "--dry-run",
+                &format!("--name={bad}"),
+                "--data-dir",
+            ])
+            .arg(dir.path().join("data"))
+            .env("XDG_CONFIG_HOME", &xdg)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("is not usable"), "{bad}: {stderr}");
+        assert!(!xdg.exists(), "nothing written");
+    }
 }
 
 /// Under a real systemd user manager (a desktop session, or CI with one): install, see it run,

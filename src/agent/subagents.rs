@@ -160,8 +160,9 @@ struct Pending {
 #[derive(Debug, Clone, Default)]
 pub struct SubagentCalls {
     pending: Arc<Mutex<VecDeque<Pending>>>,
-    /// Child runs by subagent id (their conversation), to cancel one. A run removes itself
-    /// when it ends, so this holds no more than the runs alive.
+    /// Child runs by their own request id (two runs may share a subagent id: a resumed
+    /// subagent, a client that reuses a conversation), with their subagent id to cancel them
+    /// by. A run removes itself when it ends, so this holds no more than the runs alive.
     running: Arc<Mutex<HashMap<String, Running>>>,
     /// Runs that started as nobody's child, by request id: a parent named later links them.
     /// A run removes itself when it ends.
@@ -179,6 +180,8 @@ struct Unlinked {
 /// A child run running.
 #[derive(Debug)]
 struct Running {
+    /// Its conversation (what the client cancels it by), else its request id.
+    subagent_id: String,
     cancel: CancellationToken,
     /// Its parent run's request id (empty when unknown).
     parent_run: String,
@@ -309,7 +312,7 @@ impl SubagentCalls {
             parent_run,
             ..claimed.unwrap_or_default()
         };
-        self.track_child(&run.subagent_id, Some(&child), run.cancel);
+        self.track_child(request_id, &run.subagent_id, Some(&child), run.cancel);
         true
     }
 
@@ -332,14 +335,22 @@ impl SubagentCalls {
     }
 
     /// A child run started: `cancel` stops it. Untracked when it ends.
-    pub fn track(&self, subagent_id: &str, cancel: CancellationToken) {
-        self.track_child(subagent_id, None, cancel);
+    #[cfg(test)]
+    fn track(&self, run_id: &str, subagent_id: &str, cancel: CancellationToken) {
+        self.track_child(run_id, subagent_id, None, cancel);
     }
 
-    /// A child run started, of the call `child` describes: `cancel` stops it, as does its
-    /// parent's stop (and, unless it runs in the background, its parent's end). A child whose
-    /// parent ended before it started is stopped at once.
-    pub fn track_child(&self, subagent_id: &str, child: Option<&Child>, cancel: CancellationToken) {
+    /// The child run `run_id` (its request id) started, of the call `child` describes:
+    /// `cancel` stops it, as does a cancel of `subagent_id`, its parent's stop (and, unless it
+    /// runs in the background, its parent's end). A child whose parent ended before it started
+    /// is stopped at once.
+    pub fn track_child(
+        &self,
+        run_id: &str,
+        subagent_id: &str,
+        child: Option<&Child>,
+        cancel: CancellationToken,
+    ) {
         if child.is_some_and(|c| c.orphaned) {
             tracing::info!(
                 subagent = subagent_id,
@@ -347,15 +358,16 @@ impl SubagentCalls {
             );
             cancel.cancel();
         }
-        if subagent_id.is_empty() {
+        if run_id.is_empty() || subagent_id.is_empty() {
             return;
         }
         let running = Running {
+            subagent_id: subagent_id.to_string(),
             cancel,
             parent_run: child.map(|c| c.parent_run.clone()).unwrap_or_default(),
             background: child.is_some_and(|c| c.background),
         };
-        self.running_lock().insert(subagent_id.to_string(), running);
+        self.running_lock().insert(run_id.to_string(), running);
     }
 
     /// The run `parent_run` ended; `stopped`: the user stopped it (or its client went away).
@@ -387,19 +399,21 @@ impl SubagentCalls {
         n
     }
 
-    pub fn untrack(&self, subagent_id: &str) {
-        self.running_lock().remove(subagent_id);
+    /// The run `run_id` ended.
+    pub fn untrack(&self, run_id: &str) {
+        self.running_lock().remove(run_id);
     }
 
-    /// Cancel the child run `subagent_id`; false when no such run of ours is running.
+    /// Cancel the child runs of `subagent_id`; false when no such run of ours is running.
     pub fn cancel(&self, subagent_id: &str) -> bool {
-        match self.running_lock().get(subagent_id) {
-            Some(r) => {
+        let mut any = false;
+        for r in self.running_lock().values() {
+            if r.subagent_id == subagent_id {
                 r.cancel.cancel();
-                true
+                any = true;
             }
-            None => false,
         }
+        any
     }
 
     fn running_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
@@ -526,11 +540,28 @@ mod tests {
     fn a_tracked_child_can_be_canceled_until_it_ends() {
         let r = SubagentCalls::default();
         let token = CancellationToken::new();
-        r.track("conv-child", token.clone());
+        r.track("req-child", "conv-child", token.clone());
         assert!(!r.cancel("other"));
         assert!(r.cancel("conv-child") && token.is_cancelled());
-        r.untrack("conv-child");
+        r.untrack("req-child");
         assert!(!r.cancel("conv-child"));
+    }
+
+    /// Two child runs of one subagent id (a resumed subagent) are two entries: the first to
+    /// end does not take the other's with it, and a cancel reaches both.
+    #[test]
+    fn child_runs_are_kept_by_their_own_id() {
+        let r = SubagentCalls::default();
+        let (first, second) = (CancellationToken::new(), CancellationToken::new());
+        r.track("req-1", "conv-child", first.clone());
+        r.track("req-2", "conv-child", second.clone());
+        r.untrack("req-1");
+        assert!(r.cancel("conv-child"), "the second is still tracked");
+        assert!(second.is_cancelled() && !first.is_cancelled());
+        let (a, b) = (CancellationToken::new(), CancellationToken::new());
+        r.track("req-a", "conv-x", a.clone());
+        r.track("req-b", "conv-x", b.clone());
+        assert!(r.cancel("conv-x") && a.is_cancelled() && b.is_cancelled());
     }
 
     fn call_of(
@@ -555,7 +586,8 @@ mod tests {
             r.register(&a, child);
             let claimed = r.claim(call, "m", None).expect("claimed");
             let token = CancellationToken::new();
-            r.track_child(&format!("conv-{call}"), Some(&claimed), token.clone());
+            let (run, conversation) = (format!("req-{call}"), format!("conv-{call}"));
+            r.track_child(&run, &conversation, Some(&claimed), token.clone());
             tokens.push(token);
         }
         // p1 ended normally: its foreground child stops, its background child goes on.
@@ -581,7 +613,7 @@ mod tests {
         let late = r.claim("Look late", "m", None).expect("still its call");
         assert!(late.orphaned);
         let token = CancellationToken::new();
-        r.track_child("conv-late", Some(&late), token.clone());
+        r.track_child("req-late", "conv-late", Some(&late), token.clone());
         assert!(token.is_cancelled(), "ends as it starts");
         let bg = r
             .claim("Look in the background", "m", None)

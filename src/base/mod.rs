@@ -1,9 +1,10 @@
 //! Plumbing every room may use: cheap cancellation, one task per client connection, the
-//! never-printing secret string and its scrubber, which side failed, and text shaping. It
-//! imports nothing else from the crate.
+//! never-printing secret string and its scrubber, which side failed, text shaping, and the
+//! process's open-files limit and memory. It imports nothing else from the crate.
 
 pub(crate) mod cancel;
 pub(crate) mod conn_tasks;
+pub mod process;
 pub mod secret;
 pub mod side;
 pub mod text;

@@ -40,12 +40,12 @@ pub struct RunArgs {
     /// Stop recording after this many minutes.
     #[arg(long, value_name = "N", requires = "capture")]
     pub capture_minutes: Option<u64>,
-    /// Also record each message's decoded content (prompts, file contents…). Only for your
-    /// own debugging: do not share such a capture.
+    /// Also record each message's decoded content (prompts, file contents…; keys and
+    /// credentials are still masked). Only for your own debugging: do not share such a capture.
     #[arg(long, requires = "capture")]
     pub include_content: bool,
     /// Read NAME=value lines into the environment first (the API keys of `service install`);
-    /// variables already set win.
+    /// its values win over variables already set.
     #[arg(long, value_name = "FILE")]
     pub env_file: Option<PathBuf>,
     /// Log to FILE (rotated at 4 MiB to FILE.1, no colour) instead of standard error.
@@ -193,4 +193,8 @@ pub struct SystemProxyArgs {
     /// URL; only some OS proxy stacks accept file URLs.
     #[arg(long)]
     pub file_url: bool,
+    /// Replace a proxy configuration the OS already has (a company's PAC or manual proxy);
+    /// without it, setup stops and explains. `--undo` puts it back.
+    #[arg(long)]
+    pub replace_existing: bool,
 }

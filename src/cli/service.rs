@@ -14,6 +14,12 @@ use crate::setup::service::{self, Manifest, Os, Spec};
 
 pub fn run(args: &Args, config: &Config, action: ServiceAction) -> anyhow::Result<()> {
     let os = Os::current().context("no login service is known for this OS")?;
+    if let ServiceAction::Install { name, .. }
+    | ServiceAction::Uninstall { name }
+    | ServiceAction::Status { name } = &action
+    {
+        service::check_name(name).map_err(|e| anyhow::anyhow!(e))?;
+    }
     match action {
         ServiceAction::Install { dry_run, name } => install(args, config, os, &name, dry_run),
         ServiceAction::Uninstall { name } => uninstall(os, &name),
@@ -40,6 +46,16 @@ fn config_home() -> anyhow::Result<PathBuf> {
 
 fn own_dir() -> anyhow::Result<PathBuf> {
     Ok(config_home()?.join("cursor-byok"))
+}
+
+/// Where the key file goes: next to the config, except on Windows, where the config
+/// directory is the roaming profile (copied to other machines): the local one instead.
+fn key_dir() -> anyhow::Result<PathBuf> {
+    if cfg!(windows) {
+        let local = dirs::data_local_dir().context("cannot tell your local app data directory")?;
+        return Ok(local.join("cursor-byok"));
+    }
+    own_dir()
 }
 
 fn manifest_path(name: &str) -> anyhow::Result<PathBuf> {
@@ -93,7 +109,7 @@ fn spec(args: &Args, config: &Config, name: &str) -> anyhow::Result<Spec> {
             .map(|c| c.canonicalize().unwrap_or_else(|_| absolute(c))),
         log_file: data_dir.join(service::LOG_FILE),
         data_dir,
-        env_file: own_dir()?.join(format!("{name}.env")),
+        env_file: key_dir()?.join(format!("{name}.env")),
         home: dirs::home_dir().context("cannot tell your home directory")?,
         user,
     })
@@ -164,7 +180,9 @@ fn service_vars(config: &Config) -> (Vec<(String, String)>, Vec<String>) {
     (set, missing)
 }
 
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+/// Writes `text` into a file only the user can read: mode 0600, or on Windows an ACL for
+/// `user` alone, set before the text goes in.
+fn write_private(path: &Path, text: &str, user: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -182,6 +200,11 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         f.set_permissions(std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot chmod 600 {}", path.display()))?;
     }
+    if cfg!(windows) {
+        run_cmd(&service::private_acl_command(path, user), false)
+            .map_err(|e| anyhow::anyhow!("cannot make {} private to you: {e}", path.display()))?;
+    }
+    let _ = user;
     std::io::Write::write_all(&mut f, text.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))
 }
@@ -294,7 +317,7 @@ struct ServiceFiles<'a> {
 /// Writes the env file, the service definition, and last the manifest that lets `uninstall`
 /// remove exactly these.
 fn write_service_files(spec: &Spec, os: Os, files: &ServiceFiles<'_>) -> anyhow::Result<()> {
-    write_private(&spec.env_file, files.env_text)?;
+    write_private(&spec.env_file, files.env_text, &spec.user)?;
     if let Some(dir) = files.definition.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -308,6 +331,7 @@ fn write_service_files(spec: &Spec, os: Os, files: &ServiceFiles<'_>) -> anyhow:
     write_private(
         files.manifest,
         &serde_json::to_string_pretty(&manifest).context("manifest")?,
+        &spec.user,
     )
 }
 

@@ -56,6 +56,21 @@ fn read_previous(target: Target, echo: bool) -> anyhow::Result<Previous> {
     })
 }
 
+/// The proxy configuration the OS already uses, other than ours (see
+/// [`pac::existing_proxy`]); a manual proxy that cannot be read counts as none.
+fn existing_proxy(targets: &[Target], previous: &[Previous], ours: &str) -> Option<String> {
+    targets.iter().zip(previous).find_map(|(t, p)| {
+        let services: Vec<String> = match p {
+            Previous::MacOs { services } => services.iter().map(|s| s.name.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let manual = pac::manual_reads(*t, &services)
+            .iter()
+            .any(|c| run_cmd(c, false).is_ok_and(|out| pac::manual_proxy_on(&out)));
+        pac::existing_proxy(p, manual, ours)
+    })
+}
+
 pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::Result<()> {
     let saved_path = data_dir.join(pac::SAVED_FILE);
     if args.undo {
@@ -83,6 +98,20 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
     let mut previous = Vec::new();
     for t in &targets {
         previous.push(read_previous(*t, true)?);
+    }
+    if let Some(existing) = existing_proxy(&targets, &previous, &url) {
+        if !args.replace_existing {
+            bail!(
+                "this machine already uses {existing}. Pointing the OS at our PAC script would \
+                 take every other application off it (Cursor's other hosts and everything else \
+                 would go DIRECT). Instead, use `cursor-byok setup cursor` (Cursor's own proxy \
+                 setting, nothing else changes), or ask whoever runs that proxy to send \
+                 *.cursor.sh to {}. To replace it anyway: `cursor-byok setup system-proxy \
+                 --replace-existing` (`--undo` puts it back)",
+                pac::served_url(config.listen)
+            );
+        }
+        println!("Replacing {existing} (`--undo` puts it back).");
     }
     let commands: Vec<Cmd> = previous
         .iter()

@@ -230,6 +230,82 @@ pub fn parse_windows(out: Option<&str>) -> Previous {
     }
 }
 
+/// The commands that tell whether a manual proxy is on (their output goes to
+/// [`manual_proxy_on`]); GNOME and KDE say it in the values [`read_commands`] reads.
+pub fn manual_reads(target: Target, mac_services: &[String]) -> Vec<Cmd> {
+    match target {
+        Target::MacOs => mac_services
+            .iter()
+            .flat_map(|s| {
+                [
+                    Cmd::new("networksetup", &["-getwebproxy", s]),
+                    Cmd::new("networksetup", &["-getsecurewebproxy", s]),
+                ]
+            })
+            .collect(),
+        Target::Windows => vec![Cmd::new(
+            "reg",
+            &["query", WINDOWS_KEY, "/v", "ProxyEnable"],
+        )],
+        Target::Gnome | Target::Kde => Vec::new(),
+    }
+}
+
+/// Whether one [`manual_reads`] output says a manual proxy is on: `Enabled: Yes`
+/// (networksetup) or `ProxyEnable    REG_DWORD    0x1` (reg).
+pub fn manual_proxy_on(out: &str) -> bool {
+    out.lines().any(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        matches!(words.as_slice(), ["Enabled:", v] if v.eq_ignore_ascii_case("yes"))
+            || matches!(words.as_slice(), ["ProxyEnable", "REG_DWORD", v] if *v != "0x0")
+    })
+}
+
+/// What the OS already uses for its proxies that `setup system-proxy` would replace: an
+/// automatic configuration other than `ours`, or a manual proxy (`manual`, from
+/// [`manual_proxy_on`]). `None` when there is none. Replacing one would take every other
+/// application off the proxy it was given (a company's, often), so the CLI stops and says so.
+pub fn existing_proxy(previous: &Previous, manual: bool, ours: &str) -> Option<String> {
+    let other = |url: &str| !url.is_empty() && url != ours;
+    let found = match previous {
+        Previous::MacOs { services } => services
+            .iter()
+            .find(|s| s.enabled && s.url.as_deref().is_some_and(other))
+            .map(|s| {
+                let url = s.url.as_deref().unwrap_or_default();
+                format!("the automatic proxy configuration {url} on {}", s.name)
+            }),
+        Previous::Gnome {
+            mode,
+            autoconfig_url,
+        } => {
+            let url = autoconfig_url.trim_matches('\'');
+            match mode.trim_matches('\'') {
+                "manual" => Some("a manual proxy (GNOME's proxy mode is 'manual')".to_string()),
+                "auto" if other(url) => Some(format!("the automatic proxy configuration {url}")),
+                "auto" if url.is_empty() => {
+                    Some("automatic proxy detection (GNOME's proxy mode is 'auto')".to_string())
+                }
+                _ => None,
+            }
+        }
+        Previous::Kde { proxy_type, script } => match proxy_type.as_deref() {
+            Some("1") => Some("a manual proxy (KDE's ProxyType is 1)".to_string()),
+            Some("2") if script.as_deref().is_some_and(other) => Some(format!(
+                "the automatic proxy configuration {}",
+                script.as_deref().unwrap_or_default()
+            )),
+            Some("3") => Some("automatic proxy detection (KDE's ProxyType is 3)".to_string()),
+            _ => None,
+        },
+        Previous::Windows { auto_config_url } => auto_config_url
+            .as_deref()
+            .filter(|u| other(u))
+            .map(|u| format!("the automatic proxy configuration {u}")),
+    };
+    found.or_else(|| manual.then(|| "a manual proxy".to_string()))
+}
+
 /// The commands that point a target at `url`.
 pub fn apply_commands(previous: &Previous, url: &str) -> Vec<Cmd> {
     match previous {
@@ -406,5 +482,46 @@ mod tests {
             file_url(Path::new(r"C:\Users\a\proxy.pac")),
             "file:///C:/Users/a/proxy.pac"
         );
+    }
+
+    #[test]
+    fn a_proxy_already_in_use_is_found() {
+        let ours = "http://127.0.0.1:8080/proxy.pac";
+        let gnome = |mode: &str, url: &str| parse_gnome(mode, url);
+        let found = |p: &Previous| existing_proxy(p, false, ours);
+        assert!(found(&gnome("'auto'\n", "'http://wpad.corp/proxy.pac'\n"))
+            .is_some_and(|w| w.contains("wpad.corp")));
+        assert!(found(&gnome("'manual'", "''")).is_some_and(|w| w.contains("manual")));
+        assert!(found(&gnome("'auto'", "''")).is_some(), "auto-detection");
+        assert_eq!(found(&gnome("'none'", "''")), None);
+        assert_eq!(
+            found(&gnome("'auto'", &format!("'{ours}'"))),
+            None,
+            "ours already"
+        );
+        assert!(found(&parse_kde("1", "")).is_some());
+        assert!(found(&parse_kde("2", "http://corp/p.pac")).is_some());
+        assert_eq!(found(&parse_kde("", "")), None);
+        let win = parse_windows(Some("    AutoConfigURL    REG_SZ    http://corp/p.pac\r\n"));
+        assert!(found(&win).is_some_and(|w| w.contains("corp/p.pac")));
+        let none = Previous::Windows {
+            auto_config_url: None,
+        };
+        assert_eq!(found(&none), None);
+        assert!(existing_proxy(&none, true, ours).is_some_and(|w| w.contains("manual")));
+        let mac = Previous::MacOs {
+            services: vec![MacService {
+                name: "Wi-Fi".into(),
+                url: Some("http://corp/p.pac".into()),
+                enabled: true,
+            }],
+        };
+        assert!(found(&mac).is_some_and(|w| w.contains("Wi-Fi")));
+        assert!(manual_proxy_on("Enabled: Yes\nServer: corp\nPort: 3128\n"));
+        assert!(!manual_proxy_on("Enabled: No\nServer: \nPort: 0\n"));
+        assert!(manual_proxy_on("\n    ProxyEnable    REG_DWORD    0x1\n"));
+        assert!(!manual_proxy_on("\n    ProxyEnable    REG_DWORD    0x0\n"));
+        assert_eq!(manual_reads(Target::Windows, &[]).len(), 1);
+        assert_eq!(manual_reads(Target::MacOs, &["Wi-Fi".into()]).len(), 2);
     }
 }

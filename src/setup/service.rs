@@ -35,6 +35,28 @@ pub const PASSED_VARS: &[&str] = &[
     "no_proxy",
 ];
 
+/// A service name is a file name, a unit name, a launchd label and a task name at once:
+/// letters, digits, `-`, `_` and `.`, starting with a letter or digit, at most 64 long.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let starts_ok = name.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if name.is_empty() || name.len() > 64 || !starts_ok || !name.chars().all(ok_char) {
+        return Err(format!(
+            "the service name {name:?} is not usable: use 1 to 64 letters, digits, `-`, `_` or `.`, \
+             starting with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Windows: the command that leaves `path` to `user` alone (no inherited entries, full
+/// control for the user only), run on the key file before any key is written into it.
+pub fn private_acl_command(path: &Path, user: &str) -> Cmd {
+    let path = path.display().to_string();
+    let grant = format!("{user}:F");
+    Cmd::new("icacls", &[&path, "/inheritance:r", "/grant:r", &grant])
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Os {
     Linux,
@@ -461,4 +483,42 @@ pub fn last_error(log: &str) -> Option<&str> {
     log.lines()
         .rev()
         .find(|l| l.contains(" ERROR ") || l.starts_with("error:"))
+}
+
+#[cfg(test)]
+mod name_and_acl_tests {
+    use super::*;
+
+    #[test]
+    fn service_names_are_checked() {
+        for ok in ["cursor-byok", "byok2", "work.proxy", "a_b"] {
+            assert_eq!(check_name(ok), Ok(()), "{ok}");
+        }
+        let long = "a".repeat(65);
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            "-x",
+            ".hidden",
+            "a b",
+            "x;rm",
+            "ü",
+            long.as_str(),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_windows_key_file_is_left_to_its_user() {
+        let c = private_acl_command(
+            Path::new(r"C:\Users\me\AppData\Local\cursor-byok\k.env"),
+            r"PC\me",
+        );
+        assert_eq!(
+            c.to_string(),
+            r"icacls C:\Users\me\AppData\Local\cursor-byok\k.env /inheritance:r /grant:r PC\me:F"
+        );
+    }
 }

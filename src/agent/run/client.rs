@@ -243,7 +243,7 @@ impl Client {
     }
 
     /// One exec, waited for at most `within`: `None` when the client did not answer in time
-    /// (the run goes on).
+    /// (the exec is aborted at the client; the run goes on).
     pub(super) async fn run_exec_within(
         &mut self,
         args: pb::exec_server_message::Message,
@@ -257,7 +257,9 @@ impl Client {
             match self.next_event(deadline, what).await {
                 Ok(ev) => self.dispatch(Some(ev)).await?,
                 Err(RunError::ClientTimeout { .. }) => {
+                    // The client is told to stop it: it must not run (or answer) later.
                     self.exec.take(id);
+                    self.out.send(msg::exec_abort(id)).await?;
                     return Ok(None);
                 }
                 Err(e) => return Err(e),

@@ -14,6 +14,7 @@
 mod action;
 mod background;
 mod client;
+mod command_check;
 mod error;
 mod exec;
 mod inbox;
@@ -90,8 +91,8 @@ pub(super) fn spawn(
             .instrument(span.clone()),
     );
     let route = Arc::new(Mutex::new(FallbackRoute::default()));
+    track_subagent(&run, &first, &cancel);
     let ending = Ending {
-        subagent_id: track_subagent(&run, &first, &cancel),
         registry: run.subagents.clone(),
         parent_key: run.request_id.clone(),
         stopped: cancel.clone(),
@@ -126,8 +127,8 @@ pub(super) fn spawn(
 }
 
 /// A child run can be canceled by its subagent id while it runs; a run that is nobody's child
-/// yet may be named one by a request that comes after it started. Returns the subagent id.
-fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationToken) -> String {
+/// yet may be named one by a request that comes after it started.
+fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationToken) {
     let subagent_id = run
         .child
         .as_ref()
@@ -136,21 +137,20 @@ fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationT
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| run.request_id.clone());
     match &run.child {
-        Some(child) => run
-            .subagents
-            .track_child(&subagent_id, Some(child), cancel.clone()),
+        Some(child) => {
+            run.subagents
+                .track_child(&run.request_id, &subagent_id, Some(child), cancel.clone())
+        }
         None => run
             .subagents
             .track_unlinked(&run.request_id, &subagent_id, cancel.clone()),
     }
-    subagent_id
 }
 
 /// What the end of a run needs: to untrack it, judge its result, report it, and send its end.
 struct Ending {
     registry: crate::agent::subagents::SubagentCalls,
-    subagent_id: String,
-    /// The run's request id: its children know their parent by it.
+    /// The run's request id: it is tracked by it, and its children know their parent by it.
     parent_key: String,
     /// The run's cancellation: whether it was stopped.
     stopped: CancellationToken,
@@ -172,7 +172,7 @@ impl Ending {
         work: Result<Result<RunSummary, RunError>, tokio::task::JoinError>,
         ticket: RunTicket,
     ) {
-        self.registry.untrack(&self.subagent_id);
+        self.registry.untrack(&self.parent_key);
         self.registry.untrack_unlinked(&self.parent_key);
         // The client never delivers a subagent's Stop: a parent's end reaches its children
         // here.

@@ -1,9 +1,11 @@
 //! Noticing a model stuck in a loop: the same call with the same arguments, the same call
-//! with the same result, or two calls alternating (A-B-A-B), over and over. Without this a
+//! failing with the same error, or two calls alternating (A-B-A-B), over and over. Without this a
 //! stuck model burns every round of `agent.max_tool_rounds`, each resending the whole context.
 //!
-//! Sans-IO: the turn feeds each finished call (name, arguments, result) in order and gets a
-//! verdict back. Polling calls (awaiting a subagent, reading a background shell's output file)
+//! Sans-IO: the turn feeds each finished call (name, arguments, result, whether it failed) in
+//! order and gets a verdict back. A result alone only marks a repeat when it is an error: honest
+//! work often answers alike for different arguments (`mkdir -p a`, `touch b`, `git add -A` all
+//! print nothing; empty files read empty; MCP tools answer `{"success":true}`). Polling calls (awaiting a subagent, reading a background shell's output file)
 //! repeat by design: they are not counted and do not break a streak.
 
 use std::collections::hash_map::DefaultHasher;
@@ -32,6 +34,7 @@ struct Seen {
     name: u64,
     args: u64,
     result: u64,
+    failed: bool,
 }
 
 /// Bound on the calls remembered: two periods of the longest pattern checked are enough, a
@@ -59,8 +62,9 @@ impl RepeatDetector {
         }
     }
 
-    /// Feeds one finished call; `args` is its arguments as JSON text.
-    pub fn observe(&mut self, name: &str, args: &str, result: &str) -> Verdict {
+    /// Feeds one finished call; `args` is its arguments as JSON text, `failed` whether its
+    /// result is an error.
+    pub fn observe(&mut self, name: &str, args: &str, result: &str, failed: bool) -> Verdict {
         if !self.enabled || self.is_polling(name, args) {
             return Verdict::Go;
         }
@@ -68,6 +72,7 @@ impl RepeatDetector {
             name: hash(name),
             args: hash(args),
             result: hash(result),
+            failed,
         });
         if self.recent.len() > KEEP {
             self.recent.remove(0);
@@ -98,13 +103,15 @@ impl RepeatDetector {
     /// The longest repeat streak ending at the last call, and what repeats.
     fn longest_streak(&self) -> (u32, &'static str) {
         let same_args = streak(&self.recent, 1, |a, b| a.name == b.name && a.args == b.args);
-        let same_result = streak(&self.recent, 1, |a, b| {
-            a.name == b.name && a.result == b.result
+        // With other arguments, only the same error is a repeat: the same success says
+        // nothing (an empty output least of all).
+        let same_error = streak(&self.recent, 1, |a, b| {
+            a.name == b.name && a.failed && b.failed && a.result == b.result
         });
         let cycle = streak(&self.recent, 2, |a, b| a.name == b.name && a.args == b.args);
         let mut best = (same_args, "the same call with the same arguments");
-        if same_result > best.0 {
-            best = (same_result, "the same call with the same result");
+        if same_error > best.0 {
+            best = (same_error, "the same call with the same error");
         }
         // A pair alternating counts once per round of the pair; one call repeated also
         // matches period 2, so only a real alternation (A ≠ B) is named a cycle.
@@ -164,8 +171,14 @@ fn hash(s: &str) -> u64 {
 mod tests {
     use super::*;
 
-    fn feed(d: &mut RepeatDetector, calls: &[(&str, &str, &str)]) -> Vec<Verdict> {
-        calls.iter().map(|(n, a, r)| d.observe(n, a, r)).collect()
+    /// A call as fed: name, arguments, result, failed.
+    type Call<'a> = (&'a str, &'a str, &'a str, bool);
+
+    fn feed(d: &mut RepeatDetector, calls: &[Call]) -> Vec<Verdict> {
+        calls
+            .iter()
+            .map(|(n, a, r, e)| d.observe(n, a, r, *e))
+            .collect()
     }
 
     fn kinds(v: &[Verdict]) -> String {
@@ -181,7 +194,7 @@ mod tests {
     #[test]
     fn same_call_and_arguments_warns_at_three_and_stops_at_five() {
         let mut d = RepeatDetector::new(true, None);
-        let call = ("read_file", r#"{"path":"a.rs"}"#, "fn main() {}");
+        let call = ("read_file", r#"{"path":"a.rs"}"#, "fn main() {}", false);
         let v = feed(&mut d, &[call; 6]);
         assert_eq!(kinds(&v), "..W.SS");
         let Verdict::Warn(note) = &v[2] else {
@@ -206,6 +219,7 @@ mod tests {
                     "run_terminal_cmd",
                     r#"{"command":"date"}"#,
                     &format!("t{i}"),
+                    false,
                 )
             })
             .collect();
@@ -213,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn same_result_with_changing_arguments_counts() {
+    fn the_same_error_with_changing_arguments_counts() {
         let mut d = RepeatDetector::new(true, None);
         let v: Vec<_> = (0..5)
             .map(|i| {
@@ -221,6 +235,7 @@ mod tests {
                     "read_file",
                     &format!(r#"{{"path":"x{i}"}}"#),
                     "Error: denied",
+                    true,
                 )
             })
             .collect();
@@ -228,14 +243,14 @@ mod tests {
         let Verdict::Stop(msg) = &v[4] else {
             unreachable!()
         };
-        assert!(msg.contains("same result"), "{msg}");
+        assert!(msg.contains("same error"), "{msg}");
     }
 
     #[test]
     fn two_calls_in_turn_count_per_cycle() {
         let mut d = RepeatDetector::new(true, None);
-        let a = ("read_file", r#"{"path":"a"}"#, "A");
-        let b = ("grep", r#"{"pattern":"b"}"#, "B");
+        let a = ("read_file", r#"{"path":"a"}"#, "A", false);
+        let b = ("grep", r#"{"pattern":"b"}"#, "B", false);
         let v = feed(&mut d, &[a, b, a, b, a, b, a, b, a, b]);
         // Cycles complete at the 2nd, 4th, 6th… call: the third full cycle ends at call 6.
         assert_eq!(kinds(&v), ".....W...S");
@@ -254,26 +269,125 @@ mod tests {
                     "read_file",
                     &format!(r#"{{"path":"f{i}"}}"#),
                     &format!("body {i}"),
+                    false,
                 )
             })
             .collect();
         assert!(v.iter().all(|v| *v == Verdict::Go));
         // A repeat broken by other work starts over.
         let mut d = RepeatDetector::new(true, None);
-        let same = ("read_file", r#"{"path":"a"}"#, "A");
-        let other = ("write", r#"{"path":"a"}"#, "ok");
+        let same = ("read_file", r#"{"path":"a"}"#, "A", false);
+        let other = ("write", r#"{"path":"a"}"#, "ok", false);
         let v = feed(&mut d, &[same, same, other, same, same, other, same, same]);
         assert!(v.iter().all(|v| *v == Verdict::Go), "{v:?}");
+    }
+
+    /// The cases of the loop-detection table in `docs/agent.md`: each sequence, fed call by
+    /// call, with its verdicts (`.` go, `W` warned, `S` stopped). Printed with `--nocapture`.
+    // Long on purpose: the table's rows read best in one place, as the docs show them.
+    #[test]
+    fn loop_cases_table() {
+        let scaffold: Vec<String> = [
+            "mkdir -p src/a",
+            "touch src/a/mod.rs",
+            "git add -A",
+            "mkdir -p src/b",
+            "touch src/b/mod.rs",
+        ]
+        .iter()
+        .map(|c| format!(r#"{{"command":"{c}"}}"#))
+        .collect();
+        let inits: Vec<String> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|p| format!(r#"{{"path":"pkg/{p}/__init__.py"}}"#))
+            .collect();
+        let labels: Vec<String> = ["bug", "docs", "perf", "ci", "ux"]
+            .iter()
+            .map(|l| format!(r#"{{"name":"{l}"}}"#))
+            .collect();
+        let errors: Vec<String> = (0..5).map(|i| format!(r#"{{"path":"x{i}"}}"#)).collect();
+        let each = |name: &'static str, args: &[String], result: &'static str, failed: bool| {
+            args.iter()
+                .map(|a| (name.to_string(), a.clone(), result, failed))
+                .collect::<Vec<_>>()
+        };
+        let same = |name: &'static str, args: &str, result: &'static str, failed: bool| {
+            vec![(name.to_string(), args.to_string(), result, failed); 5]
+        };
+        let cases = [
+            (
+                "five scaffolding commands, each printing nothing",
+                each("run_terminal_cmd", &scaffold, "", false),
+                ".....",
+            ),
+            (
+                "five reads of different empty `__init__.py` files",
+                each("read_file", &inits, "", false),
+                ".....",
+            ),
+            (
+                "five MCP calls answering `{\"success\":true}`, different arguments",
+                each(
+                    "mcp_github_create_label",
+                    &labels,
+                    r#"{"success":true}"#,
+                    false,
+                ),
+                ".....",
+            ),
+            (
+                "the identical call and result, five times",
+                same("read_file", r#"{"path":"a.rs"}"#, "fn main() {}", false),
+                "..W.S",
+            ),
+            (
+                "the identical command printing nothing, five times",
+                same("run_terminal_cmd", r#"{"command":"git add -A"}"#, "", false),
+                "..W.S",
+            ),
+            (
+                "the same failing call, five times",
+                same(
+                    "run_terminal_cmd",
+                    r#"{"command":"cargo buld"}"#,
+                    "Error: no such command",
+                    true,
+                ),
+                "..W.S",
+            ),
+            (
+                "the same error for five different arguments",
+                each("read_file", &errors, "Error: permission denied", true),
+                "..W.S",
+            ),
+        ];
+        println!("| Calls | Verdicts (call 1..5) | Stopped |\n|---|---|---|");
+        for (what, calls, expected) in cases {
+            let mut d = RepeatDetector::new(true, None);
+            let v: Vec<_> = calls
+                .iter()
+                .map(|(n, a, r, e)| d.observe(n, a, r, *e))
+                .collect();
+            let got = kinds(&v);
+            let stopped = if got.contains('S') {
+                "yes, at call 5"
+            } else {
+                "no"
+            };
+            println!("| {what} | `{got}` | {stopped} |");
+            assert_eq!(got, expected, "{what}");
+        }
     }
 
     #[test]
     fn polling_is_exempt() {
         let mut d = RepeatDetector::new(true, Some("/home/u/.cursor/terminals".into()));
-        let wait = ("await_subagent", r#"{"id":"s1"}"#, "still running");
+        let wait = ("await_subagent", r#"{"id":"s1"}"#, "still running", false);
         let poll = (
             "read_file",
             r#"{"path":"/home/u/.cursor/terminals/7.txt"}"#,
             "building…",
+            false,
         );
         let v = feed(&mut d, &[wait; 8]);
         assert!(v.iter().all(|v| *v == Verdict::Go));
@@ -284,7 +398,7 @@ mod tests {
     #[test]
     fn off_means_off() {
         let mut d = RepeatDetector::new(false, None);
-        let call = ("read_file", "{}", "x");
+        let call = ("read_file", "{}", "x", true);
         assert!(feed(&mut d, &[call; 10]).iter().all(|v| *v == Verdict::Go));
     }
 
@@ -292,7 +406,7 @@ mod tests {
     fn memory_is_bounded() {
         let mut d = RepeatDetector::new(true, None);
         for i in 0..1000 {
-            d.observe("read_file", &i.to_string(), &i.to_string());
+            d.observe("read_file", &i.to_string(), &i.to_string(), true);
         }
         assert!(d.recent.len() <= KEEP);
     }

@@ -81,7 +81,7 @@ impl ToolRound<'_> {
     ) -> Result<Result<ToolPlan, ToolOutcome>, RunError> {
         let call_id = cursor_call_id(self.step, id);
         let plan = match tools::plan(ctx, &call_id, name, args) {
-            Ok(plan) if ctx.auto_review => match self.review_fetch(&plan).await? {
+            Ok(plan) if ctx.auto_review => match self.review_before(&plan, ctx).await? {
                 None => Ok(plan),
                 Some(refusal) => Err(refusal),
             },
@@ -233,6 +233,35 @@ impl ToolRound<'_> {
         Ok(())
     }
 
+    /// Auto-review of what cannot carry an approval card: a web fetch (see
+    /// [`Self::review_fetch`]) and text typed into a background shell, which runs only on a
+    /// clear "allow" (the model is told why not, and that a shell command would ask the user).
+    /// Returns why the call does not run.
+    async fn review_before(
+        &mut self,
+        plan: &ToolPlan,
+        ctx: &ToolContext,
+    ) -> Result<Option<String>, RunError> {
+        let ToolPlan::Exec { exec, .. } = plan else {
+            return Ok(None);
+        };
+        match exec {
+            pb::exec_server_message::Message::FetchArgs(_) => self.review_fetch(plan).await,
+            pb::exec_server_message::Message::WriteShellStdinArgs(_) => {
+                let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
+                    review::Plan::Leave => review::Verdict::Allow,
+                    review::Plan::Ask(reason) => review::Verdict::Ask(reason),
+                    review::Plan::Judge(action) => self.verdict(&action).await?,
+                };
+                Ok(match decision {
+                    review::Verdict::Allow => None,
+                    review::Verdict::Ask(reason) => Some(review::stdin_refusal(&reason)),
+                })
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Auto-review of a web fetch, before it runs: the client is asked with
     /// `web_fetch_request_query`, approved at once when the URL is on the user's allow list or
     /// the model judges it safe, else on the client's card with the verdict's reason. Returns
@@ -249,7 +278,10 @@ impl ToolRound<'_> {
         let decision = if self.allowlisted(&exec).await? {
             review::Verdict::Allow
         } else {
-            self.verdict(&review::describe_fetch(f)).await?
+            match review::describe_fetch(f) {
+                Some(action) => self.verdict(&action).await?,
+                None => review::Verdict::Ask("Auto-review cannot judge a URL this long".into()),
+            }
         };
         let request_id = format!(
             "{}-review-{}-{}",
@@ -295,10 +327,7 @@ impl ToolRound<'_> {
                 parts: vec![UserPart::Text { text: user }],
             }],
             tools: Vec::new(),
-            options: crate::provider::RequestOptions {
-                max_output_tokens: Some(review::VERDICT_MAX_TOKENS.min(cfg.max_output_tokens)),
-                ..Default::default()
-            },
+            options: review::verdict_options(cfg),
         };
         let ask = |why: &str| review::Verdict::Ask(format!("Auto-review {why}; please decide"));
         let judged = self.model.complete(self.run, request);

@@ -120,7 +120,12 @@ impl TurnWork {
     ) -> Option<String> {
         let mut stuck = None;
         for ((id, name, arguments, extra), mut outcome) in calls.into_iter().zip(results) {
-            match repeats.observe(&name, &arguments.to_string(), &outcome.content) {
+            match repeats.observe(
+                &name,
+                &arguments.to_string(),
+                &outcome.content,
+                outcome.is_error,
+            ) {
                 Verdict::Go => {}
                 Verdict::Warn(note) => outcome.content.push_str(&note),
                 Verdict::Stop(why) => stuck = stuck.or(Some(why)),

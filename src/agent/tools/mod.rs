@@ -55,7 +55,7 @@ pub use edit::EditWrite;
 pub use mcp::merge_definitions as merge_mcp_tools;
 pub(crate) use mcp::to_json as value_to_json;
 pub use render::{error_outcome, history_from_tool_call};
-pub use shell::{result_is_final, shell_delta};
+pub use shell::{command_words, result_is_final, shell_delta};
 
 /// The tool list to offer the model. Ask mode gets read-only tools only; Plan mode adds
 /// `create_plan` and also leaves out tools that change the workspace.

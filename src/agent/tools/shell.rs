@@ -194,6 +194,22 @@ fn parse(command: &str) -> Parsed {
     t.finish()
 }
 
+/// The simple commands of a command line as words (quotes and escapes resolved, leading
+/// `NAME=value` assignments left out), for checks that match commands by their words; `None`
+/// when the tokenizer cannot follow the line (an open quote, a subshell or group).
+pub fn command_words(command: &str) -> Option<Vec<Vec<String>>> {
+    let parsed = parse(command);
+    if parsed.result.parsing_failed {
+        return None;
+    }
+    let words = parsed.result.executable_commands.into_iter().map(|c| {
+        std::iter::once(c.name)
+            .chain(c.args.into_iter().map(|a| a.value))
+            .collect()
+    });
+    Some(words.collect())
+}
+
 /// The tokenizer's state while it walks a command line.
 #[derive(Default)]
 struct Tokenizer {
