@@ -39,7 +39,7 @@ use super::pairing::{digest, Entry, Inbound, Pairings};
 use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
 use crate::agent::{RunError, RunOutput};
 use crate::capture::Capture;
-use crate::connect::{self, ConnectError, Encoding, EndStream, FrameEncoder};
+use crate::connect::{self, Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::http::{boxed, full, Body, BodyError, RequestContext};
 use crate::proto::agent::v1 as pb;
 use crate::proto::aiserver::v1 as aiserver;

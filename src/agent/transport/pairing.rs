@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use super::body::end_frame;
 use super::Decision;
 use crate::agent::{RunError, RunFailer};
-use crate::connect::{ConnectError, Encoding, EndStream, FrameEncoder};
+use crate::connect::{Code, ConnectError, Encoding, EndStream, FrameEncoder};
 use crate::proto::agent::v1 as pb;
 
 /// How often the background sweep looks for expired entries.
