@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
+use crate::agent::side::recent::RecentPrompts;
 use crate::agent::{model, Agent};
 use crate::connect::{Code, ConnectError, Limits};
 use crate::proto::agent::v1 as pb;
@@ -32,6 +33,8 @@ pub(super) struct Inner {
     pub(super) routes: RoutingTable,
     /// Conversation pins that outlive the process (resumes name no model).
     pins: PinStore,
+    /// Recent runs' prompts, for the side calls that name no conversation.
+    recent: RecentPrompts,
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
 }
@@ -49,6 +52,7 @@ impl AgentTransports {
                 upstream,
                 routes: RoutingTable::default(),
                 pins,
+                recent: RecentPrompts::default(),
                 bidi: Pairings::default(),
                 limits,
             }),
@@ -123,12 +127,31 @@ impl AgentTransports {
         routes.pin_request(request_id, decision.clone());
         routes.pin_conversation(&conversation, decision.clone());
         self.inner.pins.pin(&conversation, &decision);
+        self.inner.recent.record_run(first, &decision);
         tracing::debug!(request_id, ?decision, "agent run routed");
         Ok(decision)
     }
 
-    pub(super) fn upstream(&self) -> &Upstream {
+    pub(crate) fn upstream(&self) -> &Upstream {
         &self.inner.upstream
+    }
+
+    /// Where `conversation_id` is pinned, in memory or on disk.
+    pub(crate) fn conversation_decision(&self, conversation_id: &str) -> Option<Decision> {
+        self.inner
+            .routes
+            .conversation(conversation_id)
+            .or_else(|| self.inner.pins.get(conversation_id))
+    }
+
+    /// Pin `conversation_id` to `d`, in memory and on disk.
+    pub(crate) fn pin_conversation(&self, conversation_id: &str, d: Decision) {
+        self.inner.routes.pin_conversation(conversation_id, d.clone());
+        self.inner.pins.pin(conversation_id, &d);
+    }
+
+    pub(crate) fn recent_prompts(&self) -> &RecentPrompts {
+        &self.inner.recent
     }
 
     /// The schema check on one client message of one of our runs (`wire`, an encoded
