@@ -125,9 +125,12 @@ impl Router {
                     .instrument(span)
                     .await
             }
-            Route::Side(rpc) => Box::pin(side::handle(&self.agent, rpc, ctx, req))
-                .instrument(span)
-                .await,
+            Route::Side(rpc) => {
+                let req = Request::from_parts(parts, body);
+                Box::pin(side::handle(&self.agent, rpc, ctx, req))
+                    .instrument(span)
+                    .await
+            }
             Route::Own => crate::status::local_only_answer(),
         }
     }

@@ -241,17 +241,18 @@ fn by_owner(owner: Owner) -> Option<Verdict> {
     }
 }
 
-/// A fork of one of ours is pinned ours before its blobs arrive.
+/// A fork follows its source, and is pinned so before its blobs arrive.
 fn decide_clone(t: &AgentTransports, ask: &Ask) -> Option<Verdict> {
     if let Some(v @ Verdict::Here { .. }) = by_owner(owner::owner_of(t, &ask.conversation)) {
         return Some(v);
     }
     let verdict = by_owner(owner::owner_of(t, &ask.source))?;
-    if let Verdict::Here {
-        model_id: Some(model_id),
-    } = &verdict
-    {
-        owner::mark_ours(t, &ask.conversation, model_id);
+    match &verdict {
+        Verdict::Here {
+            model_id: Some(model_id),
+        } => owner::mark_ours(t, &ask.conversation, model_id),
+        Verdict::Pass => owner::mark_cursor(t, &ask.conversation),
+        Verdict::Here { model_id: None } => {}
     }
     Some(verdict)
 }

@@ -35,3 +35,8 @@ pub(super) fn mark_ours(t: &AgentTransports, conversation_id: &str, model_id: &s
         },
     );
 }
+
+/// Mark `conversation_id` as Cursor's (a fork of one of Cursor's).
+pub(super) fn mark_cursor(t: &AgentTransports, conversation_id: &str) {
+    t.pin_conversation(conversation_id, Decision::Relay);
+}

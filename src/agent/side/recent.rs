@@ -279,6 +279,7 @@ mod tests {
                                 ..Default::default()
                             },
                         )),
+                        ..Default::default()
                     }),
                     ..Default::default()
                 },
