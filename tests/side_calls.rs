@@ -196,8 +196,8 @@ async fn a_fork_of_a_byok_conversation_stays_here_and_is_ours() {
     let body = proto(&pb::UploadConversationBlobsRequest {
         conversation_id: "conv-fork".into(),
         blobs: vec![pb::BlobEntry {
-            id: vec![7; 32],
-            value: format!("shell output {CANARY}").into_bytes(),
+            id: vec![7; 32].into(),
+            value: format!("shell output {CANARY}").into_bytes().into(),
         }],
         chunk_index: 0,
         total_chunks: 1,
@@ -260,8 +260,8 @@ async fn side_calls_of_a_cursor_conversation_pass_unchanged() {
             proto(&pb::UploadConversationBlobsRequest {
                 conversation_id: "conv-cursor-fork".into(),
                 blobs: vec![pb::BlobEntry {
-                    id: vec![1; 32],
-                    value: b"blob".to_vec(),
+                    id: vec![1; 32].into(),
+                    value: Bytes::from_static(b"blob"),
                 }],
                 ..Default::default()
             }),
@@ -318,8 +318,8 @@ async fn undecidable_side_calls_are_answered_here() {
     let body = proto(&pb::UploadConversationBlobsRequest {
         conversation_id: "conv-unknown".into(),
         blobs: vec![pb::BlobEntry {
-            id: vec![2; 32],
-            value: CANARY.as_bytes().to_vec(),
+            id: vec![2; 32].into(),
+            value: Bytes::from_static(CANARY.as_bytes()),
         }],
         ..Default::default()
     });
@@ -335,8 +335,8 @@ async fn undecidable_side_calls_are_answered_here() {
     let body = proto(&pb::UploadConversationBlobsRequest {
         conversation_id: "conv-unknown".into(),
         blobs: vec![pb::BlobEntry {
-            id: vec![3; 32],
-            value: CANARY.repeat(8 * 1024).into_bytes(),
+            id: vec![3; 32].into(),
+            value: CANARY.repeat(8 * 1024).into_bytes().into(),
         }],
         ..Default::default()
     });
