@@ -194,10 +194,18 @@ async fn read_body(body: Incoming, max: usize) -> Result<Bytes, String> {
 /// Ours, Cursor's or undecidable (answered here), waiting [`DECIDE_WAIT`] for a run's
 /// decision where one may still come.
 async fn decide(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Verdict {
-    let mut decided = t.recent_prompts().watch();
-    let deadline = tokio::time::Instant::now() + DECIDE_WAIT;
+    settle(t.recent_prompts().watch(), DECIDE_WAIT, || decide_now(t, rpc, ask)).await
+}
+
+/// `now()`'s verdict, asked again after each run decided, until `wait` has passed.
+async fn settle(
+    mut decided: tokio::sync::watch::Receiver<u64>,
+    wait: Duration,
+    now: impl Fn() -> Option<Verdict>,
+) -> Verdict {
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
-        if let Some(v) = decide_now(t, rpc, ask) {
+        if let Some(v) = now() {
             return v;
         }
         match tokio::time::timeout_at(deadline, decided.changed()).await {
@@ -317,4 +325,63 @@ fn refuse(rpc: SideRpc, why: &str) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recent::RecentPrompts;
+
+    fn ours() -> RunOwner {
+        RunOwner::Ours {
+            model_id: "byok-a".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_undecided_call_is_answered_here_after_the_wait() {
+        let recent = RecentPrompts::default();
+        let start = tokio::time::Instant::now();
+        let v = settle(recent.watch(), DECIDE_WAIT, || None).await;
+        assert_eq!(v, Verdict::Here { model_id: None });
+        assert_eq!(start.elapsed(), DECIDE_WAIT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_decided_during_the_wait_decides_the_call() {
+        let recent = std::sync::Arc::new(RecentPrompts::default());
+        let rx = recent.watch();
+        let start = tokio::time::Instant::now();
+        let later = recent.clone();
+        let record = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            later.record("name me", ours());
+            // What a run's decision does after recording: wake the waiters.
+            later.record_run(&Default::default(), &crate::agent::transport::Decision::Relay);
+        });
+        let v = settle(rx, DECIDE_WAIT, || match recent.match_prompt("name me") {
+            Some(RunOwner::Ours { model_id }) => Some(Verdict::Here {
+                model_id: Some(model_id),
+            }),
+            _ => None,
+        })
+        .await;
+        record.await.unwrap();
+        assert_eq!(
+            v,
+            Verdict::Here {
+                model_id: Some("byok-a".into())
+            }
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn every_side_path_classifies_and_others_do_not() {
+        for (path, rpc) in PATHS {
+            assert_eq!(classify(path), Some(*rpc));
+        }
+        assert_eq!(classify("/agent.v1.AgentService/NameAgentX"), None);
+        assert_eq!(classify("/agent.v1.AgentService/Run"), None);
+    }
 }
