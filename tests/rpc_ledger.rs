@@ -51,8 +51,7 @@ fn fixture_paths() -> BTreeSet<String> {
 }
 
 fn shared_paths() -> Option<BTreeSet<String>> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/protocol/services.tsv");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/protocol/services.tsv");
     let text = std::fs::read_to_string(path).ok()?;
     Some(
         text.lines()
@@ -103,7 +102,10 @@ fn the_ledger_agrees_with_shared_when_present() {
     };
     let ledger = ledger();
     let missing: Vec<_> = shared.iter().filter(|p| !ledger.contains_key(*p)).collect();
-    assert!(missing.is_empty(), "unclassified in ../shared: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "unclassified in ../shared: {missing:#?}"
+    );
     let fixture = fixture_paths();
     let stale: Vec<_> = shared.symmetric_difference(&fixture).collect();
     assert!(
@@ -119,7 +121,10 @@ fn the_router_decides_every_path_as_the_ledger_says() {
     for (path, e) in ledger() {
         let got = format!("{:?}", route(&path));
         if got != e.route {
-            wrong.push(format!("{path}: ledger says {}, router says {got}", e.route));
+            wrong.push(format!(
+                "{path}: ledger says {}, router says {got}",
+                e.route
+            ));
         }
         if !agrees(&e.class, &e.route) {
             wrong.push(format!("{path}: class {} but route {}", e.class, e.route));

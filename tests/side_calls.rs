@@ -132,11 +132,16 @@ async fn side_calls_of_a_byok_conversation_never_reach_cursor() {
     assert_eq!(pb::NameAgentResponse::decode(a.body).unwrap().name, TEXT);
     let title_request = h.provider.requests().last().unwrap().json();
     assert!(title_request.to_string().contains(CANARY));
-    assert!(title_request["max_tokens"].as_u64().or(title_request["max_completion_tokens"].as_u64()).is_some_and(|n| n <= 64));
+    assert!(title_request["max_tokens"]
+        .as_u64()
+        .or(title_request["max_completion_tokens"].as_u64())
+        .is_some_and(|n| n <= 64));
 
     // The JSON codec, on HTTP/1.1, on the other service.
     h.provider.push(Reply::sse(TEXT_SSE));
-    let body = serde_json::json!({ "userMessage": prompt }).to_string().into_bytes();
+    let body = serde_json::json!({ "userMessage": prompt })
+        .to_string()
+        .into_bytes();
     let a = unary(&h1, Alpn::H1, NAME_AGENT_AI, "application/json", body).await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.content_type, "application/json");
@@ -162,7 +167,11 @@ async fn side_calls_of_a_byok_conversation_never_reach_cursor() {
     let overview = pb::CreateTranscriptOverviewResponse::decode(a.body).unwrap();
     assert_eq!(overview.overview, TEXT);
 
-    let body = strings(&[(1, "conv-byok"), (2, &format!("transcript {CANARY}")), (5, OURS)]);
+    let body = strings(&[
+        (1, "conv-byok"),
+        (2, &format!("transcript {CANARY}")),
+        (5, OURS),
+    ]);
     let a = unary(&h2, Alpn::H2, INGEST, "application/proto", body).await;
     ok_proto(&a);
     assert!(a.body.is_empty());
@@ -181,7 +190,14 @@ async fn side_calls_of_a_byok_conversation_never_reach_cursor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_of_a_byok_conversation_stays_here_and_is_ours() {
     let h = harness(vec![Reply::sse(TEXT_SSE)], |_| {}).await;
-    turn(&h, OURS, "conv-src", &format!("first prompt {CANARY}"), "req-src").await;
+    turn(
+        &h,
+        OURS,
+        "conv-src",
+        &format!("first prompt {CANARY}"),
+        "req-src",
+    )
+    .await;
     let door = h.connect_door();
 
     let body = proto(&pb::NotifyConversationCloneRequest {
@@ -213,10 +229,18 @@ async fn a_fork_of_a_byok_conversation_stays_here_and_is_ours() {
     let t = play(&mut run.stream, Sink::H2(&run.tx), &Store::default()).await;
     assert!(t.end().error.is_none(), "{:?}", t.end().error);
     assert_eq!(t.text(), TEXT);
-    assert_eq!(h.provider.requests().len(), 2, "the fork's run went to the provider");
+    assert_eq!(
+        h.provider.requests().len(),
+        2,
+        "the fork's run went to the provider"
+    );
     h.assert_nothing_relayed();
     assert_upstream_never_saw(&h, CANARY);
-    assert!(h.upstream.recorded().is_empty(), "{:?}", h.upstream.recorded());
+    assert!(
+        h.upstream.recorded().is_empty(),
+        "{:?}",
+        h.upstream.recorded()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,7 +302,10 @@ async fn side_calls_of_a_cursor_conversation_pass_unchanged() {
         let seen = h.upstream.recorded_on(path);
         assert_eq!(seen.len(), 1, "{path}");
         assert_eq!(seen[0].body, body, "{path} changed on the way");
-        assert_eq!(seen[0].headers["authorization"], "Bearer cursor-session-token");
+        assert_eq!(
+            seen[0].headers["authorization"],
+            "Bearer cursor-session-token"
+        );
     }
     assert!(h.provider.requests().is_empty());
 }
@@ -292,7 +319,14 @@ async fn name_agent_falls_back_to_the_prompts_first_words() {
     let body = proto(&pb::NameAgentRequest {
         user_message: prompt,
     });
-    let a = unary(&h.connect_door(), Alpn::H2, NAME_AGENT, "application/proto", body).await;
+    let a = unary(
+        &h.connect_door(),
+        Alpn::H2,
+        NAME_AGENT,
+        "application/proto",
+        body,
+    )
+    .await;
     ok_proto(&a);
     let name = pb::NameAgentResponse::decode(a.body).unwrap().name;
     assert_eq!(name, "Make the tokenizer handle unicode escapes");
@@ -326,10 +360,21 @@ async fn undecidable_side_calls_are_answered_here() {
     let a = unary(&door, Alpn::H1, BLOBS, "application/proto", body).await;
     ok_proto(&a);
     // A body that does not decode: refused with a Connect error, not sent.
-    let a = unary(&door, Alpn::H1, METADATA, "application/proto", b"\x0a\xff".to_vec()).await;
+    let a = unary(
+        &door,
+        Alpn::H1,
+        METADATA,
+        "application/proto",
+        b"\x0a\xff".to_vec(),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     let err = ConnectError::from_unary_json(&a.body).expect("a Connect error");
-    assert!(err.message.contains("not sent to Cursor"), "{}", err.message);
+    assert!(
+        err.message.contains("not sent to Cursor"),
+        "{}",
+        err.message
+    );
     assert!(err.decode_error_details().unwrap().is_some());
     // A body over the frame limit: refused, not sent.
     let body = proto(&pb::UploadConversationBlobsRequest {
@@ -340,10 +385,21 @@ async fn undecidable_side_calls_are_answered_here() {
         }],
         ..Default::default()
     });
-    let a = unary(&h.connect_door(), Alpn::H2, BLOBS, "application/proto", body).await;
+    let a = unary(
+        &h.connect_door(),
+        Alpn::H2,
+        BLOBS,
+        "application/proto",
+        body,
+    )
+    .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     let err = ConnectError::from_unary_json(&a.body).expect("a Connect error");
     assert!(err.message.contains("larger than"), "{}", err.message);
-    assert!(h.upstream.recorded().is_empty(), "{:?}", h.upstream.recorded());
+    assert!(
+        h.upstream.recorded().is_empty(),
+        "{:?}",
+        h.upstream.recorded()
+    );
     assert!(h.provider.requests().is_empty());
 }

@@ -99,8 +99,11 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
             ..Ask::default()
         },
         Shape::TranscriptOverview => Ask {
-            text: proto::<pb::CreateTranscriptOverviewRequest>("CreateTranscriptOverviewRequest", b)?
-                .formatted_conversation,
+            text: proto::<pb::CreateTranscriptOverviewRequest>(
+                "CreateTranscriptOverviewRequest",
+                b,
+            )?
+            .formatted_conversation,
             ..Ask::default()
         },
         Shape::ConversationMetadata => Ask {
@@ -211,9 +214,9 @@ fn read_json(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
 /// is the empty message.
 pub(super) fn answer(shape: Shape, codec: Codec, text: String) -> Bytes {
     match (codec, shape) {
-        (Codec::Proto, Shape::NameAgent) => pb::NameAgentResponse { name: text }
-            .encode_to_vec()
-            .into(),
+        (Codec::Proto, Shape::NameAgent) => {
+            pb::NameAgentResponse { name: text }.encode_to_vec().into()
+        }
         (Codec::Proto, Shape::TranscriptOverview) => {
             pb::CreateTranscriptOverviewResponse { overview: text }
                 .encode_to_vec()
@@ -221,9 +224,7 @@ pub(super) fn answer(shape: Shape, codec: Codec, text: String) -> Bytes {
         }
         (Codec::Proto, _) => Bytes::new(),
         (Codec::Json, Shape::NameAgent) => json!({ "name": text }).to_string().into(),
-        (Codec::Json, Shape::TranscriptOverview) => {
-            json!({ "overview": text }).to_string().into()
-        }
+        (Codec::Json, Shape::TranscriptOverview) => json!({ "overview": text }).to_string().into(),
         (Codec::Json, _) => Bytes::from_static(b"{}"),
     }
 }
@@ -247,7 +248,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(from_proto, from_json);
-        assert_eq!((from_proto.conversation.as_str(), from_proto.source.as_str()), ("fork", "src"));
+        assert_eq!(
+            (from_proto.conversation.as_str(), from_proto.source.as_str()),
+            ("fork", "src")
+        );
     }
 
     #[test]
@@ -258,7 +262,12 @@ mod tests {
         prost::encoding::string::encode(5, &"byok-m".to_string(), &mut b);
         let ask = read(Shape::Opaque, Codec::Proto, &b).unwrap();
         assert_eq!(ask.strings, ["conv-1", "byok-m"]);
-        let ask = read(Shape::Opaque, Codec::Json, br#"{"conversationId":"c","n":3}"#).unwrap();
+        let ask = read(
+            Shape::Opaque,
+            Codec::Json,
+            br#"{"conversationId":"c","n":3}"#,
+        )
+        .unwrap();
         assert_eq!(ask.strings, ["c"]);
     }
 
@@ -278,6 +287,9 @@ mod tests {
         assert_eq!(v["overview"], "Sum");
         let b = answer(Shape::ConversationBlobs, Codec::Proto, String::new());
         assert!(pb::UploadConversationBlobsResponse::decode(b).is_ok());
-        assert_eq!(&answer(Shape::Opaque, Codec::Json, String::new())[..], b"{}");
+        assert_eq!(
+            &answer(Shape::Opaque, Codec::Json, String::new())[..],
+            b"{}"
+        );
     }
 }

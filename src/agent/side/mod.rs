@@ -135,7 +135,12 @@ pub async fn handle(
     let (parts, body) = req.into_parts();
     let codec = match Codec::of(&parts.headers) {
         Some(c) if parts.method == Method::POST => c,
-        _ => return refuse(rpc, "it is not a Connect unary POST with the proto or JSON codec"),
+        _ => {
+            return refuse(
+                rpc,
+                "it is not a Connect unary POST with the proto or JSON codec",
+            )
+        }
     };
     let limits = Limits {
         max_frame_bytes: t.agent().config().limits.max_frame_bytes,
@@ -194,7 +199,10 @@ async fn read_body(body: Incoming, max: usize) -> Result<Bytes, String> {
 /// Ours, Cursor's or undecidable (answered here), waiting [`DECIDE_WAIT`] for a run's
 /// decision where one may still come.
 async fn decide(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Verdict {
-    settle(t.recent_prompts().watch(), DECIDE_WAIT, || decide_now(t, rpc, ask)).await
+    settle(t.recent_prompts().watch(), DECIDE_WAIT, || {
+        decide_now(t, rpc, ask)
+    })
+    .await
 }
 
 /// `now()`'s verdict, asked again after each run decided, until `wait` has passed.
@@ -357,7 +365,10 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await;
             later.record("name me", ours());
             // What a run's decision does after recording: wake the waiters.
-            later.record_run(&Default::default(), &crate::agent::transport::Decision::Relay);
+            later.record_run(
+                &Default::default(),
+                &crate::agent::transport::Decision::Relay,
+            );
         });
         let v = settle(rx, DECIDE_WAIT, || match recent.match_prompt("name me") {
             Some(RunOwner::Ours { model_id }) => Some(Verdict::Here {

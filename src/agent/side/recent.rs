@@ -165,9 +165,7 @@ fn normalize(text: &str) -> String {
 }
 
 fn first_line(text: &str) -> Option<String> {
-    text.lines()
-        .map(normalize)
-        .find(|l| !l.is_empty())
+    text.lines().map(normalize).find(|l| !l.is_empty())
 }
 
 fn hash(text: &str) -> Hash {

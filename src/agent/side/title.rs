@@ -72,7 +72,16 @@ pub(super) async fn title(agent: &Agent, model_id: Option<&str>, prompt: &str) -
 /// An overview of `transcript`, from `model_id` when given, else made here.
 pub(super) async fn overview(agent: &Agent, model_id: Option<&str>, transcript: &str) -> String {
     let asked = match model_id {
-        Some(m) => ask(agent, m, OVERVIEW_SYSTEM, head_and_tail(transcript), OVERVIEW_TOKENS).await,
+        Some(m) => {
+            ask(
+                agent,
+                m,
+                OVERVIEW_SYSTEM,
+                head_and_tail(transcript),
+                OVERVIEW_TOKENS,
+            )
+            .await
+        }
         None => None,
     };
     asked
@@ -142,7 +151,10 @@ async fn ask(
     match tokio::time::timeout(MODEL_TIMEOUT, read).await {
         Ok(text) => text,
         Err(_) => {
-            tracing::info!(model_id, "side call: the model did not answer in time; answered here");
+            tracing::info!(
+                model_id,
+                "side call: the model did not answer in time; answered here"
+            );
             None
         }
     }
@@ -165,13 +177,20 @@ mod tests {
 
     #[test]
     fn model_titles_are_tidied() {
-        assert_eq!(tidy_title("\n\"Parser streaming\"\nextra"), "Parser streaming");
+        assert_eq!(
+            tidy_title("\n\"Parser streaming\"\nextra"),
+            "Parser streaming"
+        );
         assert_eq!(tidy_title("   "), "");
     }
 
     #[test]
     fn long_transcripts_keep_their_head_and_tail() {
-        let t = format!("{}{}", "a".repeat(OVERVIEW_HEAD), "b".repeat(OVERVIEW_TAIL * 2));
+        let t = format!(
+            "{}{}",
+            "a".repeat(OVERVIEW_HEAD),
+            "b".repeat(OVERVIEW_TAIL * 2)
+        );
         let cut = head_and_tail(&t);
         assert!(cut.starts_with('a') && cut.ends_with('b'));
         assert!(cut.chars().count() < OVERVIEW_HEAD + OVERVIEW_TAIL + 10);

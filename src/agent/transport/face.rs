@@ -146,7 +146,9 @@ impl AgentTransports {
 
     /// Pin `conversation_id` to `d`, in memory and on disk.
     pub(crate) fn pin_conversation(&self, conversation_id: &str, d: Decision) {
-        self.inner.routes.pin_conversation(conversation_id, d.clone());
+        self.inner
+            .routes
+            .pin_conversation(conversation_id, d.clone());
         self.inner.pins.pin(conversation_id, &d);
     }
 
