@@ -156,6 +156,10 @@ mod tests {
                 cursor::AVAILABLE_MODELS,
                 Route::Cursor(CursorRpc::AvailableModels),
             ),
+            (
+                "/agent.v1.AgentService/NameAgent",
+                Route::Side(SideRpc::NameAgent),
+            ),
             ("/__cursor-byok/status", Route::Own),
             ("/aiserver.v1.AiService/StreamChat", Route::Upstream),
             // Exact paths only: a longer one is someone else's.
