@@ -13,6 +13,7 @@ pub mod model;
 mod prompt;
 mod run;
 mod run_io;
+pub mod side;
 pub mod state;
 pub mod subagents;
 pub mod tools;
@@ -248,6 +249,16 @@ impl Agent {
         prompt: Option<&str>,
     ) -> Option<String> {
         self.inner.subagents.expected_model(parent, prompt)
+    }
+
+    /// The provider client and the provider's name of one of our models (`model_id` as Cursor
+    /// names it), for the short calls answered on the user's model; `None` when it is not
+    /// configured or its provider has no key.
+    pub(crate) fn provider_of(&self, model_id: &str) -> Option<(ProviderClient, String)> {
+        let (base, _) = model::split_variant(model_id);
+        let m = self.inner.config.model_by_cursor_id(base)?;
+        let client = self.inner.providers.get(&m.provider)?.clone();
+        Some((client, m.model.clone()))
     }
 
     /// A request of the running run `request_id` named its parent only now (the desktop may send

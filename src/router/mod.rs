@@ -10,6 +10,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
+use crate::agent::side::{self, SideRpc};
 use crate::agent::transport::{self, AgentRpc, AgentTransports};
 use crate::cursor::{self, CursorRpc, CursorServices};
 use crate::http::{boxed, Body, RequestContext};
@@ -24,6 +25,9 @@ pub enum Route {
     Cursor(CursorRpc),
     /// An agent transport: ours or relayed, decided by the run's first message.
     Agent(AgentRpc),
+    /// A call around a conversation that carries its content: answered here for ours, passed
+    /// for Cursor's.
+    Side(SideRpc),
     /// One of the proxy's own paths (`/__cursor-byok/…`): never forwarded; served only on the
     /// proxy listener, so here it gets a 404 saying where.
     Own,
@@ -39,11 +43,19 @@ pub fn route(path: &str) -> Route {
     if let Some(rpc) = transport::classify(path) {
         return Route::Agent(rpc);
     }
+    if let Some(rpc) = side::classify(path) {
+        return Route::Side(rpc);
+    }
     match cursor::classify(path) {
         Some(rpc) => Route::Cursor(rpc),
         None => Route::Upstream,
     }
 }
+
+/// Every RPC path we know, each passed, served here or refused, with why: one line each,
+/// `path`, `class`, the [`route`] decision (`Debug` form) and the reason. `tests/rpc_ledger.rs`
+/// checks it against [`route`] and against Cursor's service list.
+pub const LEDGER: &str = include_str!("ledger.tsv");
 
 /// The handler stack behind every door. Cheap to clone.
 #[derive(Clone)]
@@ -115,6 +127,12 @@ impl Router {
                     .instrument(span)
                     .await
             }
+            Route::Side(rpc) => {
+                let req = Request::from_parts(parts, body);
+                Box::pin(side::handle(&self.agent, rpc, ctx, req))
+                    .instrument(span)
+                    .await
+            }
             Route::Own => crate::status::local_only_answer(),
         }
     }
@@ -139,6 +157,10 @@ mod tests {
             (
                 cursor::AVAILABLE_MODELS,
                 Route::Cursor(CursorRpc::AvailableModels),
+            ),
+            (
+                "/agent.v1.AgentService/NameAgent",
+                Route::Side(SideRpc::NameAgent),
             ),
             ("/__cursor-byok/status", Route::Own),
             ("/aiserver.v1.AiService/StreamChat", Route::Upstream),

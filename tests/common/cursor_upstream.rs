@@ -380,6 +380,7 @@ impl Routes {
                 let answer = (server_config().encode_to_vec(), None);
                 self.unary(req, "server-config", answer).await
             }
+            p if SIDE_CALLS.contains(&p) => self.unary(req, "side-call", (Vec::new(), None)).await,
             _ => {
                 let (parts, _) = req.into_parts();
                 self.record.push(&parts, Bytes::new());
@@ -493,6 +494,20 @@ impl Routes {
 }
 
 pub const AGENT_RUN: &str = "/agent.v1.AgentService/Run";
+/// The calls around a conversation: recorded with their bodies and answered with an empty
+/// `application/proto` message (`x-fake-upstream: side-call`).
+pub const SIDE_CALLS: &[&str] = &[
+    "/agent.v1.AgentService/NameAgent",
+    "/aiserver.v1.AiService/NameAgent",
+    "/agent.v1.AgentService/CreateTranscriptOverview",
+    "/agent.v1.AgentService/UpdateConversationMetadata",
+    "/agent.v1.AgentService/NotifyConversationClone",
+    "/agent.v1.AgentService/UploadConversationBlobs",
+    "/agent.v1.AgentService/UploadLocalAgentRunToPromptQuality",
+    "/aiserver.v1.AnalyticsService/IngestConversation",
+    "/aiserver.v1.AiService/NameTab",
+    "/aiserver.v1.AiService/PotentiallyGenerateMemory",
+];
 pub const AGENT_RUN_SSE: &str = "/agent.v1.AgentService/RunSSE";
 pub const BIDI_APPEND: &str = "/aiserver.v1.BidiService/BidiAppend";
 pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";

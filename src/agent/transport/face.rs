@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
+use crate::agent::side::recent::RecentPrompts;
 use crate::agent::subagents::ParentLink;
 use crate::agent::{model, Agent, RunError};
 use crate::connect::{Code, ConnectError, Limits};
@@ -33,6 +34,8 @@ pub(super) struct Inner {
     pub(super) routes: RoutingTable,
     /// The one store of conversation pins, kept across restarts (resumes name no model).
     pins: PinStore,
+    /// Recent runs' prompts, for the side calls that name no conversation.
+    recent: RecentPrompts,
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
 }
@@ -50,6 +53,7 @@ impl AgentTransports {
                 upstream,
                 routes: RoutingTable::default(),
                 pins,
+                recent: RecentPrompts::default(),
                 bidi: Pairings::default(),
                 limits,
             }),
@@ -104,6 +108,7 @@ impl AgentTransports {
                 self.inner.pins.pin(&opening.conversation, &decision);
             }
         }
+        self.inner.recent.record_run(first, &decision);
         tracing::debug!(request_id, ?decision, "agent run routed");
         Ok(decision)
     }
@@ -173,8 +178,38 @@ impl AgentTransports {
         .then_some(Expected { model: None })
     }
 
-    pub(super) fn upstream(&self) -> &Upstream {
+    pub(crate) fn upstream(&self) -> &Upstream {
         &self.inner.upstream
+    }
+
+    /// What the one pin store says of `conversation_id`: its pin, or ours on no known model
+    /// when it only keeps the sticky mark of a BYOK turn (its pin evicted or moved to Cursor).
+    pub(crate) fn conversation_decision(&self, conversation_id: &str) -> Option<Decision> {
+        let pins = &self.inner.pins;
+        match pins.get(conversation_id) {
+            Some(d @ Decision::Ours { .. }) => Some(d),
+            _ if pins.had_byok_turn(conversation_id) => Some(Decision::Ours {
+                model_id: String::new(),
+            }),
+            d => d,
+        }
+    }
+
+    /// Pin `conversation_id` to `d` in the one pin store (a fork follows its source).
+    pub(crate) fn pin_conversation(&self, conversation_id: &str, d: Decision) {
+        match &d {
+            Decision::Ours { model_id } if model_id.is_empty() => {
+                self.inner.pins.mark_byok(conversation_id, None)
+            }
+            Decision::Ours { model_id } => {
+                self.inner.pins.mark_byok(conversation_id, Some(model_id))
+            }
+            Decision::Relay => self.inner.pins.pin(conversation_id, &d),
+        }
+    }
+
+    pub(crate) fn recent_prompts(&self) -> &RecentPrompts {
+        &self.inner.recent
     }
 
     /// The schema check on one client message of one of our runs (`wire`, an encoded
