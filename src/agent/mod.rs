@@ -5,6 +5,7 @@
 //! and whose `output` yields server messages and then exactly one end of stream. Nothing in
 //! here touches HTTP.
 
+pub mod cmdk;
 pub mod context;
 mod fallback;
 pub mod messages;

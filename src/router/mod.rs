@@ -10,7 +10,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
-use crate::agent::transport::{self, AgentRpc, AgentTransports};
+use crate::agent::transport::{self, AgentRpc, AgentTransports, CmdKRpc};
 use crate::cursor::{self, CursorRpc, CursorServices};
 use crate::http::{boxed, Body, RequestContext};
 use crate::upstream::{Link, Upstream};
@@ -24,6 +24,8 @@ pub enum Route {
     Cursor(CursorRpc),
     /// An agent transport: ours or relayed, decided by the run's first message.
     Agent(AgentRpc),
+    /// A Cmd+K call: ours or relayed, decided by the model its request names.
+    CmdK(CmdKRpc),
     /// One of the proxy's own paths (`/__cursor-byok/…`): never forwarded; served only on the
     /// proxy listener, so here it gets a 404 saying where.
     Own,
@@ -38,6 +40,9 @@ pub fn route(path: &str) -> Route {
     }
     if let Some(rpc) = transport::classify(path) {
         return Route::Agent(rpc);
+    }
+    if let Some(rpc) = transport::classify_cmd_k(path) {
+        return Route::CmdK(rpc);
     }
     match cursor::classify(path) {
         Some(rpc) => Route::Cursor(rpc),
@@ -113,6 +118,12 @@ impl Router {
                     .instrument(span)
                     .await
             }
+            Route::CmdK(rpc) => {
+                let req = Request::from_parts(parts, body);
+                Box::pin(self.agent.handle_cmd_k(rpc, ctx, req))
+                    .instrument(span)
+                    .await
+            }
             Route::Own => crate::status::local_only_answer(),
         }
     }
@@ -139,6 +150,14 @@ mod tests {
                 Route::Cursor(CursorRpc::AvailableModels),
             ),
             ("/__cursor-byok/status", Route::Own),
+            (
+                "/aiserver.v1.CmdKService/StreamCmdK",
+                Route::CmdK(CmdKRpc::StreamCmdK),
+            ),
+            (
+                "/aiserver.v1.AiService/ReportCmdKFate",
+                Route::CmdK(CmdKRpc::ReportFate),
+            ),
             ("/aiserver.v1.AiService/StreamChat", Route::Upstream),
             // Exact paths only: a longer one is someone else's.
             ("/agent.v1.AgentService/RunX", Route::Upstream),
