@@ -9,7 +9,7 @@ mod harness;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::agent_client::{connect_request, frame, STEP};
+use common::agent_client::{connect_request, frame, API, STEP};
 use common::client::{self, Alpn, Sender};
 use common::cursor_upstream::{cmd_k_reply, REPORT_CMD_K_FATE};
 use common::fake_provider::{After, Reply};
@@ -141,9 +141,8 @@ fn editor_request(
 /// One Connect stream call on `host` (through the proxy listener): its status and raw body.
 async fn call_on(h: &Harness, host: &str, path: &str, body: Bytes, alpn: Alpn) -> (StatusCode, Bytes) {
     let mut conn = connect(h, host, alpn).await;
-    let mut req = connect_request(path, "application/connect+proto", "req-cmdk", client::full(body));
-    *req.uri_mut() = format!("https://{host}{path}").parse().unwrap();
-    let resp = tokio::time::timeout(STEP, conn.send(req)).await.unwrap().unwrap();
+    let req = connect_request(path, "application/connect+proto", "req-cmdk", client::full(body));
+    let resp = tokio::time::timeout(STEP, conn.send(host, req)).await.unwrap().unwrap();
     let status = resp.status();
     let body = tokio::time::timeout(STEP, resp.into_body().collect())
         .await
@@ -402,7 +401,7 @@ async fn rerank_on_our_model_acknowledges_here_and_the_stream_reuses_the_hashes(
     };
     let mut conn = connect(&h, "api2.cursor.sh", Alpn::H2).await;
     let req = connect_request(RERANK, "application/proto", "req-rerank", client::full(rerank.encode_to_vec()));
-    let resp = conn.send(req).await.unwrap();
+    let resp = conn.send(API, req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let answer = pb::RerankCmdKContextResponse::decode(client::collect(resp).await).unwrap();
     assert_eq!(answer.did_call, Some(true));
@@ -502,7 +501,11 @@ async fn a_provider_failure_ends_with_cursors_banner() {
 
 #[tokio::test]
 async fn the_client_closing_the_stream_ends_the_provider_call() {
-    let h = harness(vec![Reply::sse(partial("    let a")).then(After::Trickle(Duration::from_millis(20)))], |_| {}).await;
+    let h = harness(
+        vec![Reply::sse(partial("    let a = 1;\\n")).then(After::Trickle(Duration::from_millis(20)))],
+        |_| {},
+    )
+    .await;
     let mut conn = connect(&h, "api2.cursor.sh", Alpn::H2).await;
     let req = connect_request(
         STREAM_CMD_K,
@@ -510,11 +513,20 @@ async fn the_client_closing_the_stream_ends_the_provider_call() {
         "req-cancel",
         client::full(frame(&editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false))),
     );
-    let resp = conn.send(req).await.unwrap();
+    let resp = conn.send(API, req).await.unwrap();
     let mut body = resp.into_body();
-    // The opening frames came: the call is on the provider.
-    let first = tokio::time::timeout(STEP, body.frame()).await.unwrap();
-    assert!(first.is_some());
+    // Read until the model's first line came: the call is on the provider, mid-stream.
+    let mut dec = FrameDecoder::new(StreamKind::Response, cursor_byok::connect::Encoding::Identity, Limits::default());
+    let mut text = String::new();
+    while text.is_empty() {
+        let chunk = tokio::time::timeout(STEP, body.frame()).await.unwrap().unwrap().unwrap();
+        dec.feed(chunk.into_data().unwrap());
+        while let Some(Frame::Message(m)) = dec.next_frame().unwrap() {
+            let w = pb::StreamCmdKResponseContextWrapped::decode(m).unwrap();
+            text.push_str(&streamed_text(&[w.response.unwrap()]));
+        }
+    }
+    assert_eq!(text, "    let a = 1;");
     assert_eq!(h.provider.requests().len(), 1);
     drop(body);
     drop(conn);
@@ -590,7 +602,7 @@ async fn report_fate_of_a_cmd_k_served_here_stays_here() {
     let h = harness(vec![Reply::sse(sse("z"))], |_| {}).await;
     let mut conn = connect(&h, "api2.cursor.sh", Alpn::H2).await;
     let req = connect_request(STREAM_CMD_K, "application/connect+proto", "req-fate", client::full(frame(&editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false))));
-    let resp = conn.send(req).await.unwrap();
+    let resp = conn.send(API, req).await.unwrap();
     let _ = client::collect(resp).await;
     for (id, local) in [("req-fate", true), ("someone-elses", false)] {
         let fate = pb::ReportCmdKFateRequest {
@@ -598,7 +610,7 @@ async fn report_fate_of_a_cmd_k_served_here_stays_here() {
             fate: pb::report_cmd_k_fate_request::Fate::Accepted as i32,
         };
         let req = connect_request(REPORT_CMD_K_FATE, "application/proto", "req-x", client::full(fate.encode_to_vec()));
-        let resp = conn.send(req).await.unwrap();
+        let resp = conn.send(API, req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         let _ = client::collect(resp).await;
         assert_eq!(h.upstream.recorded_on(REPORT_CMD_K_FATE).is_empty(), local, "{id}");
