@@ -516,6 +516,47 @@ mod tests {
     use prost::Message;
 
     #[test]
+    fn cmd_k_is_advertised_only_where_cmd_k_serves_it() {
+        let plain = test_config();
+        let local = local_available_models(&plain);
+        assert!(local.models.iter().all(|m| m.supports_cmd_k == Some(false)));
+        assert!(local.cmd_k_model_config.is_none(), "Cursor's default stays");
+
+        let mut served = test_config();
+        served.cmd_k.model = Some("claude".into());
+        let local = local_available_models(&served);
+        for m in &local.models {
+            // What the Cmd+K picker needs to show the entry (a thinking model included).
+            assert_eq!(
+                (m.supports_cmd_k, m.supports_thinking, m.supports_non_max_mode, m.default_on),
+                (Some(true), Some(false), Some(true), true),
+                "{}",
+                m.name
+            );
+        }
+        // Upstream's own default is replaced on the wire: our bytes are appended to theirs.
+        let upstream = ai::AvailableModelsResponse {
+            cmd_k_model_config: Some(FeatureModelConfig {
+                default_model: "cursor-small".into(),
+                fallback_models: vec!["gpt-4o".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let wire = [
+            upstream.encode_to_vec(),
+            available_models_additions(&upstream, &served).encode_to_vec(),
+        ]
+        .concat();
+        let merged = ai::AvailableModelsResponse::decode(&wire[..]).unwrap();
+        let config = merged.cmd_k_model_config.unwrap();
+        assert_eq!(config.default_model, "byok-claude");
+        assert_eq!(config.fallback_models, ["gpt-4o"]);
+        let decoded = merge_available_models(upstream, &served);
+        assert_eq!(decoded.cmd_k_model_config.unwrap().default_model, "byok-claude");
+    }
+
+    #[test]
     fn merge_appends_to_the_real_capture_and_keeps_upstream_intact() {
         let Some(raw) =
             capture_models_raw("merge_appends_to_the_real_capture_and_keeps_upstream_intact")

@@ -76,6 +76,14 @@ impl CmdKCall {
         }
     }
 
+    /// The prompt bar's id: a Cmd+K's conversation, for the provider's templated headers.
+    pub fn session_id(&self) -> &str {
+        match self {
+            CmdKCall::Editor(r) => &r.session_id,
+            CmdKCall::Terminal(r) => &r.session_id,
+        }
+    }
+
     pub fn context_items(&self) -> &[pb::PotentiallyCachedContextItem] {
         match self {
             CmdKCall::Editor(r) => &r.context_items,
