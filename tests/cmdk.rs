@@ -139,10 +139,24 @@ fn editor_request(
 }
 
 /// One Connect stream call on `host` (through the proxy listener): its status and raw body.
-async fn call_on(h: &Harness, host: &str, path: &str, body: Bytes, alpn: Alpn) -> (StatusCode, Bytes) {
+async fn call_on(
+    h: &Harness,
+    host: &str,
+    path: &str,
+    body: Bytes,
+    alpn: Alpn,
+) -> (StatusCode, Bytes) {
     let mut conn = connect(h, host, alpn).await;
-    let req = connect_request(path, "application/connect+proto", "req-cmdk", client::full(body));
-    let resp = tokio::time::timeout(STEP, conn.send(host, req)).await.unwrap().unwrap();
+    let req = connect_request(
+        path,
+        "application/connect+proto",
+        "req-cmdk",
+        client::full(body),
+    );
+    let resp = tokio::time::timeout(STEP, conn.send(host, req))
+        .await
+        .unwrap()
+        .unwrap();
     let status = resp.status();
     let body = tokio::time::timeout(STEP, resp.into_body().collect())
         .await
@@ -237,7 +251,9 @@ fn edit_range(frames: &[Wrapped]) -> (i32, Option<i32>, i32) {
     for w in frames {
         if let Wrapped::RealResponse(r) = w {
             match r.response.as_ref().unwrap() {
-                Out::EditStart(s) => start = Some((s.start_line_number, s.max_end_line_number_exclusive)),
+                Out::EditStart(s) => {
+                    start = Some((s.start_line_number, s.max_end_line_number_exclusive))
+                }
                 Out::EditEnd(e) => end = Some(e.end_line_number_exclusive),
                 _ => {}
             }
@@ -255,27 +271,47 @@ fn prompt(h: &Harness, i: usize) -> String {
         .unwrap()
         .iter()
         .filter(|m| m["role"] == "user")
-        .map(|m| m["content"].as_str().map_or_else(|| m["content"].to_string(), str::to_string))
+        .map(|m| {
+            m["content"]
+                .as_str()
+                .map_or_else(|| m["content"].to_string(), str::to_string)
+        })
         .collect()
 }
 
 fn nothing_reached_cursor(h: &Harness) {
     for path in [STREAM_CMD_K, STREAM_TERMINAL, RERANK, REPORT_CMD_K_FATE] {
-        assert!(h.upstream.recorded_on(path).is_empty(), "{path} reached Cursor");
+        assert!(
+            h.upstream.recorded_on(path).is_empty(),
+            "{path} reached Cursor"
+        );
     }
 }
 
 #[tokio::test]
 async fn an_edit_of_a_three_line_selection_streams_over_its_range() {
-    let h = harness(vec![Reply::sse(sse("```rust\n    let a = 10;\n    let b = 20;\n    println!(\"{}\", a * b);\n```\n"))], |_| {}).await;
+    let h = harness(
+        vec![Reply::sse(sse(
+            "```rust\n    let a = 10;\n    let b = 20;\n    println!(\"{}\", a * b);\n```\n",
+        ))],
+        |_| {},
+    )
+    .await;
     let lines = &FILE[1..4];
-    let req = editor_request(OURS, editor_items(2, lines, "multiply instead, and use 10 and 20"), false);
+    let req = editor_request(
+        OURS,
+        editor_items(2, lines, "multiply instead, and use 10 and 20"),
+        false,
+    );
     let (status, body) = call(&h, STREAM_CMD_K, &req).await;
     assert_eq!(status, StatusCode::OK);
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none(), "{:?}", end.error);
     let k = kinds(&frames);
-    assert_eq!(k[0], "context_status_update", "the full items are acknowledged first: {k:?}");
+    assert_eq!(
+        k[0], "context_status_update",
+        "the full items are acknowledged first: {k:?}"
+    );
     assert_eq!(&k[1..3], ["status_update", "edit_start"], "{k:?}");
     assert_eq!(k.last(), Some(&"edit_end"), "{k:?}");
     assert_eq!(edit_range(&frames), (2, Some(5), 5));
@@ -301,7 +337,11 @@ async fn an_edit_of_a_three_line_selection_streams_over_its_range() {
     nothing_reached_cursor(&h);
     // Usage goes to the status page like an agent run's.
     let snap = h.server.status().snapshot();
-    let run = snap.recent.iter().find(|r| r.transport == "CmdK").expect("the Cmd+K on the status page");
+    let run = snap
+        .recent
+        .iter()
+        .find(|r| r.transport == "CmdK")
+        .expect("the Cmd+K on the status page");
     assert_eq!((run.input_tokens, run.output_tokens), (80, 5));
 }
 
@@ -312,7 +352,11 @@ async fn an_empty_selection_inserts_at_its_line() {
     let (_, body) = call(&h, STREAM_CMD_K, &req).await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none());
-    assert_eq!(edit_range(&frames), (4, Some(4), 4), "start == end: an insert");
+    assert_eq!(
+        edit_range(&frames),
+        (4, Some(4), 4),
+        "start == end: an insert"
+    );
     assert_eq!(streamed_text(&frames), "    // sum");
     assert!(prompt(&h, 0).contains("Before line 4 (nothing is selected)"));
 }
@@ -321,25 +365,30 @@ async fn an_empty_selection_inserts_at_its_line() {
 async fn a_follow_up_carries_the_earlier_instructions() {
     let h = harness(vec![Reply::sse(sse("x"))], |_| {}).await;
     let mut items = editor_items(2, &FILE[1..2], "now make it a const");
-    items.push(item(Item::CmdKQueryHistory(pb::context_item::CmdKQueryHistory {
-        query: Some(pb::context_item::CmdKQuery {
-            query: "rename a to alpha".into(),
-        }),
-        query_history: Some(Box::new(pb::context_item::CmdKQueryHistory {
+    items.push(item(Item::CmdKQueryHistory(
+        pb::context_item::CmdKQueryHistory {
             query: Some(pb::context_item::CmdKQuery {
-                query: "first: add a type".into(),
+                query: "rename a to alpha".into(),
             }),
+            query_history: Some(Box::new(pb::context_item::CmdKQueryHistory {
+                query: Some(pb::context_item::CmdKQuery {
+                    query: "first: add a type".into(),
+                }),
+                ..Default::default()
+            })),
             ..Default::default()
-        })),
-        ..Default::default()
-    })));
+        },
+    )));
     let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, items, false)).await;
     assert!(editor_frames(&body).1.error.is_none());
     let p = prompt(&h, 0);
     let first = p.find("first: add a type").expect("the oldest turn");
     let second = p.find("rename a to alpha").expect("the last turn");
     let now = p.rfind("now make it a const").expect("the instruction");
-    assert!(first < second && second < now, "oldest first, the instruction last:\n{p}");
+    assert!(
+        first < second && second < now,
+        "oldest first, the instruction last:\n{p}"
+    );
 }
 
 /// The hashes of the acknowledged items, in order.
@@ -347,7 +396,11 @@ fn acknowledged(frames: &[Wrapped]) -> Vec<String> {
     frames
         .iter()
         .filter_map(|w| match w {
-            Wrapped::ContextStatusUpdate(u) => Some(u.context_item_statuses.iter().map(|s| s.context_item_hash.clone())),
+            Wrapped::ContextStatusUpdate(u) => Some(
+                u.context_item_statuses
+                    .iter()
+                    .map(|s| s.context_item_hash.clone()),
+            ),
             _ => None,
         })
         .flatten()
@@ -356,34 +409,69 @@ fn acknowledged(frames: &[Wrapped]) -> Vec<String> {
 
 #[tokio::test]
 async fn hashes_acknowledged_are_reused_and_an_unknown_one_is_asked_for_and_resent() {
-    let h = harness(vec![Reply::sse(sse("one")), Reply::sse(sse("two")), Reply::sse(sse("three"))], |_| {}).await;
+    let h = harness(
+        vec![
+            Reply::sse(sse("one")),
+            Reply::sse(sse("two")),
+            Reply::sse(sse("three")),
+        ],
+        |_| {},
+    )
+    .await;
     let items = editor_items(2, &FILE[1..2], "first");
-    let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, items.clone(), false)).await;
+    let (_, body) = call(
+        &h,
+        STREAM_CMD_K,
+        &editor_request(OURS, items.clone(), false),
+    )
+    .await;
     let (frames, _) = editor_frames(&body);
     let hashes = acknowledged(&frames);
     assert_eq!(hashes.len(), items.len(), "every full item is acknowledged");
 
     // The next request sends the acknowledged items as their hashes: they resolve here.
     let mut reused: Vec<_> = hashes[..2].iter().map(|h| hashed(h)).collect();
-    reused.push(item(Item::CmdKQuery(pb::context_item::CmdKQuery { query: "second".into() })));
+    reused.push(item(Item::CmdKQuery(pb::context_item::CmdKQuery {
+        query: "second".into(),
+    })));
     let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, reused, false)).await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none(), "{:?}", end.error);
     assert_eq!(streamed_text(&frames), "two");
-    assert!(prompt(&h, 1).contains(">    2     let a = 1;"), "the hashed immediate context reached the prompt");
+    assert!(
+        prompt(&h, 1).contains(">    2     let a = 1;"),
+        "the hashed immediate context reached the prompt"
+    );
 
     // A hash never acknowledged: asked for before any real response, no model call.
-    let unknown = vec![hashed(&hashes[0]), hashed("never-acknowledged"), item(Item::CmdKQuery(pb::context_item::CmdKQuery { query: "third".into() }))];
+    let unknown = vec![
+        hashed(&hashes[0]),
+        hashed("never-acknowledged"),
+        item(Item::CmdKQuery(pb::context_item::CmdKQuery {
+            query: "third".into(),
+        })),
+    ];
     let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, unknown, false)).await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none());
     assert_eq!(kinds(&frames), ["missing_context_items"]);
-    let Wrapped::MissingContextItems(m) = &frames[0] else { unreachable!() };
+    let Wrapped::MissingContextItems(m) = &frames[0] else {
+        unreachable!()
+    };
     assert_eq!(m.missing_context_item_hashes, ["never-acknowledged"]);
-    assert_eq!(h.provider.requests().len(), 2, "no model call for a request with a missing item");
+    assert_eq!(
+        h.provider.requests().len(),
+        2,
+        "no model call for a request with a missing item"
+    );
 
     // The client resends the item in full: served.
-    let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, editor_items(2, &FILE[1..2], "third"), false)).await;
+    let (_, body) = call(
+        &h,
+        STREAM_CMD_K,
+        &editor_request(OURS, editor_items(2, &FILE[1..2], "third"), false),
+    )
+    .await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none());
     assert_eq!(streamed_text(&frames), "three");
@@ -400,15 +488,25 @@ async fn rerank_on_our_model_acknowledges_here_and_the_stream_reuses_the_hashes(
         ..Default::default()
     };
     let mut conn = connect(&h, "api2.cursor.sh", Alpn::H2).await;
-    let req = connect_request(RERANK, "application/proto", "req-rerank", client::full(rerank.encode_to_vec()));
+    let req = connect_request(
+        RERANK,
+        "application/proto",
+        "req-rerank",
+        client::full(rerank.encode_to_vec()),
+    );
     let resp = conn.send(API, req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let answer = pb::RerankCmdKContextResponse::decode(client::collect(resp).await).unwrap();
     assert_eq!(answer.did_call, Some(true));
-    let Some(pb::rerank_cmd_k_context_response::Response::ContextStatusUpdate(u)) = answer.response else {
+    let Some(pb::rerank_cmd_k_context_response::Response::ContextStatusUpdate(u)) = answer.response
+    else {
         panic!("{answer:?}")
     };
-    let hashes: Vec<_> = u.context_item_statuses.iter().map(|s| hashed(&s.context_item_hash)).collect();
+    let hashes: Vec<_> = u
+        .context_item_statuses
+        .iter()
+        .map(|s| hashed(&s.context_item_hash))
+        .collect();
     assert_eq!(hashes.len(), items.len());
     let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, hashes, false)).await;
     let (frames, end) = editor_frames(&body);
@@ -419,21 +517,40 @@ async fn rerank_on_our_model_acknowledges_here_and_the_stream_reuses_the_hashes(
 
 #[tokio::test]
 async fn chat_mode_streams_text() {
-    let h = harness(vec![Reply::sse(sse("It adds `a` and `b`.\n\n```rust\nx\n```"))], |_| {}).await;
-    let (_, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, editor_items(2, &FILE[1..4], "what does this do?"), true)).await;
+    let h = harness(
+        vec![Reply::sse(sse("It adds `a` and `b`.\n\n```rust\nx\n```"))],
+        |_| {},
+    )
+    .await;
+    let (_, body) = call(
+        &h,
+        STREAM_CMD_K,
+        &editor_request(
+            OURS,
+            editor_items(2, &FILE[1..4], "what does this do?"),
+            true,
+        ),
+    )
+    .await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none());
     let k = kinds(&frames);
     assert!(!k.iter().any(|k| k.starts_with("edit_")), "{k:?}");
-    assert_eq!(streamed_text(&frames), "It adds `a` and `b`.\n\n```rust\nx\n```", "chat text as the model wrote it");
+    assert_eq!(
+        streamed_text(&frames),
+        "It adds `a` and `b`.\n\n```rust\nx\n```",
+        "chat text as the model wrote it"
+    );
 }
 
 fn terminal_request(model: &str) -> pb::StreamTerminalCmdKRequest {
     pb::StreamTerminalCmdKRequest {
         context_items: vec![
-            item(Item::TerminalCmdKQuery(pb::context_item::TerminalCmdKQuery {
-                query: "list the largest files here".into(),
-            })),
+            item(Item::TerminalCmdKQuery(
+                pb::context_item::TerminalCmdKQuery {
+                    query: "list the largest files here".into(),
+                },
+            )),
             item(Item::TerminalHistory(pb::context_item::TerminalHistory {
                 history: "$ cargo build\n   Finished".into(),
                 cwd_full: "/home/dev/project".into(),
@@ -455,14 +572,25 @@ fn terminal_request(model: &str) -> pb::StreamTerminalCmdKRequest {
 
 #[tokio::test]
 async fn terminal_cmd_k_streams_a_command() {
-    let h = harness(vec![Reply::sse(sse("```bash\ndu -ah . | sort -rh | head -n 10\n```"))], |_| {}).await;
+    let h = harness(
+        vec![Reply::sse(sse(
+            "```bash\ndu -ah . | sort -rh | head -n 10\n```",
+        ))],
+        |_| {},
+    )
+    .await;
     let (status, body) = call(&h, STREAM_TERMINAL, &terminal_request(OURS)).await;
     assert_eq!(status, StatusCode::OK);
     let (messages, end) = frames(&body);
     assert!(end.error.is_none(), "{:?}", end.error);
     let decoded: Vec<TermWrapped> = messages
         .into_iter()
-        .map(|m| pb::StreamTerminalCmdKResponseContextWrapped::decode(m).unwrap().response.unwrap())
+        .map(|m| {
+            pb::StreamTerminalCmdKResponseContextWrapped::decode(m)
+                .unwrap()
+                .response
+                .unwrap()
+        })
         .collect();
     let mut command = String::new();
     let mut first_status = None;
@@ -475,11 +603,24 @@ async fn terminal_cmd_k_streams_a_command() {
             }
         }
     }
-    assert_eq!(first_status, Some(1), "after the acknowledgement, a status first");
+    assert_eq!(
+        first_status,
+        Some(1),
+        "after the acknowledgement, a status first"
+    );
     assert_eq!(command, "du -ah . | sort -rh | head -n 10");
     let p = prompt(&h, 0);
-    assert!(p.contains("/home/dev/project") && p.contains("cargo build") && p.contains("list the largest files"), "{p}");
-    assert_eq!(h.provider.requests()[0].json()["max_tokens"], 1024, "a command's output cap");
+    assert!(
+        p.contains("/home/dev/project")
+            && p.contains("cargo build")
+            && p.contains("list the largest files"),
+        "{p}"
+    );
+    assert_eq!(
+        h.provider.requests()[0].json()["max_tokens"],
+        1024,
+        "a command's output cap"
+    );
     nothing_reached_cursor(&h);
 }
 
@@ -487,14 +628,26 @@ async fn terminal_cmd_k_streams_a_command() {
 async fn a_provider_failure_ends_with_cursors_banner() {
     let body = r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#;
     let h = harness(vec![Reply::json(401, body)], |_| {}).await;
-    let (status, body) = call(&h, STREAM_CMD_K, &editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false)).await;
-    assert_eq!(status, StatusCode::OK, "a stream's error is in its end frame");
+    let (status, body) = call(
+        &h,
+        STREAM_CMD_K,
+        &editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a stream's error is in its end frame"
+    );
     let (frames, end) = editor_frames(&body);
     assert!(kinds(&frames).contains(&"status_update"));
     let e = end.error.expect("an error end");
     assert_eq!(e.code, cursor_byok::connect::Code::Unauthenticated);
     let details = e.decode_error_details().unwrap().expect("ErrorDetails");
-    assert_eq!(details.error, pb::error_details::Error::BadUserApiKey as i32);
+    assert_eq!(
+        details.error,
+        pb::error_details::Error::BadUserApiKey as i32
+    );
     assert!(e.message.contains("Incorrect API key"), "{}", e.message);
     nothing_reached_cursor(&h);
 }
@@ -502,7 +655,8 @@ async fn a_provider_failure_ends_with_cursors_banner() {
 #[tokio::test]
 async fn the_client_closing_the_stream_ends_the_provider_call() {
     let h = harness(
-        vec![Reply::sse(partial("    let a = 1;\\n")).then(After::Trickle(Duration::from_millis(20)))],
+        vec![Reply::sse(partial("    let a = 1;\\n"))
+            .then(After::Trickle(Duration::from_millis(20)))],
         |_| {},
     )
     .await;
@@ -511,15 +665,27 @@ async fn the_client_closing_the_stream_ends_the_provider_call() {
         STREAM_CMD_K,
         "application/connect+proto",
         "req-cancel",
-        client::full(frame(&editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false))),
+        client::full(frame(&editor_request(
+            OURS,
+            editor_items(2, &FILE[1..2], "q"),
+            false,
+        ))),
     );
     let resp = conn.send(API, req).await.unwrap();
     let mut body = resp.into_body();
     // Read until the model's first line came: the call is on the provider, mid-stream.
-    let mut dec = FrameDecoder::new(StreamKind::Response, cursor_byok::connect::Encoding::Identity, Limits::default());
+    let mut dec = FrameDecoder::new(
+        StreamKind::Response,
+        cursor_byok::connect::Encoding::Identity,
+        Limits::default(),
+    );
     let mut text = String::new();
     while text.is_empty() {
-        let chunk = tokio::time::timeout(STEP, body.frame()).await.unwrap().unwrap().unwrap();
+        let chunk = tokio::time::timeout(STEP, body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         dec.feed(chunk.into_data().unwrap());
         while let Some(Frame::Message(m)) = dec.next_frame().unwrap() {
             let w = pb::StreamCmdKResponseContextWrapped::decode(m).unwrap();
@@ -530,8 +696,14 @@ async fn the_client_closing_the_stream_ends_the_provider_call() {
     assert_eq!(h.provider.requests().len(), 1);
     drop(body);
     drop(conn);
-    assert!(h.provider.wait_hangups(1, STEP).await, "the provider call ended with the stream");
-    assert!(h.wait_no_active_runs(STEP).await, "the Cmd+K left the status page's active list");
+    assert!(
+        h.provider.wait_hangups(1, STEP).await,
+        "the provider call ended with the stream"
+    );
+    assert!(
+        h.wait_no_active_runs(STEP).await,
+        "the Cmd+K left the status page's active list"
+    );
 }
 
 #[tokio::test]
@@ -544,10 +716,16 @@ async fn default_without_cmd_k_goes_to_cursor_unchanged_and_with_it_is_served() 
     assert_eq!(body, cmd_k_reply(), "Cursor's answer, unchanged");
     let seen = h.upstream.recorded_on(STREAM_CMD_K);
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].body, sent, "the request went to Cursor byte for byte");
+    assert_eq!(
+        seen[0].body, sent,
+        "the request went to Cursor byte for byte"
+    );
     assert!(h.provider.requests().is_empty());
 
-    let h = harness(vec![Reply::sse(sse("x"))], |c| c.cmd_k.model = Some("fake-model".into())).await;
+    let h = harness(vec![Reply::sse(sse("x"))], |c| {
+        c.cmd_k.model = Some("fake-model".into())
+    })
+    .await;
     let (_, body) = call(&h, STREAM_CMD_K, &req).await;
     let (frames, end) = editor_frames(&body);
     assert!(end.error.is_none());
@@ -560,7 +738,15 @@ async fn default_without_cmd_k_goes_to_cursor_unchanged_and_with_it_is_served() 
 async fn a_cursor_model_passes_through_unchanged_on_http1_too() {
     let h = harness(vec![], |c| c.cmd_k.model = Some("fake-model".into())).await;
     for (alpn, path, body) in [
-        (Alpn::H2, STREAM_CMD_K, frame(&editor_request("claude-4.5-sonnet", editor_items(2, &FILE[1..2], "q"), false))),
+        (
+            Alpn::H2,
+            STREAM_CMD_K,
+            frame(&editor_request(
+                "claude-4.5-sonnet",
+                editor_items(2, &FILE[1..2], "q"),
+                false,
+            )),
+        ),
         (Alpn::H1, STREAM_TERMINAL, frame(&terminal_request("gpt-5"))),
     ] {
         let (status, answer) = call_on(&h, "api2.cursor.sh", path, body.clone(), alpn).await;
@@ -574,21 +760,57 @@ async fn a_cursor_model_passes_through_unchanged_on_http1_too() {
 #[tokio::test]
 async fn unreadable_or_unknown_ours_is_refused_never_relayed() {
     let h = harness(vec![], |_| {}).await;
-    for body in [Bytes::from_static(b"\x00\x00\x00\x00\x05garbage"), frame(&editor_request("byok-not-configured", vec![], false))] {
+    for body in [
+        Bytes::from_static(b"\x00\x00\x00\x00\x05garbage"),
+        frame(&editor_request("byok-not-configured", vec![], false)),
+    ] {
         let (status, answer) = call_on(&h, "api2.cursor.sh", STREAM_CMD_K, body, Alpn::H2).await;
         assert_eq!(status, StatusCode::OK);
         let (_, end) = frames(&answer);
         let e = end.error.expect("refused");
         assert_eq!(e.code, cursor_byok::connect::Code::FailedPrecondition);
-        assert!(e.message.contains("sent neither to your provider nor to Cursor"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("sent neither to your provider nor to Cursor"),
+            "{}",
+            e.message
+        );
     }
     nothing_reached_cursor(&h);
 }
 
+/// One gzip-compressed envelope (flag 0x01), as a client sending `connect-content-encoding:
+/// gzip` frames it.
+fn gzip_frame(msg: &impl Message) -> Bytes {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&msg.encode_to_vec()).unwrap();
+    let payload = gz.finish().unwrap();
+    let mut out = vec![1];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out.into()
+}
+
 #[tokio::test]
-async fn a_cmd_k_on_api3_is_served_the_same() {
+async fn a_cmd_k_on_api3_is_served_the_same_gzip_included() {
     let h = harness(vec![Reply::sse(sse("y"))], |_| {}).await;
     let req = editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false);
+    let mut conn = connect(&h, "api3.cursor.sh", Alpn::H2).await;
+    let mut gzipped = connect_request(
+        STREAM_CMD_K,
+        "application/connect+proto",
+        "req-gzip",
+        client::full(gzip_frame(&req)),
+    );
+    gzipped
+        .headers_mut()
+        .insert("connect-content-encoding", "gzip".parse().unwrap());
+    let resp = conn.send("api3.cursor.sh", gzipped).await.unwrap();
+    let (frames, end) = editor_frames(&client::collect(resp).await);
+    assert!(end.error.is_none(), "{:?}", end.error);
+    assert_eq!(streamed_text(&frames), "y");
+    h.provider.push(Reply::sse(sse("y")));
     let (status, body) = call_on(&h, "api3.cursor.sh", STREAM_CMD_K, frame(&req), Alpn::H2).await;
     assert_eq!(status, StatusCode::OK);
     let (frames, end) = editor_frames(&body);
@@ -601,7 +823,16 @@ async fn a_cmd_k_on_api3_is_served_the_same() {
 async fn report_fate_of_a_cmd_k_served_here_stays_here() {
     let h = harness(vec![Reply::sse(sse("z"))], |_| {}).await;
     let mut conn = connect(&h, "api2.cursor.sh", Alpn::H2).await;
-    let req = connect_request(STREAM_CMD_K, "application/connect+proto", "req-fate", client::full(frame(&editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false))));
+    let req = connect_request(
+        STREAM_CMD_K,
+        "application/connect+proto",
+        "req-fate",
+        client::full(frame(&editor_request(
+            OURS,
+            editor_items(2, &FILE[1..2], "q"),
+            false,
+        ))),
+    );
     let resp = conn.send(API, req).await.unwrap();
     let _ = client::collect(resp).await;
     for (id, local) in [("req-fate", true), ("someone-elses", false)] {
@@ -609,10 +840,19 @@ async fn report_fate_of_a_cmd_k_served_here_stays_here() {
             request_id: id.into(),
             fate: pb::report_cmd_k_fate_request::Fate::Accepted as i32,
         };
-        let req = connect_request(REPORT_CMD_K_FATE, "application/proto", "req-x", client::full(fate.encode_to_vec()));
+        let req = connect_request(
+            REPORT_CMD_K_FATE,
+            "application/proto",
+            "req-x",
+            client::full(fate.encode_to_vec()),
+        );
         let resp = conn.send(API, req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         let _ = client::collect(resp).await;
-        assert_eq!(h.upstream.recorded_on(REPORT_CMD_K_FATE).is_empty(), local, "{id}");
+        assert_eq!(
+            h.upstream.recorded_on(REPORT_CMD_K_FATE).is_empty(),
+            local,
+            "{id}"
+        );
     }
 }

@@ -70,9 +70,21 @@ async fn litellm_budget_and_key_errors_show_cursors_banners_for_each_kind() {
         ];
         let h = harness(replies, gateway(kind)).await;
         for (conv, want_code, want_kind) in [
-            ("conv-budget", Code::ResourceExhausted, pb::error_details::Error::ResourceExhausted),
-            ("conv-budget-429", Code::ResourceExhausted, pb::error_details::Error::ResourceExhausted),
-            ("conv-key", Code::Unauthenticated, pb::error_details::Error::BadUserApiKey),
+            (
+                "conv-budget",
+                Code::ResourceExhausted,
+                pb::error_details::Error::ResourceExhausted,
+            ),
+            (
+                "conv-budget-429",
+                Code::ResourceExhausted,
+                pb::error_details::Error::ResourceExhausted,
+            ),
+            (
+                "conv-key",
+                Code::Unauthenticated,
+                pb::error_details::Error::BadUserApiKey,
+            ),
         ] {
             let e = failed_run(&h, conv).await;
             assert_eq!(e.code, want_code, "{kind:?} {conv}: {}", e.message);
@@ -81,7 +93,10 @@ async fn litellm_budget_and_key_errors_show_cursors_banners_for_each_kind() {
         // One request each: a spent budget is not retried, even on a 429.
         let seen = h.provider.requests();
         assert_eq!(seen.len(), 3, "{kind:?}");
-        for (r, conv) in seen.iter().zip(["conv-budget", "conv-budget-429", "conv-key"]) {
+        for (r, conv) in seen
+            .iter()
+            .zip(["conv-budget", "conv-budget-429", "conv-key"])
+        {
             assert_eq!(
                 r.header("x-litellm-tags"),
                 Some(format!("cursor,conversation:{conv}").as_str()),

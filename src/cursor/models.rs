@@ -528,7 +528,12 @@ mod tests {
         for m in &local.models {
             // What the Cmd+K picker needs to show the entry (a thinking model included).
             assert_eq!(
-                (m.supports_cmd_k, m.supports_thinking, m.supports_non_max_mode, m.default_on),
+                (
+                    m.supports_cmd_k,
+                    m.supports_thinking,
+                    m.supports_non_max_mode,
+                    m.default_on
+                ),
                 (Some(true), Some(false), Some(true), true),
                 "{}",
                 m.name
@@ -553,7 +558,10 @@ mod tests {
         assert_eq!(config.default_model, "byok-claude");
         assert_eq!(config.fallback_models, ["gpt-4o"]);
         let decoded = merge_available_models(upstream, &served);
-        assert_eq!(decoded.cmd_k_model_config.unwrap().default_model, "byok-claude");
+        assert_eq!(
+            decoded.cmd_k_model_config.unwrap().default_model,
+            "byok-claude"
+        );
     }
 
     #[test]

@@ -367,7 +367,9 @@ impl ProviderClient {
                     v.set_sensitive(true);
                     inner.headers.insert(name.clone(), v);
                 }
-                Err(_) => tracing::warn!(header = %name, "templated header left out: invalid value"),
+                Err(_) => {
+                    tracing::warn!(header = %name, "templated header left out: invalid value")
+                }
             }
         }
         ProviderClient {

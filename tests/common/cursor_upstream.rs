@@ -378,7 +378,8 @@ impl Routes {
             AVAILABLE_MODELS => self.unary(req, "available-models", models_answer()).await,
             // Cmd+K on Cursor's model: the body recorded, a canned answer.
             p if p.starts_with("/aiserver.v1.CmdKService/") || p == REPORT_CMD_K_FATE => {
-                self.unary(req, "cmd-k", (cmd_k_reply().to_vec(), None)).await
+                self.unary(req, "cmd-k", (cmd_k_reply().to_vec(), None))
+                    .await
             }
             GET_SERVER_CONFIG => {
                 let answer = (server_config().encode_to_vec(), None);
@@ -504,7 +505,9 @@ pub const REPORT_CMD_K_FATE: &str = "/aiserver.v1.AiService/ReportCmdKFate";
 
 /// What the fake Cursor answers every Cmd+K call with: one frame, then an end frame.
 pub fn cmd_k_reply() -> Bytes {
-    [connect_frame(0, b"cursor's cmd-k"), connect_frame(2, b"{}")].concat().into()
+    [connect_frame(0, b"cursor's cmd-k"), connect_frame(2, b"{}")]
+        .concat()
+        .into()
 }
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
 

@@ -191,9 +191,9 @@ mod tests {
 
     fn query(text: &str) -> pb::ContextItem {
         pb::ContextItem {
-            item: Some(pb::context_item::Item::CmdKQuery(pb::context_item::CmdKQuery {
-                query: text.into(),
-            })),
+            item: Some(pb::context_item::Item::CmdKQuery(
+                pb::context_item::CmdKQuery { query: text.into() },
+            )),
             ..Default::default()
         }
     }
@@ -253,6 +253,10 @@ mod tests {
         assert!(cache.held("s").1 <= 64);
         let _ = cache.resolve("a", &[]);
         let _ = cache.resolve("b", &[]);
-        assert_eq!(cache.held("s"), (0, 0), "the least recently used session went");
+        assert_eq!(
+            cache.held("s"),
+            (0, 0),
+            "the least recently used session went"
+        );
     }
 }

@@ -102,8 +102,14 @@ impl CmdKCall {
     /// used, only kept out of every text that leaves the process.
     pub fn credential_values(&self) -> Vec<String> {
         let details = match self {
-            CmdKCall::Editor(r) => r.cmd_k_options.as_ref().and_then(|o| o.model_details.as_ref()),
-            CmdKCall::Terminal(r) => r.cmd_k_options.as_ref().and_then(|o| o.model_details.as_ref()),
+            CmdKCall::Editor(r) => r
+                .cmd_k_options
+                .as_ref()
+                .and_then(|o| o.model_details.as_ref()),
+            CmdKCall::Terminal(r) => r
+                .cmd_k_options
+                .as_ref()
+                .and_then(|o| o.model_details.as_ref()),
         };
         let Some(d) = details else {
             return Vec::new();

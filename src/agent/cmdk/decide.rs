@@ -110,6 +110,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("cmd_k.model"), "{e}");
-        assert!(config("[cmd_k]\nmodel = \"byok-m\"").cmd_k_model().is_some());
+        assert!(config("[cmd_k]\nmodel = \"byok-m\"")
+            .cmd_k_model()
+            .is_some());
     }
 }

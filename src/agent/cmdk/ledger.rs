@@ -195,7 +195,10 @@ mod tests {
                 }
             }
         }
-        assert!(undecided.is_empty(), "Cmd+K fields with no decision: {undecided:?}");
+        assert!(
+            undecided.is_empty(),
+            "Cmd+K fields with no decision: {undecided:?}"
+        );
         let stale: Vec<String> = LEDGER
             .iter()
             .filter(|(m, f, _)| !known.contains(&(*m, f.to_string())))

@@ -117,10 +117,17 @@ fn section(out: &mut String, title: &str, body: &str) {
 /// Rules: the explicit context, the request's and the context's rules, custom instructions.
 fn rules(out: &mut String, call: &CmdKCall, items: &[pb::ContextItem]) {
     let mut text = String::new();
-    if let Some(e) = call.legacy_context().and_then(|l| l.explicit_context.as_ref()) {
-        for part in [Some(&e.context), e.repo_context.as_ref(), e.mode_specific_context.as_ref()]
-            .into_iter()
-            .flatten()
+    if let Some(e) = call
+        .legacy_context()
+        .and_then(|l| l.explicit_context.as_ref())
+    {
+        for part in [
+            Some(&e.context),
+            e.repo_context.as_ref(),
+            e.mode_specific_context.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = writeln!(text, "{}", part.trim_end());
         }
@@ -151,9 +158,17 @@ fn rule(out: &mut String, r: &pb::CursorRule) {
 /// Code blocks the user @-mentioned.
 fn mentioned(out: &mut String, legacy: Option<&pb::CmdKLegacyContext>) {
     let mut text = String::new();
-    for b in legacy.map(|l| l.prompt_code_blocks.as_slice()).unwrap_or_default() {
+    for b in legacy
+        .map(|l| l.prompt_code_blocks.as_slice())
+        .unwrap_or_default()
+    {
         let contents = b.override_contents.as_deref().unwrap_or(&b.contents);
-        let _ = write!(text, "{}:\n```\n{}\n```\n", b.relative_workspace_path, contents.trim_end());
+        let _ = write!(
+            text,
+            "{}:\n```\n{}\n```\n",
+            b.relative_workspace_path,
+            contents.trim_end()
+        );
     }
     section(out, "Code the user mentioned", &text);
 }
@@ -166,7 +181,9 @@ fn other_items(out: &mut String, items: &[pb::ContextItem]) {
             Some(Item::FileChunk(c)) => write!(
                 text,
                 "{} (from line {}):\n```\n{}\n```\n",
-                c.relative_workspace_path, c.start_line_number, c.chunk_contents.trim_end()
+                c.relative_workspace_path,
+                c.start_line_number,
+                c.chunk_contents.trim_end()
             ),
             Some(Item::OutlineChunk(c)) => write!(
                 text,
@@ -177,7 +194,9 @@ fn other_items(out: &mut String, items: &[pb::ContextItem]) {
             Some(Item::DocumentationChunk(d)) => write!(
                 text,
                 "Documentation {} ({}):\n{}\n",
-                d.doc_name, d.page_url, d.documentation_chunk.trim_end()
+                d.doc_name,
+                d.page_url,
+                d.documentation_chunk.trim_end()
             ),
             Some(Item::Lints(l)) => lints(&mut text, l),
             _ => Ok(()),
@@ -188,7 +207,11 @@ fn other_items(out: &mut String, items: &[pb::ContextItem]) {
 
 fn lints(out: &mut String, l: &pb::context_item::Lints) -> std::fmt::Result {
     for lint in &l.lints {
-        writeln!(out, "Lint in {}: {}", l.relative_workspace_path, lint.message)?;
+        writeln!(
+            out,
+            "Lint in {}: {}",
+            l.relative_workspace_path, lint.message
+        )?;
     }
     Ok(())
 }
@@ -256,7 +279,11 @@ fn history(out: &mut String, items: &[pb::ContextItem]) {
     // Nested newest first: the outermost item is the latest earlier turn.
     turns.truncate(MAX_HISTORY_TURNS);
     turns.reverse();
-    section(out, "Earlier in this prompt bar (oldest first)", &turns.join("\n\n"));
+    section(
+        out,
+        "Earlier in this prompt bar (oldest first)",
+        &turns.join("\n\n"),
+    );
 }
 
 /// The file around the selection (numbered), the selection, and the instruction.

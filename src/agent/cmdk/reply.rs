@@ -44,9 +44,9 @@ impl Frame {
 
     fn terminal(r: TerminalOut) -> Frame {
         Frame::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
-            response: Some(TerminalWrapped::RealResponse(pb::StreamTerminalCmdKResponse {
-                response: Some(r),
-            })),
+            response: Some(TerminalWrapped::RealResponse(
+                pb::StreamTerminalCmdKResponse { response: Some(r) },
+            )),
         })
     }
 
@@ -142,11 +142,11 @@ impl Reply {
             Shape::EditorChat => vec![Frame::editor(EditorOut::StatusUpdate(
                 pb::stream_cmd_k_response::StatusUpdate { messages },
             ))],
-            Shape::Command | Shape::TerminalChat => vec![Frame::terminal(
-                TerminalOut::StatusUpdate(pb::stream_terminal_cmd_k_response::StatusUpdate {
-                    messages,
-                }),
-            )],
+            Shape::Command | Shape::TerminalChat => {
+                vec![Frame::terminal(TerminalOut::StatusUpdate(
+                    pb::stream_terminal_cmd_k_response::StatusUpdate { messages },
+                ))]
+            }
         }
     }
 
@@ -199,11 +199,9 @@ impl Reply {
                     partial_command: text,
                 },
             )),
-            Shape::TerminalChat => {
-                Frame::terminal(TerminalOut::Chat(pb::stream_terminal_cmd_k_response::Chat {
-                    text,
-                }))
-            }
+            Shape::TerminalChat => Frame::terminal(TerminalOut::Chat(
+                pb::stream_terminal_cmd_k_response::Chat { text },
+            )),
         }]
     }
 }
@@ -359,12 +357,20 @@ mod tests {
             panic!("{w:?}")
         };
         assert_eq!(
-            (s.start_line_number, s.max_end_line_number_exclusive, s.edit_id),
+            (
+                s.start_line_number,
+                s.max_end_line_number_exclusive,
+                s.edit_id
+            ),
             (2, Some(5), 1)
         );
         assert!(!r.streamed());
         let first = r.text("let x = 1;\nlet");
-        assert_eq!(texts(&first), "let x = 1;", "a complete line goes out at once");
+        assert_eq!(
+            texts(&first),
+            "let x = 1;",
+            "a complete line goes out at once"
+        );
         assert!(r.streamed());
         let end = r.finish();
         assert_eq!(texts(&end), "\nlet");

@@ -147,7 +147,9 @@ impl CmdK {
         let agent = self.agent();
         let config = agent.config();
         let model = model::resolve(config, model_id, &[]).ok_or_else(|| {
-            RunError::Internal(format!("model `{model_id}` is not configured in cursor-byok"))
+            RunError::Internal(format!(
+                "model `{model_id}` is not configured in cursor-byok"
+            ))
         })?;
         let chain = agent.chain(&model, Some(call.session_id().to_string()))?;
         let request = prompt::build(PromptInput {

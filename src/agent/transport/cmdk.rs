@@ -72,7 +72,12 @@ pub(super) async fn handle(
     let max = t.inner.limits.max_frame_bytes.saturating_add(64);
     let raw = match read_bounded(body, max).await {
         Ok(raw) => raw,
-        Err(e) => return refuse(rpc, &cmdk::refused(&format!("its body is unreadable ({})", e.message))),
+        Err(e) => {
+            return refuse(
+                rpc,
+                &cmdk::refused(&format!("its body is unreadable ({})", e.message)),
+            )
+        }
     };
     let is_stream = matches!(
         rpc,
@@ -123,10 +128,14 @@ fn refuse(rpc: CmdKRpc, e: &ConnectError) -> Response<Body> {
 fn stream_message(t: &AgentTransports, headers: &HeaderMap, raw: &Bytes) -> Result<Bytes, String> {
     let content_type = header(headers, http::header::CONTENT_TYPE.as_str());
     if !content_type.eq_ignore_ascii_case("application/connect+proto") {
-        return Err(format!("it is in a content type cursor-byok does not read (`{content_type}`)"));
+        return Err(format!(
+            "it is in a content type cursor-byok does not read (`{content_type}`)"
+        ));
     }
-    let encoding = Encoding::from_header(Some(header(headers, "connect-content-encoding")).filter(|s| !s.is_empty()))
-        .map_err(|e| format!("its encoding is not one cursor-byok reads ({e})"))?;
+    let encoding = Encoding::from_header(
+        Some(header(headers, "connect-content-encoding")).filter(|s| !s.is_empty()),
+    )
+    .map_err(|e| format!("its encoding is not one cursor-byok reads ({e})"))?;
     let mut decoder = FrameDecoder::new(StreamKind::Request, encoding, t.inner.limits);
     decoder.feed(raw.clone());
     let first = match decoder.next_frame() {
@@ -144,7 +153,9 @@ fn stream_message(t: &AgentTransports, headers: &HeaderMap, raw: &Bytes) -> Resu
 fn unary_message(t: &AgentTransports, headers: &HeaderMap, raw: &Bytes) -> Result<Bytes, String> {
     let content_type = header(headers, http::header::CONTENT_TYPE.as_str());
     if !content_type.eq_ignore_ascii_case("application/proto") {
-        return Err(format!("it is in a content type cursor-byok does not read (`{content_type}`)"));
+        return Err(format!(
+            "it is in a content type cursor-byok does not read (`{content_type}`)"
+        ));
     }
     let encoding = Some(header(headers, "content-encoding")).filter(|s| !s.is_empty());
     crate::connect::decode_unary(raw.clone(), encoding, t.inner.limits)
@@ -152,7 +163,10 @@ fn unary_message(t: &AgentTransports, headers: &HeaderMap, raw: &Bytes) -> Resul
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
-    headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default()
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
 }
 
 /// What a Cmd+K stream request decodes to.
@@ -161,9 +175,9 @@ fn decode_call(rpc: CmdKRpc, message: &Bytes) -> Result<CmdKCall, prost::DecodeE
         CmdKRpc::StreamHypermode => {
             CmdKCall::from_hypermode(pb::StreamHypermodeRequest::decode(message.clone())?)
         }
-        CmdKRpc::StreamTerminalCmdK => {
-            CmdKCall::Terminal(Box::new(pb::StreamTerminalCmdKRequest::decode(message.clone())?))
-        }
+        CmdKRpc::StreamTerminalCmdK => CmdKCall::Terminal(Box::new(
+            pb::StreamTerminalCmdKRequest::decode(message.clone())?,
+        )),
         _ => CmdKCall::Editor(Box::new(pb::StreamCmdKRequest::decode(message.clone())?)),
     })
 }
@@ -183,14 +197,19 @@ const fn type_name(rpc: CmdKRpc) -> &'static str {
 fn inspect(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &[u8]) {
     let report = crate::proto::inspect::schema().check(type_name(rpc), message);
     let version = crate::status::client_version(headers);
-    t.agent().status().unknown_schema("Cmd+K", version.as_deref(), &report);
+    t.agent()
+        .status()
+        .unknown_schema("Cmd+K", version.as_deref(), &report);
 }
 
 fn stream(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &Bytes) -> Answer {
     let call = match decode_call(rpc, message) {
         Ok(c) => c,
         Err(e) => {
-            return Answer::Here(refuse(rpc, &cmdk::refused(&format!("its request does not decode ({e})"))))
+            return Answer::Here(refuse(
+                rpc,
+                &cmdk::refused(&format!("its request does not decode ({e})")),
+            ))
         }
     };
     inspect(t, rpc, headers, message);
@@ -206,7 +225,9 @@ fn stream(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &Byte
         request_id
     };
     tracing::info!(?rpc, model = %model_id, request_id, "Cmd+K served on the user's model");
-    let rx = t.cmdk().start(call, &model_id, &session_key(headers), &request_id);
+    let rx = t
+        .cmdk()
+        .start(call, &model_id, &session_key(headers), &request_id);
     Answer::Here(streaming_response(steps_body(rx)))
 }
 
@@ -215,26 +236,26 @@ fn stream(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &Byte
 fn steps_body(rx: tokio::sync::mpsc::Receiver<Step>) -> Body {
     use futures_util::StreamExt;
     let enc = FrameEncoder::new(Encoding::Identity);
-    let frames = futures_util::stream::unfold(Some(rx), move |rx| {
-        let enc = enc.clone();
-        async move {
-            let mut rx = rx?;
-            let bytes = match rx.recv().await {
-                Some(Step::Frame(f)) => match enc.message(&f.encode()) {
-                    Ok(b) => return Some((b, Some(rx))),
-                    Err(e) => end_bytes(&enc, EndStream::from_error(ConnectError::new(e.code(), e.to_string()))),
-                },
-                Some(Step::End(end)) => end_bytes(&enc, end),
-                None => end_bytes(
+    let frames = futures_util::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        let bytes = match rx.recv().await {
+            Some(Step::Frame(f)) => match enc.message(&f.encode()) {
+                Ok(b) => return Some((b, Some(rx))),
+                Err(e) => end_bytes(
                     &enc,
-                    EndStream::from_error(ConnectError::new(
-                        crate::connect::Code::Internal,
-                        "cursor-byok: the Cmd+K stopped without ending its stream",
-                    )),
+                    EndStream::from_error(ConnectError::new(e.code(), e.to_string())),
                 ),
-            };
-            Some((bytes, None))
-        }
+            },
+            Some(Step::End(end)) => end_bytes(&enc, end),
+            None => end_bytes(
+                &enc,
+                EndStream::from_error(ConnectError::new(
+                    crate::connect::Code::Internal,
+                    "cursor-byok: the Cmd+K stopped without ending its stream",
+                )),
+            ),
+        };
+        Some((bytes, None))
     });
     let body = http_body_util::StreamBody::new(
         frames.map(|b| Ok::<_, crate::http::BodyError>(http_body::Frame::data(b))),
@@ -258,17 +279,38 @@ fn session_key(headers: &HeaderMap) -> String {
 /// are not held); nothing is ranked, every item goes to the prompt.
 fn rerank(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &Bytes) -> Answer {
     let (items, model) = match rpc {
-        CmdKRpc::RerankTerminalCmdK => match pb::RerankTerminalCmdKContextRequest::decode(message.clone()) {
-            Ok(r) => (r.context_items, r.cmd_k_options.and_then(|o| o.model_details)),
-            Err(e) => return Answer::Here(refuse(rpc, &cmdk::refused(&format!("its request does not decode ({e})")))),
-        },
+        CmdKRpc::RerankTerminalCmdK => {
+            match pb::RerankTerminalCmdKContextRequest::decode(message.clone()) {
+                Ok(r) => (
+                    r.context_items,
+                    r.cmd_k_options.and_then(|o| o.model_details),
+                ),
+                Err(e) => {
+                    return Answer::Here(refuse(
+                        rpc,
+                        &cmdk::refused(&format!("its request does not decode ({e})")),
+                    ))
+                }
+            }
+        }
         _ => match pb::RerankCmdKContextRequest::decode(message.clone()) {
-            Ok(r) => (r.context_items, r.cmd_k_options.and_then(|o| o.model_details)),
-            Err(e) => return Answer::Here(refuse(rpc, &cmdk::refused(&format!("its request does not decode ({e})")))),
+            Ok(r) => (
+                r.context_items,
+                r.cmd_k_options.and_then(|o| o.model_details),
+            ),
+            Err(e) => {
+                return Answer::Here(refuse(
+                    rpc,
+                    &cmdk::refused(&format!("its request does not decode ({e})")),
+                ))
+            }
         },
     };
     inspect(t, rpc, headers, message);
-    match t.cmdk().whose(model.as_ref().and_then(|m| m.model_name.as_deref())) {
+    match t
+        .cmdk()
+        .whose(model.as_ref().and_then(|m| m.model_name.as_deref()))
+    {
         Err(e) => return Answer::Here(refuse(rpc, &e)),
         Ok(Whose::Cursor) => return Answer::Cursor,
         Ok(Whose::Ours { .. }) => {}
@@ -293,14 +335,18 @@ fn rerank(t: &AgentTransports, rpc: CmdKRpc, headers: &HeaderMap, message: &Byte
         CmdKRpc::RerankTerminalCmdK => {
             use pb::rerank_terminal_cmd_k_context_response::Response as R;
             pb::RerankTerminalCmdKContextResponse {
-                response: update.map(R::ContextStatusUpdate).or(missing.map(R::MissingContextItems)),
+                response: update
+                    .map(R::ContextStatusUpdate)
+                    .or(missing.map(R::MissingContextItems)),
             }
             .encode_to_vec()
         }
         _ => {
             use pb::rerank_cmd_k_context_response::Response as R;
             pb::RerankCmdKContextResponse {
-                response: update.map(R::ContextStatusUpdate).or(missing.map(R::MissingContextItems)),
+                response: update
+                    .map(R::ContextStatusUpdate)
+                    .or(missing.map(R::MissingContextItems)),
                 did_call: Some(did_call),
             }
             .encode_to_vec()
