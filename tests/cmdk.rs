@@ -856,3 +856,39 @@ async fn report_fate_of_a_cmd_k_served_here_stays_here() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_body_over_the_frame_bound_is_refused_not_relayed() {
+    let h = harness(vec![], |c| c.limits.max_frame_bytes = 4 * 1024).await;
+    let big = "x".repeat(64 * 1024);
+    let req = editor_request(OURS, editor_items(2, &[big.as_str()], "q"), false);
+    let (status, body) = call(&h, STREAM_CMD_K, &req).await;
+    assert_eq!(status, StatusCode::OK);
+    let e = frames(&body).1.error.expect("refused");
+    assert_eq!(e.code, cursor_byok::connect::Code::FailedPrecondition);
+    assert!(e.message.contains("larger than"), "{}", e.message);
+    assert!(h.provider.requests().is_empty());
+    nothing_reached_cursor(&h);
+}
+
+#[tokio::test]
+async fn a_templated_provider_header_carries_the_prompt_bar_session() {
+    let h = harness(vec![Reply::sse(sse("x"))], |c| {
+        c.providers.get_mut("fake").unwrap().headers.insert(
+            "x-litellm-tags".into(),
+            cursor_byok::base::secret::Secret::new("cmd-k,{conversation_id}"),
+        );
+    })
+    .await;
+    let (_, body) = call(
+        &h,
+        STREAM_CMD_K,
+        &editor_request(OURS, editor_items(2, &FILE[1..2], "q"), false),
+    )
+    .await;
+    assert!(editor_frames(&body).1.error.is_none());
+    assert_eq!(
+        h.provider.requests()[0].header("x-litellm-tags"),
+        Some("cmd-k,prompt-bar-1")
+    );
+}
