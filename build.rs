@@ -7,6 +7,7 @@ const FILES: &[&str] = &[
     "proto/agent/v1/agent.proto",
     "proto/aiserver/v1/agent_deps.proto",
     "proto/aiserver/v1/aiserver.proto",
+    "proto/aiserver/v1/cmdk.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -62,7 +62,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// Inside the agent, only the transport adapters speak HTTP: the run loop, its state and the
 /// tools never touch requests, bodies or the upstream.
 const AGENT_HTTP_FREE: &[&str] = &[
-    "run", "state", "tools", "messages", "model", "prompt", "context", "blob_id",
+    "run", "state", "tools", "messages", "model", "prompt", "context", "blob_id", "cmdk",
 ];
 const HTTP_ROOMS: &[&str] = &["http", "router", "upstream", "proxy", "relay"];
 

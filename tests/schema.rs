@@ -1,5 +1,5 @@
 //! The generated schema against the wire tables (`tests/fixtures/protocol`, gzipped copies of
-//! `../shared/protocol/*.tsv`) and real captures.
+//! `../shared/protocol/*.tsv`, Cmd+K's `cmdk.tsv` among them) and real captures.
 //!
 //! Two captures (`yelixir-*`) state no licence, so the repository keeps no copy: the tests on
 //! them read `../shared/protocol/captures` (beside the checkout in CI) and report `SKIPPED` where
@@ -57,7 +57,8 @@ fn tsv(path: PathBuf) -> Vec<BTreeMap<String, String>> {
     } else {
         String::from_utf8(bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     };
-    let mut lines = text.lines();
+    // `cmdk.tsv` opens with `#` comment lines before its header.
+    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
     let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
     lines
         .filter(|l| !l.is_empty())
@@ -142,9 +143,14 @@ fn descriptors_match_the_high_confidence_tables() {
             row["field_number"]
         );
     }
+    // Cmd+K's table: its enum values are rows too (checked with the enums).
+    let cmdk = tsv(dir.join("cmdk.tsv.gz"))
+        .into_iter()
+        .filter(|r| r["type"] != "(enum value)");
     for row in shared
         .into_iter()
         .chain(local)
+        .chain(cmdk)
         .filter(|r| r["confidence"] == "high")
     {
         let fields = want.entry(row["message"].clone()).or_default();
@@ -216,8 +222,20 @@ fn enums_match_the_high_confidence_tables() {
     let dir = tables();
     let pool = pool();
     let mut want: BTreeMap<String, BTreeSet<(String, i32)>> = BTreeMap::new();
+    let cmdk = tsv(dir.join("cmdk.tsv.gz"))
+        .into_iter()
+        .filter(|r| r["type"] == "(enum value)")
+        .map(|r| {
+            BTreeMap::from([
+                ("enum".to_string(), r["message"].clone()),
+                ("value_name".to_string(), r["field_name"].clone()),
+                ("number".to_string(), r["field_number"].clone()),
+                ("confidence".to_string(), r["confidence"].clone()),
+            ])
+        });
     for row in tsv(dir.join("enums.tsv.gz"))
         .into_iter()
+        .chain(cmdk)
         .filter(|r| r["confidence"] == "high")
     {
         want.entry(row["enum"].clone())

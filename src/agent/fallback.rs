@@ -273,6 +273,8 @@ impl Chain {
         loop {
             let i = order.get(pos).map_or(0, |(i, _)| *i);
             let target = &self.targets[i];
+            // Extra headers naming the conversation id get this conversation's.
+            let client = target.client.for_conversation(self.conversation.as_deref());
             let more = pos < last;
             let mut req = match more {
                 true => request.clone().unwrap_or_default(),
@@ -283,8 +285,8 @@ impl Chain {
             // retries (which honour `retry-after`, up to a minute) would only delay the switch.
             let retry_here = more.then(|| req.clone());
             let mut stream = match more {
-                true => target.client.stream_once(req, cancel.child_token()),
-                false => target.client.stream(req, cancel.child_token()),
+                true => client.stream_once(req, cancel.child_token()),
+                false => client.stream(req, cancel.child_token()),
             };
             let mut first = self.first_event(target, &mut stream, more).await;
             if let (Ok(ProviderEvent::Error(e)), Some(req)) = (&first, retry_here) {
@@ -298,7 +300,7 @@ impl Chain {
                             _ = tokio::time::sleep(wait.min(RETRY_AFTER_MAX)) => {}
                         }
                     }
-                    stream = target.client.stream(req, cancel.child_token());
+                    stream = client.stream(req, cancel.child_token());
                     first = self.first_event(target, &mut stream, more).await;
                 }
             }

@@ -6,6 +6,7 @@
 //! here touches HTTP.
 
 mod blob_id;
+pub mod cmdk;
 pub mod context;
 mod fallback;
 pub mod messages;

@@ -49,6 +49,9 @@ pub struct Config {
     pub cursor: CursorConfig,
     #[serde(default)]
     pub agent: AgentConfig,
+    /// Cmd+K (inline edit in the editor, the prompt bar in the terminal).
+    #[serde(default)]
+    pub cmd_k: CmdKConfig,
     #[serde(default)]
     pub limits: Limits,
     /// When a model's request moves on to its next fallback target.
@@ -168,6 +171,17 @@ impl Default for CursorConfig {
             advertise_direct_door: false,
         }
     }
+}
+
+/// Cmd+K on the user's models. A Cmd+K that names one of them is always served here; this
+/// says what Cursor's default (`"default"`, sent unless the user picked a Cmd+K model) does.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CmdKConfig {
+    /// The configured model (its `id`, or `byok-<id>`) that serves every Cmd+K asking for
+    /// Cursor's default; unset: those go to Cursor unchanged.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -497,6 +511,14 @@ impl Config {
         self.models.iter().find(|m| m.cursor_id() == cursor_id)
     }
 
+    /// The model `[cmd_k] model` names, as Cursor sees it (`byok-<id>`); `None` when unset.
+    pub fn cmd_k_model(&self) -> Option<&ModelConfig> {
+        let name = self.cmd_k.model.as_deref()?;
+        self.models
+            .iter()
+            .find(|m| m.id == name || m.cursor_id() == name)
+    }
+
     /// Models whose provider has a usable API key.
     pub fn usable_models(&self) -> impl Iterator<Item = &ModelConfig> {
         self.models.iter().filter(|m| {
@@ -519,7 +541,18 @@ impl Config {
         self.validate_direct(&invalid)?;
         self.validate_providers(&invalid)?;
         self.validate_models(&invalid)?;
+        self.validate_cmd_k(&invalid)?;
         self.validate_fallback(&invalid)
+    }
+
+    fn validate_cmd_k(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {
+        match &self.cmd_k.model {
+            Some(name) if self.cmd_k_model().is_none() => Err(invalid(
+                "cmd_k.model".into(),
+                format!("no model `{name}` in [[models]] (use its `id`)"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn validate_intercept(&self, invalid: &impl Invalid) -> Result<(), ConfigError> {

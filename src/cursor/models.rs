@@ -12,7 +12,7 @@ use crate::proto::aiserver::v1 as ai;
 
 use ag::requested_model::ModelParameterValue;
 use ai::available_models_response::{
-    AvailableModel, ModelVariantConfig, ModelVendor, ModelVendorId,
+    AvailableModel, FeatureModelConfig, ModelVariantConfig, ModelVendor, ModelVendorId,
 };
 use ai::model_parameter_definition::{
     boolean_parameter_definition::BooleanParameterValue,
@@ -42,6 +42,12 @@ pub fn merge_available_models(
     let ours = available_models_additions(&upstream, config);
     upstream.model_names.extend(ours.model_names);
     upstream.models.extend(ours.models);
+    if let Some(cmd_k) = ours.cmd_k_model_config {
+        upstream
+            .cmd_k_model_config
+            .get_or_insert_with(Default::default)
+            .default_model = cmd_k.default_model;
+    }
     upstream
 }
 
@@ -58,7 +64,7 @@ pub fn available_models_additions(
             let id = m.cursor_id();
             !upstream.models.iter().any(|u| u.name == id)
         })
-        .map(available_model)
+        .map(|m| with_cmd_k(available_model(m), config))
         .collect();
     // Older clients read the flat name list; an empty list means "use `models`", so only a
     // list upstream actually filled gets our names.
@@ -74,16 +80,45 @@ pub fn available_models_additions(
     ai::AvailableModelsResponse {
         models,
         model_names,
+        // A singular field: appended to upstream's bytes, its default model replaces theirs.
+        cmd_k_model_config: cmd_k_model_config(config),
         ..Default::default()
     }
 }
 
+/// Cmd+K's default model when `[cmd_k] model` serves Cursor's default: ours, so the surface's
+/// default and what serves it agree. Unset: Cursor's own stays.
+pub fn cmd_k_model_config(config: &Config) -> Option<FeatureModelConfig> {
+    config.cmd_k_model().map(|m| FeatureModelConfig {
+        default_model: m.cursor_id(),
+        ..Default::default()
+    })
+}
+
+/// An entry with the flags the Cmd+K picker reads, when `[cmd_k] model` is set. Only then:
+/// with it, every Cmd+K that names our model or Cursor's default runs here, so whatever the
+/// client sends after a pick stays the user's. The Cmd+K picker drops entries with
+/// `supports_cmd_k: false` or `supports_thinking: true`, so a thinking model says `false`
+/// there: its reasoning still streams (the run follows the configuration and the picker's
+/// `thinking` parameter, never this flag).
+fn with_cmd_k(mut entry: AvailableModel, config: &Config) -> AvailableModel {
+    if config.cmd_k_model().is_some() {
+        entry.supports_cmd_k = Some(true);
+        entry.supports_thinking = Some(false);
+    }
+    entry
+}
+
 /// The answer when upstream is unreachable or refused: our models alone.
 pub fn local_available_models(config: &Config) -> ai::AvailableModelsResponse {
-    let models: Vec<AvailableModel> = config.usable_models().map(available_model).collect();
+    let models: Vec<AvailableModel> = config
+        .usable_models()
+        .map(|m| with_cmd_k(available_model(m), config))
+        .collect();
     ai::AvailableModelsResponse {
         model_names: models.iter().map(|m| m.name.clone()).collect(),
         models,
+        cmd_k_model_config: cmd_k_model_config(config),
         ..Default::default()
     }
 }
@@ -145,9 +180,10 @@ pub fn available_model(m: &ModelConfig) -> AvailableModel {
         supports_agent: Some(true),
         supports_thinking: Some(m.thinks()),
         supports_images: Some(m.supports_images),
-        // One context size, no "max" variant; Cmd-K runs on another RPC we do not serve.
+        // One context size, no "max" variant (the Cmd+K picker needs non-max mode too).
         supports_max_mode: Some(false),
         supports_non_max_mode: Some(true),
+        // Cmd+K is served on our models only where `[cmd_k] model` is set (`with_cmd_k`).
         supports_cmd_k: Some(false),
         context_token_limit: Some(i32::try_from(m.context_window).unwrap_or(i32::MAX)),
         client_display_name: Some(display.clone()),
@@ -478,6 +514,55 @@ mod tests {
     use super::*;
     use crate::cursor::test_support::{capture_models_raw, test_config};
     use prost::Message;
+
+    #[test]
+    fn cmd_k_is_advertised_only_where_cmd_k_serves_it() {
+        let plain = test_config();
+        let local = local_available_models(&plain);
+        assert!(local.models.iter().all(|m| m.supports_cmd_k == Some(false)));
+        assert!(local.cmd_k_model_config.is_none(), "Cursor's default stays");
+
+        let mut served = test_config();
+        served.cmd_k.model = Some("claude".into());
+        let local = local_available_models(&served);
+        for m in &local.models {
+            // What the Cmd+K picker needs to show the entry (a thinking model included).
+            assert_eq!(
+                (
+                    m.supports_cmd_k,
+                    m.supports_thinking,
+                    m.supports_non_max_mode,
+                    m.default_on
+                ),
+                (Some(true), Some(false), Some(true), true),
+                "{}",
+                m.name
+            );
+        }
+        // Upstream's own default is replaced on the wire: our bytes are appended to theirs.
+        let upstream = ai::AvailableModelsResponse {
+            cmd_k_model_config: Some(FeatureModelConfig {
+                default_model: "cursor-small".into(),
+                fallback_models: vec!["gpt-4o".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let wire = [
+            upstream.encode_to_vec(),
+            available_models_additions(&upstream, &served).encode_to_vec(),
+        ]
+        .concat();
+        let merged = ai::AvailableModelsResponse::decode(&wire[..]).unwrap();
+        let config = merged.cmd_k_model_config.unwrap();
+        assert_eq!(config.default_model, "byok-claude");
+        assert_eq!(config.fallback_models, ["gpt-4o"]);
+        let decoded = merge_available_models(upstream, &served);
+        assert_eq!(
+            decoded.cmd_k_model_config.unwrap().default_model,
+            "byok-claude"
+        );
+    }
 
     #[test]
     fn merge_appends_to_the_real_capture_and_keeps_upstream_intact() {

@@ -88,7 +88,7 @@ impl ProviderError {
         // Out of quota / credits: retrying will not help.
         if matches!(
             code.as_deref(),
-            Some("insufficient_quota" | "billing_hard_limit_reached")
+            Some("insufficient_quota" | "billing_hard_limit_reached" | "budget_exceeded")
         ) {
             self.retryable = false;
         }
@@ -289,10 +289,14 @@ pub(crate) fn parse_error_value(v: &Value) -> ParsedError {
                 .map(|d| cut_bytes(&d.to_string(), 500, "…"))
         });
     // Prefer the most specific code: OpenAI `code` (e.g. insufficient_quota) over `type`;
-    // Gemini `status` over the numeric `code`.
-    let code = match (inner.get("code"), inner.get("type"), inner.get("status")) {
+    // Gemini `status` over the numeric `code`. A gateway (LiteLLM) puts the HTTP status in
+    // `code` as a string and its kind in `type` (`budget_exceeded`, `auth_error`): the kind wins.
+    let numeric = |c: &str| c.bytes().all(|b| b.is_ascii_digit());
+    let kind = str_of(inner.get("type")).filter(|t| !t.is_empty() && t != "error");
+    let code = match (inner.get("code"), kind, inner.get("status")) {
+        (Some(Value::String(c)), Some(t), _) if numeric(c) => Some(t),
         (Some(Value::String(c)), _, _) if !c.is_empty() => Some(c.clone()),
-        (_, Some(Value::String(t)), _) if t != "error" => Some(t.clone()),
+        (_, Some(t), _) => Some(t),
         (_, _, Some(Value::String(s))) => Some(s.clone()),
         _ => None,
     };

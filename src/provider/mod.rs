@@ -257,8 +257,11 @@ fn ends_version(url: &reqwest::Url) -> bool {
 }
 
 /// The resolved, immutable per-client state shared with stream tasks.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Resolved {
+    /// Extra headers whose value names [`CONVERSATION_ID`]: filled in per conversation by
+    /// [`ProviderClient::for_conversation`], never sent as written.
+    pub templated: Vec<(HeaderName, Secret)>,
     pub kind: ProviderKind,
     pub name: String,
     pub url: reqwest::Url,
@@ -319,7 +322,9 @@ impl ProviderClient {
         let config_err = |m: String| ProviderError::new(ProviderErrorKind::Config, &name, m);
         let url = settings.endpoint().map_err(config_err)?;
         let headers = build_headers(&settings).map_err(config_err)?;
+        let templated = templated_headers(&settings).map_err(config_err)?;
         let inner = Resolved {
+            templated,
             kind: settings.kind,
             dialect: schema::Dialect::for_endpoint(settings.kind, settings.base()),
             openai_host: url.host_str() == Some("api.openai.com"),
@@ -343,6 +348,34 @@ impl ProviderClient {
 
     pub fn kind(&self) -> ProviderKind {
         self.inner.kind
+    }
+
+    /// This client with its templated extra headers filled in for `conversation` (an empty
+    /// value without one): a team gateway's user or tag header per conversation. A value that
+    /// is not a valid header after the fill is left out. Cheap when nothing is templated.
+    pub fn for_conversation(&self, conversation: Option<&str>) -> ProviderClient {
+        if self.inner.templated.is_empty() {
+            return self.clone();
+        }
+        let mut inner = (*self.inner).clone();
+        for (name, template) in &self.inner.templated {
+            let value = template
+                .expose()
+                .replace(CONVERSATION_ID, conversation.unwrap_or_default());
+            match HeaderValue::from_str(&value) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    inner.headers.insert(name.clone(), v);
+                }
+                Err(_) => {
+                    tracing::warn!(header = %name, "templated header left out: invalid value")
+                }
+            }
+        }
+        ProviderClient {
+            http: self.http.clone(),
+            inner: Arc::new(inner),
+        }
     }
 
     /// Display name used in errors.
@@ -456,6 +489,9 @@ fn build_headers(s: &ProviderSettings) -> Result<HeaderMap, String> {
         h.insert("anthropic-version", v);
     }
     for (k, v) in &s.extra_headers {
+        if v.expose().contains(CONVERSATION_ID) {
+            continue; // filled in per conversation (`templated_headers`)
+        }
         let name = HeaderName::from_bytes(k.as_bytes())
             .map_err(|_| format!("extra header name {k:?} is invalid"))?;
         // Values may be credentials: never echo them.
@@ -478,6 +514,23 @@ fn build_headers(s: &ProviderSettings) -> Result<HeaderMap, String> {
         h.insert(name, value);
     }
     Ok(h)
+}
+
+/// What an extra header's value may name, filled in per request with the conversation's id
+/// (Cursor's conversation for an agent run, the prompt bar's session for a Cmd+K).
+pub const CONVERSATION_ID: &str = "{conversation_id}";
+
+/// The extra headers whose value names [`CONVERSATION_ID`].
+fn templated_headers(s: &ProviderSettings) -> Result<Vec<(HeaderName, Secret)>, String> {
+    s.extra_headers
+        .iter()
+        .filter(|(_, v)| v.expose().contains(CONVERSATION_ID))
+        .map(|(k, v)| {
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| format!("extra header name {k:?} is invalid"))?;
+            Ok((name, v.clone()))
+        })
+        .collect()
 }
 
 /// Events of one call. Dropping it cancels the call.

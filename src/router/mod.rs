@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::agent::side::{self, SideRpc};
-use crate::agent::transport::{self, AgentRpc, AgentTransports};
+use crate::agent::transport::{self, AgentRpc, AgentTransports, CmdKRpc};
 use crate::cursor::{self, CursorRpc, CursorServices};
 use crate::http::{boxed, Body, RequestContext};
 use crate::upstream::{Link, Upstream};
@@ -28,6 +28,8 @@ pub enum Route {
     /// A call around a conversation that carries its content: answered here for ours, passed
     /// for Cursor's.
     Side(SideRpc),
+    /// A Cmd+K call: ours or relayed, decided by the model its request names.
+    CmdK(CmdKRpc),
     /// One of the proxy's own paths (`/__cursor-byok/…`): never forwarded; served only on the
     /// proxy listener, so here it gets a 404 saying where.
     Own,
@@ -45,6 +47,9 @@ pub fn route(path: &str) -> Route {
     }
     if let Some(rpc) = side::classify(path) {
         return Route::Side(rpc);
+    }
+    if let Some(rpc) = transport::classify_cmd_k(path) {
+        return Route::CmdK(rpc);
     }
     match cursor::classify(path) {
         Some(rpc) => Route::Cursor(rpc),
@@ -133,6 +138,12 @@ impl Router {
                     .instrument(span)
                     .await
             }
+            Route::CmdK(rpc) => {
+                let req = Request::from_parts(parts, body);
+                Box::pin(self.agent.handle_cmd_k(rpc, ctx, req))
+                    .instrument(span)
+                    .await
+            }
             Route::Own => crate::status::local_only_answer(),
         }
     }
@@ -163,6 +174,14 @@ mod tests {
                 Route::Side(SideRpc::NameAgent),
             ),
             ("/__cursor-byok/status", Route::Own),
+            (
+                "/aiserver.v1.CmdKService/StreamCmdK",
+                Route::CmdK(CmdKRpc::StreamCmdK),
+            ),
+            (
+                "/aiserver.v1.AiService/ReportCmdKFate",
+                Route::CmdK(CmdKRpc::ReportFate),
+            ),
             ("/aiserver.v1.AiService/StreamChat", Route::Upstream),
             // Exact paths only: a longer one is someone else's.
             ("/agent.v1.AgentService/RunX", Route::Upstream),

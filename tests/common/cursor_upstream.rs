@@ -376,6 +376,11 @@ impl Routes {
             AGENT_RUN_SSE => self.agent_run_sse(req).await,
             BIDI_APPEND => self.bidi_append(req).await,
             AVAILABLE_MODELS => self.unary(req, "available-models", models_answer()).await,
+            // Cmd+K on Cursor's model: the body recorded, a canned answer.
+            p if p.starts_with("/aiserver.v1.CmdKService/") || p == REPORT_CMD_K_FATE => {
+                self.unary(req, "cmd-k", (cmd_k_reply().to_vec(), None))
+                    .await
+            }
             GET_SERVER_CONFIG => {
                 let answer = (server_config().encode_to_vec(), None);
                 self.unary(req, "server-config", answer).await
@@ -511,6 +516,14 @@ pub const SIDE_CALLS: &[&str] = &[
 pub const AGENT_RUN_SSE: &str = "/agent.v1.AgentService/RunSSE";
 pub const BIDI_APPEND: &str = "/aiserver.v1.BidiService/BidiAppend";
 pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";
+pub const REPORT_CMD_K_FATE: &str = "/aiserver.v1.AiService/ReportCmdKFate";
+
+/// What the fake Cursor answers every Cmd+K call with: one frame, then an end frame.
+pub fn cmd_k_reply() -> Bytes {
+    [connect_frame(0, b"cursor's cmd-k"), connect_frame(2, b"{}")]
+        .concat()
+        .into()
+}
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
 
 /// What the fake's agent routes answer before the end frame: Cursor's own run, in short.

@@ -361,13 +361,23 @@ fn kind_cause(e: &ProviderError) -> (Code, Kind, &'static str, bool) {
 }
 
 /// Out of credit or quota for good (not a per-minute limit): OpenAI's `insufficient_quota`,
-/// HTTP 402 (DeepSeek, OpenRouter), Anthropic's "credit balance is too low".
+/// HTTP 402 (DeepSeek, OpenRouter), Anthropic's "credit balance is too low", a team gateway's
+/// spent budget (LiteLLM's `budget_exceeded`, on a 400 or a 429).
 fn out_of_credit(e: &ProviderError) -> bool {
+    let message = e.message.to_ascii_lowercase();
     matches!(
         e.code.as_deref(),
-        Some("insufficient_quota" | "billing_hard_limit_reached" | "insufficient_balance")
+        Some(
+            "insufficient_quota"
+                | "billing_hard_limit_reached"
+                | "insufficient_balance"
+                | "budget_exceeded"
+        )
     ) || e.status == Some(402)
-        || e.message.to_ascii_lowercase().contains("credit balance")
+        || message.contains("credit balance")
+        || message.contains("budget has been exceeded")
+        || message.contains("exceededbudget")
+        || message.contains("exceededtokenbudget")
 }
 
 /// The request is over the model's context window, in the words and codes providers use.

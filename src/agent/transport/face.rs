@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
+use crate::agent::cmdk::CmdK;
 use crate::agent::side::recent::RecentPrompts;
 use crate::agent::subagents::ParentLink;
 use crate::agent::{model, Agent, RunError};
@@ -38,6 +39,7 @@ pub(super) struct Inner {
     recent: RecentPrompts,
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
+    cmdk: CmdK,
 }
 
 impl AgentTransports {
@@ -49,6 +51,7 @@ impl AgentTransports {
         let pins = PinStore::open(&agent.config().data_dir());
         AgentTransports {
             inner: Arc::new(Inner {
+                cmdk: CmdK::new(agent.clone()),
                 agent,
                 upstream,
                 routes: RoutingTable::default(),
@@ -62,6 +65,11 @@ impl AgentTransports {
 
     pub fn agent(&self) -> &Agent {
         &self.inner.agent
+    }
+
+    /// Cmd+K on the user's models.
+    pub fn cmdk(&self) -> &CmdK {
+        &self.inner.cmdk
     }
 
     /// What the HTTP/1.1 transport holds right now: the request ids it pairs, the bytes of

@@ -3,13 +3,16 @@
 //! first message), and either feed our run state machine or relay the request upstream with
 //! every byte we peeked at replayed.
 //!
+//! Cmd+K's calls (`cmdk`) are served here too: their HTTP side, on `agent::cmdk`.
+//!
 //! The files use each other one way: `face` (what every transport shares), `caller`, `body`
-//! and `routing` sit below the transports `run` (HTTP/2) and `bidi` (HTTP/1.1), and this
-//! file dispatches to them.
+//! and `routing` sit below the transports `run` (HTTP/2), `bidi` (HTTP/1.1) and `cmdk`, and
+//! this file dispatches to them.
 
 mod bidi;
 mod body;
 mod caller;
+mod cmdk;
 mod face;
 mod pairing;
 mod pins;
@@ -21,6 +24,7 @@ use hyper::body::Incoming;
 
 use crate::http::{Body, RequestContext};
 
+pub use cmdk::{classify as classify_cmd_k, CmdKRpc};
 pub use face::{AgentTransports, Pairing};
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
@@ -63,5 +67,15 @@ impl AgentTransports {
             AgentRpc::RunSse => bidi::run_sse(self, ctx, req).await,
             AgentRpc::BidiAppend => bidi::append(self, ctx, req).await,
         }
+    }
+
+    /// Serve one Cmd+K request for `rpc`, as the router classified it.
+    pub async fn handle_cmd_k(
+        &self,
+        rpc: CmdKRpc,
+        ctx: RequestContext,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        cmdk::handle(self, rpc, ctx, req).await
     }
 }
