@@ -208,8 +208,16 @@ fn no_string_literal_in_the_source_has_a_run_of_spaces_in_a_sentence() {
     assert!(files.len() > 50, "the source was not found");
     let mut bad = Vec::new();
     for file in &files {
-        let src = std::fs::read_to_string(file).unwrap();
-        for (line, text) in string_literals(&src) {
+        // Test modules hold data shaped like other programs' output, not messages.
+        if file
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with("tests.rs"))
+        {
+            continue;
+        }
+        let whole = std::fs::read_to_string(file).unwrap();
+        let src = whole.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+        for (line, text) in string_literals(src) {
             for run in runs_in(&text) {
                 bad.push(format!("{}:{line}: …{run}…", file.display()));
             }

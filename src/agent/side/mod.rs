@@ -5,14 +5,13 @@
 //!
 //! A call names its conversation (pinned by the transports when its runs were decided), or
 //! only its content (`NameAgent`, `CreateTranscriptOverview`): then the content is matched
-//! against the hashed prompts of recent runs ([`recent`]). A call about a conversation no run
+//! against the hashed prompts of recent runs ([`RecentPrompts`](crate::agent::transport::recent::RecentPrompts)). A call about a conversation no run
 //! has decided yet waits [`DECIDE_WAIT`] for one. Titles and overviews of ours are asked of
 //! the user's model, or made here from the text's first words ([`title`]). Files, one way:
-//! `codec`, `owner`, `recent` and `title` below this dispatcher.
+//! `codec`, `owner` and `title` below this dispatcher.
 
 mod codec;
 mod owner;
-pub(crate) mod recent;
 mod title;
 
 use std::time::Duration;
@@ -23,12 +22,12 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use crate::agent::transport::recent::RunOwner;
 use crate::agent::transport::AgentTransports;
 use crate::connect::{decode_unary, Code, ConnectError, Limits};
 use crate::http::{full, Body, RequestContext};
 use codec::{Ask, Codec, Shape};
 use owner::Owner;
-use recent::RunOwner;
 
 /// How long a call about a conversation (or a prompt) no run has decided yet waits for one.
 /// The desktop sends them beside the run's first message, so the decision is usually in.
@@ -338,7 +337,7 @@ fn refuse(rpc: SideRpc, why: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use recent::RecentPrompts;
+    use crate::agent::transport::recent::RecentPrompts;
 
     fn ours() -> RunOwner {
         RunOwner::Ours {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use super::pairing::Pairings;
 use super::pins::PinStore;
+use super::recent::RecentPrompts;
 use super::routing::{Decision, RoutingTable};
 use crate::agent::cmdk::CmdK;
-use crate::agent::side::recent::RecentPrompts;
 use crate::agent::subagents::ParentLink;
 use crate::agent::{model, Agent, RunError};
 use crate::connect::{Code, ConnectError, Limits};

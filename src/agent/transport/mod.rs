@@ -16,6 +16,7 @@ mod cmdk;
 mod face;
 mod pairing;
 mod pins;
+pub(crate) mod recent;
 mod routing;
 mod run;
 

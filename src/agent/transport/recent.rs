@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::agent::transport::Decision;
+use super::routing::Decision;
 use crate::proto::agent::v1 as pb;
 
 /// Runs remembered.
