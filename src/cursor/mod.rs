@@ -1,15 +1,18 @@
 //! Cursor's own services, adjusted: the model lists get the configured models appended,
-//! `GetServerConfig` steers the desktop's Agent to a transport that reaches us, and WebSocket
-//! agent probes are refused so clients fall back. Everything else passes upstream untouched
-//! (that decision is the router's; [`classify`] names what is handled here).
+//! `GetServerConfig` steers the desktop's Agent to a transport that reaches us,
+//! `BootstrapStatsig` turns off the gates of the agent doors we do not serve (`statsig.rs`),
+//! and WebSocket agent probes are refused. Everything else passes upstream untouched (that
+//! decision is the router's; [`classify`] names what is handled here).
 //!
 //! Flow for the unary RPCs: the request goes upstream unchanged (streamed); a binary-protobuf
 //! success answer is read (bounded), decoded with the full schema, adjusted and re-encoded
-//! uncompressed. Our failures never break the user's Cursor: an answer we cannot decode passes
-//! through as it came. When upstream cannot answer, the model lists are answered with the
-//! configured models alone; `GetServerConfig` is answered locally only when upstream is
-//! unreachable (an upstream error passes through: we do not invent a server config). JSON
-//! clients (`application/json`) are never rewritten: we only rewrite binary protobuf.
+//! uncompressed. A model list we cannot merge passes through as it came (without our models).
+//! A server config or Statsig bootstrap we cannot adjust never does: it would steer the Agent
+//! where we cannot guard it, so our local answer replaces it. When upstream cannot answer, the
+//! model lists are answered with the configured models alone; `GetServerConfig` is answered
+//! locally only when upstream is unreachable or its answer unusable (an upstream error passes
+//! through: we do not invent a server config). JSON clients (`application/json`) are never
+//! rewritten, except the Statsig bootstrap's `config`.
 
 mod models;
 mod server_config;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::inference_ids::InferenceIds;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::routing::{Decision, RoutingTable};
@@ -34,6 +35,9 @@ pub(super) struct Inner {
     pins: PinStore,
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
+    /// Request ids of `RunInferenceSSE` / `RunInferencePoll` streams (their appends are not
+    /// agent messages).
+    pub(super) inference: InferenceIds,
 }
 
 impl AgentTransports {
@@ -51,6 +55,7 @@ impl AgentTransports {
                 pins,
                 bidi: Pairings::default(),
                 limits,
+                inference: InferenceIds::default(),
             }),
         }
     }

@@ -1,4 +1,5 @@
-//! Transport adapters: HTTP/2 bidi `Run`, and HTTP/1.1 `RunSSE` + `BidiAppend`. They decode
+//! Transport adapters: HTTP/2 bidi `Run`, and HTTP/1.1 `RunSSE` + `BidiAppend`; and the door
+//! of Cursor's local agent loop (`inference`), refused for our models. They decode
 //! Connect frames into `AgentClientMessage`s, decide whether a run is ours (by the model in its
 //! first message), and either feed our run state machine or relay the request upstream with
 //! every byte we peeked at replayed.
@@ -11,6 +12,8 @@ mod bidi;
 mod body;
 mod caller;
 mod face;
+mod inference;
+mod inference_ids;
 mod pairing;
 mod pins;
 mod routing;
@@ -22,6 +25,7 @@ use hyper::body::Incoming;
 use crate::http::{Body, RequestContext};
 
 pub use face::{AgentTransports, Pairing};
+pub use inference::{RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH};
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
 
@@ -36,8 +40,16 @@ pub enum AgentRpc {
     Run,
     /// HTTP/1.1 `RunSSE`: the server half of a run.
     RunSse,
-    /// HTTP/1.1 `BidiAppend`: the client half of a `RunSSE` run.
+    /// HTTP/1.1 `BidiAppend`: the client half of a `RunSSE` run (or of a `RunInferenceSSE`
+    /// stream, by its request id).
     BidiAppend,
+    /// `aiserver.v1.InferenceService/RunInference` (HTTP/2 bidi): Cursor's local agent loop;
+    /// ours refused, Cursor's relayed.
+    RunInference,
+    /// `RunInferenceSSE`: the HTTP/1.1 server half of `RunInference`.
+    RunInferenceSse,
+    /// `RunInferencePoll`: its HTTP/1.1 polling half.
+    RunInferencePoll,
 }
 
 /// The agent transport `path` is, if any (exact matches only).
@@ -46,6 +58,9 @@ pub fn classify(path: &str) -> Option<AgentRpc> {
         RUN_PATH => Some(AgentRpc::Run),
         RUN_SSE_PATH => Some(AgentRpc::RunSse),
         BIDI_APPEND_PATH => Some(AgentRpc::BidiAppend),
+        RUN_INFERENCE_PATH => Some(AgentRpc::RunInference),
+        RUN_INFERENCE_SSE_PATH => Some(AgentRpc::RunInferenceSse),
+        RUN_INFERENCE_POLL_PATH => Some(AgentRpc::RunInferencePoll),
         _ => None,
     }
 }
@@ -62,6 +77,9 @@ impl AgentTransports {
             AgentRpc::Run => run::handle(self, ctx, req).await,
             AgentRpc::RunSse => bidi::run_sse(self, ctx, req).await,
             AgentRpc::BidiAppend => bidi::append(self, ctx, req).await,
+            AgentRpc::RunInference => inference::run_inference(self, ctx, req).await,
+            AgentRpc::RunInferenceSse => inference::open_stream(self, ctx, req, false).await,
+            AgentRpc::RunInferencePoll => inference::open_stream(self, ctx, req, true).await,
         }
     }
 }
