@@ -327,7 +327,7 @@ async fn refused_model_list_gets_ours_but_refused_config_passes() {
 async fn ws_probes_get_404_and_never_reach_upstream() {
     let fake = fake_cursor().await;
     let (services, upstream) = setup();
-    for path in ["/agent/v1/run", "/ws-reachability-probe"] {
+    for path in ["/ws-reachability-probe"] {
         let req = Request::builder()
             .method("GET")
             .uri(path)

@@ -1,7 +1,7 @@
 //! Cursor's own services, adjusted: the model lists get the configured models appended,
 //! `GetServerConfig` steers the desktop's Agent to a transport that reaches us,
 //! `BootstrapStatsig` turns off the gates of the agent doors we do not serve (`statsig.rs`),
-//! and WebSocket agent probes are refused. Everything else passes upstream untouched (that
+//! and the WebSocket reachability probe is refused. Everything else passes upstream untouched (that
 //! decision is the router's; [`classify`] names what is handled here).
 //!
 //! Flow for the unary RPCs: the request goes upstream unchanged (streamed); a binary-protobuf
@@ -55,8 +55,9 @@ pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
 ];
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
 pub const BOOTSTRAP_STATSIG: &str = "/aiserver.v1.AnalyticsService/BootstrapStatsig";
-/// WebSocket agent transport probes; a 404 makes clients fall back to HTTP.
-pub const WS_PROBES: [&str; 2] = ["/agent/v1/run", "/ws-reachability-probe"];
+/// The WebSocket reachability probe; a 404. (The agent WebSocket itself, `/agent/v1/run`, is
+/// the agent's: `agent::transport`.)
+pub const WS_PROBES: [&str; 1] = ["/ws-reachability-probe"];
 
 /// `GetServerConfigResponse` fields we may change: `http2_config` (7), `agent_url_config` (27).
 const SERVER_CONFIG_OWNED: &[u32] = &[7, 27];
@@ -79,7 +80,7 @@ pub enum CursorRpc {
     GetDefaultModelForCli,
     /// `/aiserver.v1.ServerConfigService/GetServerConfig`.
     GetServerConfig,
-    /// `/agent/v1/run` and `/ws-reachability-probe`, any method: 404, never forwarded.
+    /// `/ws-reachability-probe`, any method: 404, never forwarded.
     WsProbe,
     /// `/aiserver.v1.AnalyticsService/BootstrapStatsig`: the gates of the agent doors we do
     /// not serve turned off (see `statsig.rs`).
@@ -677,7 +678,7 @@ mod tests {
             classify("/aiserver.v1.ServerConfigService/GetServerConfig"),
             Some(CursorRpc::GetServerConfig)
         );
-        assert_eq!(classify("/agent/v1/run"), Some(CursorRpc::WsProbe));
+        assert_eq!(classify("/agent/v1/run"), None, "the agent's door");
         assert_eq!(classify("/ws-reachability-probe"), Some(CursorRpc::WsProbe));
         for other in [
             "/aiserver.v1.AiService/AvailableModels/",

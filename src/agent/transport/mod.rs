@@ -1,5 +1,6 @@
-//! Transport adapters: HTTP/2 bidi `Run`, and HTTP/1.1 `RunSSE` + `BidiAppend`; and the door
-//! of Cursor's local agent loop (`inference`), refused for our models. They decode
+//! Transport adapters: HTTP/2 bidi `Run`, HTTP/1.1 `RunSSE` + `BidiAppend`, and the agent
+//! WebSocket (`websocket`); and the door of Cursor's local agent loop (`inference`), refused
+//! for our models. They decode
 //! Connect frames into `AgentClientMessage`s, decide whether a run is ours (by the model in its
 //! first message), and either feed our run state machine or relay the request upstream with
 //! every byte we peeked at replayed.
@@ -18,6 +19,8 @@ mod pairing;
 mod pins;
 mod routing;
 mod run;
+mod websocket;
+mod ws_frames;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -28,6 +31,7 @@ pub use face::{AgentTransports, Pairing};
 pub use inference::{RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH};
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
+pub use websocket::WEBSOCKET_PATH;
 
 pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
 pub const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
@@ -50,6 +54,8 @@ pub enum AgentRpc {
     RunInferenceSse,
     /// `RunInferencePoll`: its HTTP/1.1 polling half.
     RunInferencePoll,
+    /// `GET /agent/v1/run`, upgraded: the agent WebSocket.
+    WebSocket,
 }
 
 /// The agent transport `path` is, if any (exact matches only).
@@ -61,6 +67,7 @@ pub fn classify(path: &str) -> Option<AgentRpc> {
         RUN_INFERENCE_PATH => Some(AgentRpc::RunInference),
         RUN_INFERENCE_SSE_PATH => Some(AgentRpc::RunInferenceSse),
         RUN_INFERENCE_POLL_PATH => Some(AgentRpc::RunInferencePoll),
+        WEBSOCKET_PATH => Some(AgentRpc::WebSocket),
         _ => None,
     }
 }
@@ -80,6 +87,7 @@ impl AgentTransports {
             AgentRpc::RunInference => inference::run_inference(self, ctx, req).await,
             AgentRpc::RunInferenceSse => inference::open_stream(self, ctx, req, false).await,
             AgentRpc::RunInferencePoll => inference::open_stream(self, ctx, req, true).await,
+            AgentRpc::WebSocket => websocket::handle(self, ctx, req).await,
         }
     }
 }
