@@ -119,7 +119,11 @@ async fn a_run_on_our_model_is_served_over_the_websocket() {
     let h = harness::harness(vec![Reply::sse(TEXT_SSE)], |_| {}).await;
     let mut ws = connect(&h).await;
     send(&mut ws, hello()).await;
-    assert_eq!(next(&mut ws).await, (1, b"\x08\x01".to_vec()), "server Hello");
+    assert_eq!(
+        next(&mut ws).await,
+        (1, b"\x08\x01".to_vec()),
+        "server Hello"
+    );
     send(&mut ws, run_start("r1")).await;
     let first = run_request(OURS, "conv-ws", "Say hello", true);
     send(&mut ws, client_message("r1", 0, &first)).await;
@@ -178,7 +182,11 @@ async fn cursors_run_on_the_websocket_is_rejected_never_relayed() {
     let mut buf = &error[..];
     let (n, _) = prost::encoding::decode_key(&mut buf).unwrap();
     assert_eq!(n, 1);
-    assert_eq!(prost::encoding::decode_varint(&mut buf).unwrap(), 9, "failed_precondition");
+    assert_eq!(
+        prost::encoding::decode_varint(&mut buf).unwrap(),
+        9,
+        "failed_precondition"
+    );
     let text = String::from_utf8(field(&error, 2).expect("a message")).unwrap();
     assert!(text.contains("does not relay Cursor's runs"), "{text}");
     // An unreadable frame closes the socket.

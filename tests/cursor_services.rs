@@ -468,7 +468,10 @@ fn statsig_answer(req: &Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 fn statsig_request(form: &str, content_type: &str) -> Request<Body> {
-    let mut req = request("/aiserver.v1.AnalyticsService/BootstrapStatsig", content_type);
+    let mut req = request(
+        "/aiserver.v1.AnalyticsService/BootstrapStatsig",
+        content_type,
+    );
     req.headers_mut().insert(
         "x-statsig",
         header::HeaderValue::from_str(form).expect("header"),
@@ -531,7 +534,10 @@ async fn statsig_bootstrap_has_the_door_gates_off_and_keeps_the_rest() {
 
     let req = statsig_request("framed", "application/proto");
     let (parts, body) = call(&services, &upstream, port, req).await;
-    assert_eq!(parts.headers[header::CONTENT_TYPE], "application/connect+proto");
+    assert_eq!(
+        parts.headers[header::CONTENT_TYPE],
+        "application/connect+proto"
+    );
     assert_eq!(body[0], 0);
     let len = u32::from_be_bytes(body[1..5].try_into().expect("4 bytes")) as usize;
     assert_eq!(len, body.len() - 5);
@@ -588,7 +594,11 @@ async fn a_server_config_we_cannot_rewrite_is_replaced_by_ours() {
         .insert("x-send-garbage", header::HeaderValue::from_static("1"));
     let (parts, body) = call(&services, &upstream, fake.addr.port(), req).await;
     assert_eq!(parts.status, StatusCode::OK);
-    assert_ne!(&body[..], b"\x12\xff\xff", "never upstream's unrewritten bytes");
+    assert_ne!(
+        &body[..],
+        b"\x12\xff\xff",
+        "never upstream's unrewritten bytes"
+    );
     let config = ai::GetServerConfigResponse::decode(body).expect("decodes");
     assert_eq!(
         config.http2_config,

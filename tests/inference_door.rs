@@ -198,7 +198,10 @@ async fn run_inference_sse_appends_on_our_model_are_refused_cursors_relayed() {
     assert_canary_never_upstream(&h);
 
     // Cursor's: its appends go upstream, byte for byte.
-    assert_eq!(open_sse(&door, "req-inf-cursor").await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        open_sse(&door, "req-inf-cursor").await,
+        StatusCode::NOT_FOUND
+    );
     let bidi = Bidi::new(&door, "req-inf-cursor");
     let body = append_body("req-inf-cursor", 0, &run_request(CURSORS));
     let a0 = bidi.append_body(body.clone()).await;

@@ -139,7 +139,11 @@ fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_and_agent_hosts_never_dir
         // way out.
         assert_eq!(first_working(answer, false), when_down, "{host}");
         if want != "DIRECT" {
-            assert_eq!(first_working(answer, true), "PROXY 127.0.0.1:8787", "{host}");
+            assert_eq!(
+                first_working(answer, true),
+                "PROXY 127.0.0.1:8787",
+                "{host}"
+            );
         }
     }
 
@@ -149,7 +153,12 @@ fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_and_agent_hosts_never_dir
     let answers = evaluate(
         node,
         &text,
-        &["api.cursor.com", "www.cursor.com", "x.cursor.sh", "api2.cursor.sh"],
+        &[
+            "api.cursor.com",
+            "www.cursor.com",
+            "x.cursor.sh",
+            "api2.cursor.sh",
+        ],
     );
     assert_eq!(
         answers,

@@ -252,7 +252,10 @@ impl CursorServices {
                     "cannot adjust upstream's server config; answering ours (only the agent \
                      transport settings) so the Agent keeps reaching this proxy"
                 );
-                proto_response(HeaderMap::new(), local_server_config(&self.config).encode_to_vec())
+                proto_response(
+                    HeaderMap::new(),
+                    local_server_config(&self.config).encode_to_vec(),
+                )
             }
             Err(err) => {
                 // A model list we cannot merge: Cursor's own, as it came (our models are then
@@ -329,9 +332,9 @@ impl CursorServices {
                 )?
             }
             // Not rewritten here (handled before the body is read, or by their own handler).
-            CursorRpc::GetDefaultModelForCli
-            | CursorRpc::WsProbe
-            | CursorRpc::BootstrapStatsig => message.to_vec(),
+            CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe | CursorRpc::BootstrapStatsig => {
+                message.to_vec()
+            }
         };
         Ok(out)
     }
@@ -364,9 +367,7 @@ fn answer_type(rpc: CursorRpc) -> Option<(&'static str, &'static str)> {
         CursorRpc::GetServerConfig => {
             Some(("GetServerConfig", "aiserver.v1.GetServerConfigResponse"))
         }
-        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe | CursorRpc::BootstrapStatsig => {
-            None
-        }
+        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe | CursorRpc::BootstrapStatsig => None,
     }
 }
 

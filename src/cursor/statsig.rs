@@ -238,7 +238,10 @@ mod tests {
         for (hash, keys) in [
             (
                 "none",
-                ["nal_websocket_client".to_owned(), "agent_host_local_loop".into()],
+                [
+                    "nal_websocket_client".to_owned(),
+                    "agent_host_local_loop".into(),
+                ],
             ),
             ("djb2", ["579159465".into(), "1967931573".into()]),
             (
@@ -249,13 +252,16 @@ mod tests {
             let json = format!(r#"{{"feature_gates":{{}},"hash_used":"{hash}"}}"#);
             let after: Value = serde_json::from_str(&rewrite_config(&json).unwrap()).unwrap();
             for key in &keys {
-                assert_eq!(gate(&after, key)["value"], Value::Bool(false), "{hash} {key}");
+                assert_eq!(
+                    gate(&after, key)["value"],
+                    Value::Bool(false),
+                    "{hash} {key}"
+                );
             }
         }
         // sha256 keys are base64 of the digest (44 characters).
         assert_eq!(gate_key("a", "sha256").unwrap().len(), 44);
-        let none: Value =
-            serde_json::from_str(&rewrite_config(r#"{"user":{}}"#).unwrap()).unwrap();
+        let none: Value = serde_json::from_str(&rewrite_config(r#"{"user":{}}"#).unwrap()).unwrap();
         assert_eq!(gate(&none, "579159465")["value"], Value::Bool(false));
     }
 
@@ -300,7 +306,10 @@ mod tests {
             rewrite_message(b"\x10\x01"),
             Err(StatsigError::NoConfig)
         ));
-        assert!(matches!(rewrite_message(b"\x0a\x05ab"), Err(StatsigError::Wire(_))));
+        assert!(matches!(
+            rewrite_message(b"\x0a\x05ab"),
+            Err(StatsigError::Wire(_))
+        ));
         assert!(matches!(
             rewrite_message(b"\x0a\x02\xff\xfe"),
             Err(StatsigError::NotUtf8)

@@ -734,15 +734,25 @@ mod tests {
         assert_eq!(check_wiring(None, pac, true).level, Level::Ok);
         let up = check_wiring(None, pac, true);
         assert!(up.detail.contains("no fallback"), "{up}");
-        assert!(up.detail.contains("api2.cursor.sh, *.api5.cursor.sh"), "{up}");
+        assert!(
+            up.detail.contains("api2.cursor.sh, *.api5.cursor.sh"),
+            "{up}"
+        );
         // Served by the proxy: down means the script cannot be fetched, so DIRECT everywhere.
         let down = check_wiring(None, pac, false);
         assert_eq!(down.level, Level::Fail);
         assert!(down.detail.contains("DIRECT everywhere"), "{down}");
         assert!(down.to_string().contains("service install"), "{down}");
-        let file = check_wiring(None, Some("file:///home/u/.local/share/cursor-byok/proxy.pac"), false);
+        let file = check_wiring(
+            None,
+            Some("file:///home/u/.local/share/cursor-byok/proxy.pac"),
+            false,
+        );
         assert_eq!(file.level, Level::Warn);
-        assert!(file.detail.contains("fail (no chat reaches Cursor"), "{file}");
+        assert!(
+            file.detail.contains("fail (no chat reaches Cursor"),
+            "{file}"
+        );
         assert_eq!(check_wiring(None, None, true).level, Level::Fail);
     }
 

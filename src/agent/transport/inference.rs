@@ -149,7 +149,9 @@ pub fn refusal(why: &str) -> ConnectError {
 /// Why `message` must not go to Cursor, if it must not.
 fn verdict_on(message: &[u8], first: bool) -> Option<String> {
     match named_models(message) {
-        Err(e) => Some(format!("a RunInference message cursor-byok cannot read ({e})")),
+        Err(e) => Some(format!(
+            "a RunInference message cursor-byok cannot read ({e})"
+        )),
         Ok(named) if first && !named.run_request => {
             Some("a RunInference stream that does not open with its run request".into())
         }
@@ -174,7 +176,11 @@ pub(super) async fn run_inference(
         Ok(Ok(Some(frame))) => frame,
         Ok(Ok(None)) => return stream_error(refusal("a RunInference stream with no message")),
         Ok(Err(e)) => return stream_error(e),
-        Err(_) => return stream_error(refusal("a RunInference stream whose first message never came")),
+        Err(_) => {
+            return stream_error(refusal(
+                "a RunInference stream whose first message never came",
+            ))
+        }
     };
     if let Some(why) = verdict_on(&first, true) {
         tracing::warn!(reason = %why, "RunInference refused");
@@ -242,8 +248,7 @@ fn stream_request_id(
         .get("connect-content-encoding")
         .and_then(|v| v.to_str().ok());
     let encoding = Encoding::from_header(named).ok()?;
-    let mut decoder =
-        connect::FrameDecoder::new(connect::StreamKind::Request, encoding, limits);
+    let mut decoder = connect::FrameDecoder::new(connect::StreamKind::Request, encoding, limits);
     decoder.push(raw);
     let message = match decoder.next_frame() {
         Ok(Some(connect::Frame::Message(m))) => m,
@@ -274,7 +279,9 @@ pub(super) async fn append(
     let why = match verdict {
         InferenceVerdict::Refused(why) => Some(why),
         InferenceVerdict::Open => match connect::bidi_append_payload(&append) {
-            Err(e) => Some(format!("a RunInference append cursor-byok cannot read ({e})")),
+            Err(e) => Some(format!(
+                "a RunInference append cursor-byok cannot read ({e})"
+            )),
             Ok(message) => verdict_on(&message, append.append_seqno == 0),
         },
     };

@@ -98,10 +98,8 @@ pub(super) async fn handle(
 fn accept_key(ctx: &RequestContext, headers: &HeaderMap) -> Option<String> {
     let has = |name: header::HeaderName, token: &str| {
         headers.get_all(name).iter().any(|v| {
-            v.to_str().is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case(token))
-            })
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
         })
     };
     let upgrade = ctx.client_version == http::Version::HTTP_11
@@ -180,7 +178,11 @@ impl Session {
                 self.runs.retain(|_, run| !run.input.is_closed());
                 if self.runs.len() + self.held.len() >= MAX_RUNS {
                     let why = format!("cursor-byok: more than {MAX_RUNS} runs on one socket");
-                    send(out, ws_frames::run_rejected(&id, Code::ResourceExhausted, &why)).await;
+                    send(
+                        out,
+                        ws_frames::run_rejected(&id, Code::ResourceExhausted, &why),
+                    )
+                    .await;
                 } else {
                     self.held.insert(id.run_id.clone(), id);
                 }
@@ -237,7 +239,11 @@ impl Session {
                            quit Cursor fully and start it again (cursor-byok turns this transport \
                            off at Cursor's start), or choose one of your own models";
                 debug!(run_id, "Cursor's run on the agent WebSocket rejected");
-                return send(out, ws_frames::run_rejected(&id, Code::FailedPrecondition, why)).await;
+                return send(
+                    out,
+                    ws_frames::run_rejected(&id, Code::FailedPrecondition, why),
+                )
+                .await;
             }
             Err(e) => {
                 return send(out, ws_frames::run_rejected(&id, e.code, &e.message)).await;
@@ -253,7 +259,10 @@ impl Session {
                 return send(out, ws_frames::run_end(&id, None)).await;
             }
         };
-        let handle = self.t.agent().start_run_on(run_request, request_id, "WebSocket");
+        let handle = self
+            .t
+            .agent()
+            .start_run_on(run_request, request_id, "WebSocket");
         let version = crate::status::client_version(&self.caller_headers);
         if let Some(reason) = self.t.inspect_client(&sent.wire, version.as_deref()) {
             handle.failer().fail(reason);

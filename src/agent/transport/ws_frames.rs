@@ -123,7 +123,10 @@ fn encode_identity(id: &Identity) -> Vec<u8> {
 }
 
 fn encode_error(code: Code, message: &str) -> Vec<u8> {
-    let number = Code::ALL.iter().position(|c| *c == code).map_or(2, |i| i + 1) as u64;
+    let number = Code::ALL
+        .iter()
+        .position(|c| *c == code)
+        .map_or(2, |i| i + 1) as u64;
     let mut out = Vec::new();
     uint64::encode(1, &number, &mut out);
     string::encode(2, &message.to_owned(), &mut out);
@@ -224,7 +227,10 @@ mod tests {
             decode_client(&client(9, b"")),
             Err(FrameError::Unknown)
         ));
-        assert!(matches!(decode_client(b"\x1a\x05ab"), Err(FrameError::Wire(_))));
+        assert!(matches!(
+            decode_client(b"\x1a\x05ab"),
+            Err(FrameError::Wire(_))
+        ));
     }
 
     #[test]
@@ -237,7 +243,10 @@ mod tests {
         };
         let end = run_end(&id, Some((Code::Unavailable, "x")));
         // RunEnd(4){identity(1){r, r}, error(3){code 14, "x"}}.
-        assert_eq!(end, b"\x22\x0f\x0a\x06\x0a\x01r\x12\x01r\x1a\x05\x08\x0e\x12\x01x");
+        assert_eq!(
+            end,
+            b"\x22\x0f\x0a\x06\x0a\x01r\x12\x01r\x1a\x05\x08\x0e\x12\x01x"
+        );
         let rejected = run_rejected(&id, Code::FailedPrecondition, "no");
         assert_eq!(rejected[0], 0x2a);
         assert!(rejected.ends_with(b"\x08\x09\x12\x02no"));
