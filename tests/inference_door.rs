@@ -22,6 +22,7 @@ use prost::Message;
 
 const RUN_INFERENCE: &str = "/aiserver.v1.InferenceService/RunInference";
 const RUN_INFERENCE_SSE: &str = "/aiserver.v1.InferenceService/RunInferenceSSE";
+const INFERENCE_STREAM: &str = "/aiserver.v1.InferenceService/Stream";
 /// A unique string in the prompt: it must never reach the upstream.
 const CANARY: &str = "canary-7f3e-inference-door";
 
@@ -66,10 +67,14 @@ async fn harness() -> Harness {
 
 /// Opens `RunInference` with `first` as its body's first bytes; the answer's stream.
 async fn open(door: &Door, content_type: &str, first: Bytes) -> ServerStream {
+    open_on(RUN_INFERENCE, door, content_type, first).await
+}
+
+async fn open_on(path: &str, door: &Door, content_type: &str, first: Bytes) -> ServerStream {
     let mut conn = door.connect(Alpn::H2).await;
     let (tx, body) = client::channel_body();
     tx.send(first).await.unwrap();
-    let req = connect_request(RUN_INFERENCE, content_type, "req-inference", body);
+    let req = connect_request(path, content_type, "req-inference", body);
     let resp = tokio::time::timeout(STEP, conn.send(&door.authority(), req))
         .await
         .expect("answered within the step timeout")
@@ -209,4 +214,45 @@ async fn run_inference_sse_appends_on_our_model_are_refused_cursors_relayed() {
     let recorded = h.upstream.wait_recorded(BIDI_APPEND, 1, STEP).await;
     assert_eq!(recorded[0].body, body);
     assert_eq!(h.upstream.recorded_on(RUN_INFERENCE_SSE).len(), 2);
+}
+
+/// `InferenceStreamRequest{messages[{role 1, text}], model_id}`.
+fn stream_request(model: &str) -> Vec<u8> {
+    let mut message = Vec::new();
+    prost::encoding::int32::encode(1, &1, &mut message);
+    string::encode(2, &CANARY.to_owned(), &mut message);
+    let mut request = len_field(1, &message);
+    string::encode(5, &model.to_owned(), &mut request);
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inference_stream_on_our_model_is_refused_cursors_relayed() {
+    let h = harness().await;
+    let door = h.connect_door();
+    for body in [
+        raw_frame(&stream_request(OURS)),
+        raw_frame(b"\x0a\x7fshort"),
+    ] {
+        let mut stream = open_on(INFERENCE_STREAM, &door, "application/connect+proto", body).await;
+        match stream.next().await {
+            Some(Received::End(end)) => assert_refusal(
+                &end.error.expect("an error end"),
+                "neither to your provider",
+            ),
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+    }
+    assert!(h.upstream.recorded_on(INFERENCE_STREAM).is_empty());
+    assert_canary_never_upstream(&h);
+    let body = raw_frame(&stream_request(CURSORS));
+    let stream = open_on(INFERENCE_STREAM, &door, "application/connect+proto", body).await;
+    assert_eq!(stream.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        h.upstream
+            .wait_recorded(INFERENCE_STREAM, 1, STEP)
+            .await
+            .len(),
+        1
+    );
 }

@@ -1,7 +1,8 @@
 //! `aiserver.v1.InferenceService`: the door of Cursor's "managed-local" runtime, where the
 //! agent host runs the loop itself and sends each model call (the whole prompt and tool list)
 //! to `RunInference` (HTTP/2 bidi), or over HTTP/1.1 to `RunInferenceSSE` / `RunInferencePoll`
-//! with its client frames in `BidiAppend` (`../shared/protocol/inference.md` §2-4).
+//! with its client frames in `BidiAppend`; 3.17 clients made one `Stream` per model call
+//! (`../shared/protocol/inference.md` §2-4, §9).
 //!
 //! We do not serve this runtime, so it fails closed: a stream or append that names one of our
 //! models (our id prefix, configured or not) is refused with an error that says why and is
@@ -14,7 +15,8 @@
 //! - `RunInferenceClientMessage.run_request` (1): `requested_model` (3) `.model_id` (1),
 //!   `selected_subagent_models` (7) `.model_id`, `subagent_model_overrides` (8) `.model` (2)
 //!   `.model_id`;
-//! - `.invoke_model` (2) `.request` (2): `model_id` (5), `requested_model` (7) `.model_id`.
+//! - `.invoke_model` (2) `.request` (2), and `Stream`'s request (an `InferenceStreamRequest`):
+//!   `model_id` (5), `requested_model` (7) `.model_id`.
 //!
 //! The HTTP/1.1 pairing: the SSE / Poll request notes its request id (see `inference_ids`),
 //! and `BidiAppend` asks [`append`] before reading an append as an agent message.
@@ -35,6 +37,8 @@ use crate::proto::wire::{self, WireType};
 pub const RUN_INFERENCE_PATH: &str = "/aiserver.v1.InferenceService/RunInference";
 pub const RUN_INFERENCE_SSE_PATH: &str = "/aiserver.v1.InferenceService/RunInferenceSSE";
 pub const RUN_INFERENCE_POLL_PATH: &str = "/aiserver.v1.InferenceService/RunInferencePoll";
+/// One model call per stream (the runtime's transport before `RunInference`, 3.17).
+pub const INFERENCE_STREAM_PATH: &str = "/aiserver.v1.InferenceService/Stream";
 
 /// How long a `RunInference` waits for its first frame before it is refused.
 const FIRST_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -87,6 +91,13 @@ fn requested(models: Vec<&[u8]>, out: &mut Vec<String>) -> Result<(), ReadError>
     Ok(())
 }
 
+/// The model ids of one `InferenceStreamRequest`: `model_id` (5), `requested_model` (7).
+fn stream_request_models(request: &[u8], out: &mut Vec<String>) -> Result<(), ReadError> {
+    wire::validate(request)?;
+    out.extend(string(request, 5)?);
+    requested(each(request, 7)?, out)
+}
+
 /// Reads the model ids of one `RunInferenceClientMessage` (see the module docs).
 pub fn named_models(message: &[u8]) -> Result<Named, ReadError> {
     wire::validate(message)?;
@@ -104,9 +115,7 @@ pub fn named_models(message: &[u8]) -> Result<Named, ReadError> {
     for invoke in each(message, 2)? {
         wire::validate(invoke)?;
         for request in each(invoke, 2)? {
-            wire::validate(request)?;
-            named.models.extend(string(request, 5)?);
-            requested(each(request, 7)?, &mut named.models)?;
+            stream_request_models(request, &mut named.models)?;
         }
     }
     named.models.retain(|m| !m.is_empty());
@@ -188,6 +197,47 @@ pub(super) async fn run_inference(
     }
     let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
     t.upstream().forward(&ctx, req).await
+}
+
+/// `/aiserver.v1.InferenceService/Stream` (server-streaming): its one request message, an
+/// `InferenceStreamRequest`, decides it like a `RunInference` frame.
+pub(super) async fn stream(
+    t: &AgentTransports,
+    ctx: RequestContext,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let encoding = match readable_encoding(&parts.headers) {
+        Ok(e) => e,
+        Err(why) => return stream_error(refusal(&why)),
+    };
+    let raw = match read_bounded(body, t.inner.limits.max_frame_bytes).await {
+        Ok(b) => b,
+        Err(e) => return stream_error(e),
+    };
+    let mut decoder =
+        connect::FrameDecoder::new(connect::StreamKind::Request, encoding, t.inner.limits);
+    decoder.push(&raw);
+    let mut models = Vec::new();
+    let why = match decoder.next_frame() {
+        Ok(Some(connect::Frame::Message(m))) => match stream_request_models(&m, &mut models) {
+            Err(e) => Some(format!(
+                "an inference Stream request cursor-byok cannot read ({e})"
+            )),
+            Ok(()) => models
+                .iter()
+                .find(|m| m.starts_with(MODEL_ID_PREFIX))
+                .map(|m| format!("Cursor's local agent loop asked for model {m}, one of yours")),
+        },
+        _ => Some("an inference Stream request cursor-byok cannot read".to_string()),
+    };
+    if let Some(why) = why {
+        tracing::warn!(reason = %why, "inference Stream refused");
+        return stream_error(refusal(&why));
+    }
+    t.upstream()
+        .forward(&ctx, Request::from_parts(parts, full(raw)))
+        .await
 }
 
 /// The encoding of a stream we can read: Connect's binary codec, identity or gzip. Anything

@@ -28,7 +28,9 @@ use hyper::body::Incoming;
 use crate::http::{Body, RequestContext};
 
 pub use face::{AgentTransports, Pairing};
-pub use inference::{RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH};
+pub use inference::{
+    INFERENCE_STREAM_PATH, RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH,
+};
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
 pub use websocket::WEBSOCKET_PATH;
@@ -54,6 +56,9 @@ pub enum AgentRpc {
     RunInferenceSse,
     /// `RunInferencePoll`: its HTTP/1.1 polling half.
     RunInferencePoll,
+    /// `aiserver.v1.InferenceService/Stream`: one model call of Cursor's local agent loop;
+    /// ours refused, Cursor's relayed.
+    InferenceStream,
     /// `GET /agent/v1/run`, upgraded: the agent WebSocket.
     WebSocket,
 }
@@ -67,6 +72,7 @@ pub fn classify(path: &str) -> Option<AgentRpc> {
         RUN_INFERENCE_PATH => Some(AgentRpc::RunInference),
         RUN_INFERENCE_SSE_PATH => Some(AgentRpc::RunInferenceSse),
         RUN_INFERENCE_POLL_PATH => Some(AgentRpc::RunInferencePoll),
+        INFERENCE_STREAM_PATH => Some(AgentRpc::InferenceStream),
         WEBSOCKET_PATH => Some(AgentRpc::WebSocket),
         _ => None,
     }
@@ -87,6 +93,7 @@ impl AgentTransports {
             AgentRpc::RunInference => inference::run_inference(self, ctx, req).await,
             AgentRpc::RunInferenceSse => inference::open_stream(self, ctx, req, false).await,
             AgentRpc::RunInferencePoll => inference::open_stream(self, ctx, req, true).await,
+            AgentRpc::InferenceStream => inference::stream(self, ctx, req).await,
             AgentRpc::WebSocket => websocket::handle(self, ctx, req).await,
         }
     }
