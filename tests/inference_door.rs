@@ -74,12 +74,13 @@ async fn open_on(path: &str, door: &Door, content_type: &str, first: Bytes) -> S
     let mut conn = door.connect(Alpn::H2).await;
     let (tx, body) = client::channel_body();
     tx.send(first).await.unwrap();
+    // The whole request body: a server-streaming call is answered only after it ends.
+    drop(tx);
     let req = connect_request(path, content_type, "req-inference", body);
     let resp = tokio::time::timeout(STEP, conn.send(&door.authority(), req))
         .await
         .expect("answered within the step timeout")
         .expect("answered");
-    drop(tx);
     ServerStream::new(resp, Some(conn))
 }
 

@@ -242,28 +242,37 @@ impl CursorServices {
             client_version.as_deref(),
         ) {
             Ok(message) => proto_response(parts.headers, message),
-            Err(err) if rpc == CursorRpc::GetServerConfig => {
-                // Fail closed: upstream's config as it came could send the Agent around the
-                // proxy (HTTP/2 bidi) while our models are listed, so a BYOK run would go
-                // straight to Cursor. Our local config keeps the transport that reaches us.
-                tracing::warn!(
-                    ?rpc,
-                    error = %err,
-                    "cannot adjust upstream's server config; answering ours (only the agent \
-                     transport settings) so the Agent keeps reaching this proxy"
-                );
-                proto_response(
-                    HeaderMap::new(),
-                    local_server_config(&self.config).encode_to_vec(),
-                )
-            }
-            Err(err) => {
-                // A model list we cannot merge: Cursor's own, as it came (our models are then
-                // absent from it, so none can be picked).
-                tracing::warn!(?rpc, error = %err, "cannot adjust upstream's answer; passing it through");
-                passthrough(parts, full(wire))
-            }
+            Err(err) => self.unadjusted(rpc, &err, parts, wire),
         }
+    }
+
+    /// The answer when upstream's could not be adjusted.
+    fn unadjusted(
+        &self,
+        rpc: CursorRpc,
+        err: &CursorError,
+        parts: http::response::Parts,
+        wire: Bytes,
+    ) -> Response<Body> {
+        if rpc == CursorRpc::GetServerConfig {
+            // Fail closed: upstream's config as it came could send the Agent around the
+            // proxy (HTTP/2 bidi) while our models are listed, so a BYOK run would go
+            // straight to Cursor. Our local config keeps the transport that reaches us.
+            tracing::warn!(
+                ?rpc,
+                error = %err,
+                "cannot adjust upstream's server config; answering ours (only the agent \
+                 transport settings) so the Agent keeps reaching this proxy"
+            );
+            return proto_response(
+                HeaderMap::new(),
+                local_server_config(&self.config).encode_to_vec(),
+            );
+        }
+        // A model list we cannot merge: Cursor's own, as it came (our models are then absent
+        // from it, so none can be picked).
+        tracing::warn!(?rpc, error = %err, "cannot adjust upstream's answer; passing it through");
+        passthrough(parts, full(wire))
     }
 
     /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed. The
