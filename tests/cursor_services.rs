@@ -146,6 +146,12 @@ fn answer(req: Request<Incoming>, models: Bytes) -> Response<Full<Bytes>> {
             proto(b"\x12\xff\xff".to_vec(), false)
         }
         "/aiserver.v1.AiService/AvailableModels" => proto(models.to_vec(), true),
+        "/aiserver.v1.ServerConfigService/GetServerConfig"
+            if req.headers().contains_key("x-send-garbage") =>
+        {
+            proto(b"\x12\xff\xff".to_vec(), true)
+        }
+        "/aiserver.v1.AnalyticsService/BootstrapStatsig" => statsig_answer(&req),
         "/aiserver.v1.ServerConfigService/GetServerConfig" => proto(
             ai::GetServerConfigResponse {
                 config_version: "v9".into(),
@@ -321,7 +327,7 @@ async fn refused_model_list_gets_ours_but_refused_config_passes() {
 async fn ws_probes_get_404_and_never_reach_upstream() {
     let fake = fake_cursor().await;
     let (services, upstream) = setup();
-    for path in ["/agent/v1/run", "/ws-reachability-probe"] {
+    for path in ["/ws-reachability-probe"] {
         let req = Request::builder()
             .method("GET")
             .uri(path)
@@ -379,4 +385,224 @@ async fn unreachable_upstream_gets_local_answers() {
     let req = request("/aiserver.v1.AiService/AvailableModels", "application/json");
     let (parts, _) = call(&services, &upstream, port, req).await;
     assert_eq!(parts.status, StatusCode::BAD_GATEWAY);
+}
+
+/// A bootstrap shaped as peers record Cursor's: djb2 keys, both door gates on, one other gate,
+/// a dynamic config and the user.
+fn statsig_config() -> String {
+    serde_json::json!({
+        "feature_gates": {
+            "579159465": {"name": "579159465", "value": true, "rule_id": "on", "secondary_exposures": []},
+            "1967931573": {"name": "1967931573", "value": true, "rule_id": "on", "secondary_exposures": []},
+            "777": {"name": "777", "value": true, "rule_id": "other"}
+        },
+        "dynamic_configs": {"2362453234": {"name": "2362453234", "value": {"maxConnections": 2}}},
+        "layer_configs": {},
+        "user": {"userID": "u1"},
+        "time": 1_790_000_000_000u64,
+        "has_updates": true,
+        "hash_used": "djb2"
+    })
+    .to_string()
+}
+
+/// `BootstrapStatsigResponse`: config (1), timestamp (2) and a field this build does not know.
+fn statsig_message() -> Vec<u8> {
+    let mut out = Vec::new();
+    prost::encoding::string::encode(1, &statsig_config(), &mut out);
+    prost::encoding::uint64::encode(2, &1_790_000_000_000u64, &mut out);
+    prost::encoding::string::encode(7, &"kept".to_owned(), &mut out);
+    out
+}
+
+/// The fake's BootstrapStatsig, in the form the request's `x-statsig` asks for.
+fn statsig_answer(req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let form = req
+        .headers()
+        .get("x-statsig")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("gzip")
+        .to_owned();
+    let (content_type, body, gz) = match form.as_str() {
+        "gzip" => ("application/proto", statsig_message(), true),
+        "framed" => {
+            let m = statsig_message();
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&m);
+            ("application/connect+proto", framed, false)
+        }
+        "json" => (
+            "application/json",
+            serde_json::to_vec(&serde_json::json!({"config": statsig_config(), "timestamp": "1"}))
+                .expect("json"),
+            false,
+        ),
+        "bad-json" => {
+            let mut out = Vec::new();
+            prost::encoding::string::encode(1, &"{not json".to_owned(), &mut out);
+            ("application/proto", out, true)
+        }
+        "no-config" => ("application/proto", b"\x10\x01".to_vec(), false),
+        "unknown-hash" => {
+            let mut out = Vec::new();
+            let config = r#"{"feature_gates":{},"hash_used":"md5"}"#.to_owned();
+            prost::encoding::string::encode(1, &config, &mut out);
+            ("application/proto", out, false)
+        }
+        _ => {
+            return Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .body(Full::new(Bytes::new()))
+                .expect("response")
+        }
+    };
+    let mut b = Response::builder().header(header::CONTENT_TYPE, content_type);
+    let body = if gz {
+        b = b.header(header::CONTENT_ENCODING, "gzip");
+        gzip(&body)
+    } else {
+        body
+    };
+    b.body(Full::new(Bytes::from(body))).expect("response")
+}
+
+fn statsig_request(form: &str, content_type: &str) -> Request<Body> {
+    let mut req = request(
+        "/aiserver.v1.AnalyticsService/BootstrapStatsig",
+        content_type,
+    );
+    req.headers_mut().insert(
+        "x-statsig",
+        header::HeaderValue::from_str(form).expect("header"),
+    );
+    req
+}
+
+/// The config string (field 1, last occurrence) of a `BootstrapStatsigResponse`.
+fn statsig_json(message: &[u8]) -> serde_json::Value {
+    let mut buf = message;
+    let mut config = None;
+    while !buf.is_empty() {
+        let (number, wire) = prost::encoding::decode_key(&mut buf).expect("key");
+        if number == 1 {
+            let mut s = String::new();
+            prost::encoding::string::merge(wire, &mut s, &mut buf, Default::default())
+                .expect("string");
+            config = Some(s);
+        } else {
+            prost::encoding::skip_field(wire, number, &mut buf, Default::default()).expect("skip");
+        }
+    }
+    serde_json::from_str(&config.expect("field 1")).expect("config is JSON")
+}
+
+fn assert_doors_off(json: &serde_json::Value) {
+    for key in ["579159465", "1967931573"] {
+        assert_eq!(json["feature_gates"][key]["value"], false, "gate {key}");
+    }
+}
+
+#[tokio::test]
+async fn statsig_bootstrap_has_the_door_gates_off_and_keeps_the_rest() {
+    let fake = fake_cursor().await;
+    let (services, upstream) = setup();
+    let port = fake.addr.port();
+    assert_eq!(
+        classify("/aiserver.v1.AnalyticsService/BootstrapStatsig"),
+        Some(CursorRpc::BootstrapStatsig)
+    );
+
+    let req = statsig_request("gzip", "application/proto");
+    let (parts, body) = call(&services, &upstream, port, req).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(parts.headers[header::CONTENT_TYPE], "application/proto");
+    assert!(parts.headers.get(header::CONTENT_ENCODING).is_none());
+    let json = statsig_json(&body);
+    assert_doors_off(&json);
+    let mut want: serde_json::Value = serde_json::from_str(&statsig_config()).expect("json");
+    for key in ["579159465", "1967931573"] {
+        want["feature_gates"][key]["value"] = false.into();
+        want["feature_gates"][key]["rule_id"] = json["feature_gates"][key]["rule_id"].clone();
+    }
+    assert_eq!(json, want, "only the two gates change");
+    // The other fields, byte for byte and in order.
+    let mut tail = Vec::new();
+    prost::encoding::uint64::encode(2, &1_790_000_000_000u64, &mut tail);
+    prost::encoding::string::encode(7, &"kept".to_owned(), &mut tail);
+    assert!(body.starts_with(&tail), "{body:?}");
+
+    let req = statsig_request("framed", "application/proto");
+    let (parts, body) = call(&services, &upstream, port, req).await;
+    assert_eq!(
+        parts.headers[header::CONTENT_TYPE],
+        "application/connect+proto"
+    );
+    assert_eq!(body[0], 0);
+    let len = u32::from_be_bytes(body[1..5].try_into().expect("4 bytes")) as usize;
+    assert_eq!(len, body.len() - 5);
+    assert_doors_off(&statsig_json(&body[5..]));
+
+    let req = statsig_request("json", "application/json");
+    let (parts, body) = call(&services, &upstream, port, req).await;
+    assert_eq!(parts.headers[header::CONTENT_TYPE], "application/json");
+    let outer: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(outer["timestamp"], "1");
+    let inner: serde_json::Value =
+        serde_json::from_str(outer["config"].as_str().expect("config")).expect("json");
+    assert_doors_off(&inner);
+}
+
+#[tokio::test]
+async fn an_unusable_statsig_bootstrap_is_replaced_never_passed() {
+    let fake = fake_cursor().await;
+    let (services, upstream) = setup();
+    for form in ["bad-json", "no-config", "unknown-hash", "refused"] {
+        let req = statsig_request(form, "application/proto");
+        let (parts, body) = call(&services, &upstream, fake.addr.port(), req).await;
+        assert_eq!(parts.status, StatusCode::OK, "{form}");
+        let json = statsig_json(&body);
+        assert_doors_off(&json);
+        assert_eq!(
+            json["feature_gates"].as_object().expect("gates").len(),
+            2,
+            "{form}: ours alone"
+        );
+    }
+    // Unreachable upstream: ours too, in the client's codec.
+    let closed = tokio::net::TcpSocket::new_v4().expect("socket");
+    closed.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    let req = statsig_request("gzip", "application/json");
+    let (parts, body) = call(&services, &upstream, port, req).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    let outer: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let inner: serde_json::Value =
+        serde_json::from_str(outer["config"].as_str().expect("config")).expect("json");
+    assert_doors_off(&inner);
+}
+
+#[tokio::test]
+async fn a_server_config_we_cannot_rewrite_is_replaced_by_ours() {
+    let fake = fake_cursor().await;
+    let (services, upstream) = setup();
+    let mut req = request(
+        "/aiserver.v1.ServerConfigService/GetServerConfig",
+        "application/proto",
+    );
+    req.headers_mut()
+        .insert("x-send-garbage", header::HeaderValue::from_static("1"));
+    let (parts, body) = call(&services, &upstream, fake.addr.port(), req).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_ne!(
+        &body[..],
+        b"\x12\xff\xff",
+        "never upstream's unrewritten bytes"
+    );
+    let config = ai::GetServerConfigResponse::decode(body).expect("decodes");
+    assert_eq!(
+        config.http2_config,
+        ai::Http2Config::ForceBidiDisabled as i32,
+        "the Agent stays on the transport that reaches us"
+    );
 }

@@ -1,6 +1,6 @@
 //! The PAC script and `setup system-proxy`: the script evaluated by a real JavaScript engine
 //! (node, with the standard PAC helper functions defined) for Cursor's hosts, other hosts and
-//! the DIRECT fallback; served by the proxy listener; the per-OS commands applied and undone
+//! the fallback (none for the hosts that carry the agent, DIRECT for Cursor's others); served by the proxy listener; the per-OS commands applied and undone
 //! byte for byte on a simulated OS.
 //!
 //! Without `node` on PATH the engine test is skipped with a message.
@@ -82,7 +82,7 @@ fn first_working(answer: &str, proxy_up: bool) -> String {
 }
 
 #[test]
-fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_with_a_direct_fallback() {
+fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_and_agent_hosts_never_direct() {
     let Some(node) = node() else {
         eprintln!("SKIPPED: `node` is not on PATH, so the PAC script is not evaluated here");
         return;
@@ -90,42 +90,62 @@ fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_with_a_direct_fallback() 
     let listen: SocketAddr = "127.0.0.1:8787".parse().unwrap();
     let config = Config::embedded_default();
     let text = script(listen, &config.intercept);
-    let cursor_hosts = [
+    // The hosts that carry agent RPCs: the proxy or nothing.
+    let agent_hosts = [
         "api2.cursor.sh",
         "agent.api5.cursor.sh",
         "agentn.api5.cursor.sh",
         "agentn.global.api5.cursor.sh",
         "API2.Cursor.SH",
         "api2.cursor.sh.",
+    ];
+    // Cursor's other hosts: the proxy, DIRECT when it is down.
+    let cursor_hosts = [
         "cursor.sh",
+        "api3.cursor.sh",
+        "repo42.cursor.sh",
+        "api5.cursor.sh",
+        // Ends like an agent host's domain without being under it.
+        "evilapi5.cursor.sh",
     ];
     let other_hosts = [
         "github.com",
         "evilcursor.sh",
         "cursor.sh.evil.example",
+        "api2.cursor.sh.evil.example",
         "api.openai.com",
         "localhost",
         "127.0.0.1",
         "cursor.com",
     ];
-    let all: Vec<&str> = cursor_hosts.iter().chain(&other_hosts).copied().collect();
+    let all: Vec<&str> = agent_hosts
+        .iter()
+        .chain(&cursor_hosts)
+        .chain(&other_hosts)
+        .copied()
+        .collect();
     let answers = evaluate(node, &text, &all);
     assert_eq!(answers.len(), all.len(), "{answers:?}");
     for (host, answer) in all.iter().zip(&answers) {
-        let want = if cursor_hosts.contains(host) {
-            "PROXY 127.0.0.1:8787; DIRECT"
+        let (want, when_down) = if agent_hosts.contains(host) {
+            ("PROXY 127.0.0.1:8787", "FAIL")
+        } else if cursor_hosts.contains(host) {
+            ("PROXY 127.0.0.1:8787; DIRECT", "DIRECT")
         } else {
-            "DIRECT"
+            ("DIRECT", "DIRECT")
         };
         assert_eq!(answer, want, "{host}");
-        // Proxy down: every host still has a way out, Cursor's included.
-        assert_eq!(first_working(answer, false), "DIRECT", "{host}");
+        // Proxy down: the agent's hosts fail (no BYOK prompt reaches Cursor); the rest has a
+        // way out.
+        assert_eq!(first_working(answer, false), when_down, "{host}");
+        if want != "DIRECT" {
+            assert_eq!(
+                first_working(answer, true),
+                "PROXY 127.0.0.1:8787",
+                "{host}"
+            );
+        }
     }
-    assert_eq!(
-        first_working(&answers[0], true),
-        "PROXY 127.0.0.1:8787",
-        "with the proxy up, Cursor's hosts take it"
-    );
 
     // A config with an exact host and another wildcard: both reach the proxy, nothing more.
     let patterns = vec!["*.cursor.sh".to_string(), "api.cursor.com".to_string()];
@@ -133,16 +153,26 @@ fn a_real_engine_sends_only_cursors_hosts_to_the_proxy_with_a_direct_fallback() 
     let answers = evaluate(
         node,
         &text,
-        &["api.cursor.com", "www.cursor.com", "x.cursor.sh"],
+        &[
+            "api.cursor.com",
+            "www.cursor.com",
+            "x.cursor.sh",
+            "api2.cursor.sh",
+        ],
     );
     assert_eq!(
         answers,
         [
             "PROXY 127.0.0.1:9999; DIRECT",
             "DIRECT",
-            "PROXY 127.0.0.1:9999; DIRECT"
+            "PROXY 127.0.0.1:9999; DIRECT",
+            "PROXY 127.0.0.1:9999",
         ]
     );
+    // A host the config does not intercept is not the proxy's, agent host or not.
+    let text = script(listen, &["api.cursor.com".to_string()]);
+    let answers = evaluate(node, &text, &["api2.cursor.sh", "api.cursor.com"]);
+    assert_eq!(answers, ["DIRECT", "PROXY 127.0.0.1:8787; DIRECT"]);
 }
 
 /// One HTTP/1.1 GET to the proxy listener; (status line, headers, body).
@@ -180,6 +210,7 @@ async fn the_proxy_serves_its_pac_without_asking_for_credentials() {
     );
     assert_eq!(body, script(addr, &config.intercept));
     assert!(body.contains(&format!("PROXY {addr}; DIRECT")), "{body}");
+    assert!(body.contains(&format!("\"PROXY {addr}\"")), "{body}");
     // The status page next to it still asks.
     let (status, _, _) = get(addr, cursor_byok::status::SNAPSHOT_PATH).await;
     assert!(

@@ -133,7 +133,8 @@ pub enum SetupTarget {
     /// keeping comments and formatting; a timestamped backup is written first.
     Cursor(CursorArgs),
     /// Point the OS's automatic proxy configuration at a PAC script that sends only Cursor's
-    /// hosts to the proxy, DIRECT when it is not running (macOS networksetup, GNOME/KDE,
+    /// hosts to the proxy: its agent hosts with no fallback (they fail while the proxy is
+    /// down), its others DIRECT when it is not running (macOS networksetup, GNOME/KDE,
     /// Windows Internet Settings); prints each command first.
     SystemProxy(SystemProxyArgs),
 }

@@ -1,5 +1,6 @@
 //! `cursor-byok setup system-proxy [--dry-run] [--undo] [--file-url]`: the OS's automatic proxy
-//! configuration pointed at the PAC script, so Cursor goes DIRECT whenever the proxy is down.
+//! configuration pointed at the PAC script (see `status::pac` for what goes where, and
+//! [`pac::TRADE_OFF`] for what that means while the proxy is down).
 
 use std::path::Path;
 
@@ -137,9 +138,11 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
         }
     }
     println!();
-    println!(
-        "The OS now reads {url}: Cursor's hosts go to the proxy, DIRECT when it does not answer."
-    );
+    println!("The OS now reads {url}: Cursor's hosts go to the proxy.");
+    println!("{}", pac::TRADE_OFF);
+    if !args.file_url {
+        println!("{}", pac::SERVED_URL_CAVEAT);
+    }
     println!(
         "In Cursor's settings.json keep \"cursor.general.disableHttp2\": true and remove \
          \"http.proxy\" (it overrides the OS setting and has no fallback); restart Cursor."

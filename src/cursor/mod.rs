@@ -1,18 +1,22 @@
 //! Cursor's own services, adjusted: the model lists get the configured models appended,
-//! `GetServerConfig` steers the desktop's Agent to a transport that reaches us, and WebSocket
-//! agent probes are refused so clients fall back. Everything else passes upstream untouched
-//! (that decision is the router's; [`classify`] names what is handled here).
+//! `GetServerConfig` steers the desktop's Agent to a transport that reaches us,
+//! `BootstrapStatsig` turns off the gates of the agent doors we do not serve (`statsig.rs`),
+//! and the WebSocket reachability probe is refused. Everything else passes upstream untouched (that
+//! decision is the router's; [`classify`] names what is handled here).
 //!
 //! Flow for the unary RPCs: the request goes upstream unchanged (streamed); a binary-protobuf
 //! success answer is read (bounded), decoded with the full schema, adjusted and re-encoded
-//! uncompressed. Our failures never break the user's Cursor: an answer we cannot decode passes
-//! through as it came. When upstream cannot answer, the model lists are answered with the
-//! configured models alone; `GetServerConfig` is answered locally only when upstream is
-//! unreachable (an upstream error passes through: we do not invent a server config). JSON
-//! clients (`application/json`) are never rewritten: we only rewrite binary protobuf.
+//! uncompressed. A model list we cannot merge passes through as it came (without our models).
+//! A server config or Statsig bootstrap we cannot adjust never does: it would steer the Agent
+//! where we cannot guard it, so our local answer replaces it. When upstream cannot answer, the
+//! model lists are answered with the configured models alone; `GetServerConfig` is answered
+//! locally only when upstream is unreachable or its answer unusable (an upstream error passes
+//! through: we do not invent a server config). JSON clients (`application/json`) are never
+//! rewritten, except the Statsig bootstrap's `config`.
 
 mod models;
 mod server_config;
+mod statsig;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +42,7 @@ pub use models::{
     UNSET_PICKER_FIELDS,
 };
 pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
+pub use statsig::{djb2, GATES_OFF};
 
 pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";
 pub const GET_USABLE_MODELS: [&str; 2] = [
@@ -49,8 +54,10 @@ pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
     "/aiserver.v1.AiService/GetDefaultModelForCli",
 ];
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
-/// WebSocket agent transport probes; a 404 makes clients fall back to HTTP.
-pub const WS_PROBES: [&str; 2] = ["/agent/v1/run", "/ws-reachability-probe"];
+pub const BOOTSTRAP_STATSIG: &str = "/aiserver.v1.AnalyticsService/BootstrapStatsig";
+/// The WebSocket reachability probe; a 404. (The agent WebSocket itself, `/agent/v1/run`, is
+/// the agent's: `agent::transport`.)
+pub const WS_PROBES: [&str; 1] = ["/ws-reachability-probe"];
 
 /// `GetServerConfigResponse` fields we may change: `http2_config` (7), `agent_url_config` (27).
 const SERVER_CONFIG_OWNED: &[u32] = &[7, 27];
@@ -73,8 +80,11 @@ pub enum CursorRpc {
     GetDefaultModelForCli,
     /// `/aiserver.v1.ServerConfigService/GetServerConfig`.
     GetServerConfig,
-    /// `/agent/v1/run` and `/ws-reachability-probe`, any method: 404, never forwarded.
+    /// `/ws-reachability-probe`, any method: 404, never forwarded.
     WsProbe,
+    /// `/aiserver.v1.AnalyticsService/BootstrapStatsig`: the gates of the agent doors we do
+    /// not serve turned off (see `statsig.rs`).
+    BootstrapStatsig,
 }
 
 impl CursorRpc {
@@ -94,6 +104,7 @@ pub fn classify(path: &str) -> Option<CursorRpc> {
     match path {
         AVAILABLE_MODELS => Some(CursorRpc::AvailableModels),
         GET_SERVER_CONFIG => Some(CursorRpc::GetServerConfig),
+        BOOTSTRAP_STATSIG => Some(CursorRpc::BootstrapStatsig),
         p if GET_USABLE_MODELS.contains(&p) => Some(CursorRpc::GetUsableModels),
         p if GET_DEFAULT_MODEL_FOR_CLI.contains(&p) => Some(CursorRpc::GetDefaultModelForCli),
         p if WS_PROBES.contains(&p) => Some(CursorRpc::WsProbe),
@@ -157,10 +168,11 @@ impl CursorServices {
         req: Request<Body>,
         upstream: &Upstream,
     ) -> Response<Body> {
-        if rpc == CursorRpc::WsProbe {
-            return status_only(StatusCode::NOT_FOUND);
+        match rpc {
+            CursorRpc::WsProbe => status_only(StatusCode::NOT_FOUND),
+            CursorRpc::BootstrapStatsig => bootstrap_statsig(ctx, req, upstream).await,
+            _ => self.adjust(rpc, ctx, req, upstream).await,
         }
-        self.adjust(rpc, ctx, req, upstream).await
     }
 
     async fn adjust(
@@ -230,12 +242,37 @@ impl CursorServices {
             client_version.as_deref(),
         ) {
             Ok(message) => proto_response(parts.headers, message),
-            Err(err) => {
-                // Never break Cursor because our merge failed: its own answer, as it came.
-                tracing::warn!(?rpc, error = %err, "cannot adjust upstream's answer; passing it through");
-                passthrough(parts, full(wire))
-            }
+            Err(err) => self.unadjusted(rpc, &err, parts, wire),
         }
+    }
+
+    /// The answer when upstream's could not be adjusted.
+    fn unadjusted(
+        &self,
+        rpc: CursorRpc,
+        err: &CursorError,
+        parts: http::response::Parts,
+        wire: Bytes,
+    ) -> Response<Body> {
+        if rpc == CursorRpc::GetServerConfig {
+            // Fail closed: upstream's config as it came could send the Agent around the
+            // proxy (HTTP/2 bidi) while our models are listed, so a BYOK run would go
+            // straight to Cursor. Our local config keeps the transport that reaches us.
+            tracing::warn!(
+                ?rpc,
+                error = %err,
+                "cannot adjust upstream's server config; answering ours (only the agent \
+                 transport settings) so the Agent keeps reaching this proxy"
+            );
+            return proto_response(
+                HeaderMap::new(),
+                local_server_config(&self.config).encode_to_vec(),
+            );
+        }
+        // A model list we cannot merge: Cursor's own, as it came (our models are then absent
+        // from it, so none can be picked).
+        tracing::warn!(?rpc, error = %err, "cannot adjust upstream's answer; passing it through");
+        passthrough(parts, full(wire))
     }
 
     /// Decode upstream's (possibly gzip) answer, adjust it, re-encode it uncompressed. The
@@ -303,8 +340,10 @@ impl CursorServices {
                     },
                 )?
             }
-            // Not rewritten (handled before the body is read); re-encoding is the identity.
-            CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => message.to_vec(),
+            // Not rewritten here (handled before the body is read, or by their own handler).
+            CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe | CursorRpc::BootstrapStatsig => {
+                message.to_vec()
+            }
         };
         Ok(out)
     }
@@ -321,6 +360,7 @@ impl CursorServices {
             }
             CursorRpc::GetServerConfig => local_server_config(config).encode_to_vec(),
             CursorRpc::WsProbe => return None,
+            CursorRpc::BootstrapStatsig => statsig::local_bootstrap(now_ms()),
         };
         Some(proto_response(HeaderMap::new(), message))
     }
@@ -336,8 +376,123 @@ fn answer_type(rpc: CursorRpc) -> Option<(&'static str, &'static str)> {
         CursorRpc::GetServerConfig => {
             Some(("GetServerConfig", "aiserver.v1.GetServerConfigResponse"))
         }
-        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe => None,
+        CursorRpc::GetDefaultModelForCli | CursorRpc::WsProbe | CursorRpc::BootstrapStatsig => None,
     }
+}
+
+/// `BootstrapStatsig`: upstream's answer with the agent-door gates off, or, when that answer
+/// cannot be had or read, our local bootstrap with only those gates (off). Never upstream's
+/// bytes unrewritten: they may hold the gates on (`statsig.rs` says why this fails closed).
+async fn bootstrap_statsig(
+    ctx: &RequestContext,
+    mut req: Request<Body>,
+    upstream: &Upstream,
+) -> Response<Body> {
+    let json_client = is_json(req.headers());
+    narrow_accept_encoding(req.headers_mut());
+    let failure = match upstream.send(ctx, req).await {
+        Err(err) => format!("upstream unreachable: {err}"),
+        Ok(resp) if !resp.status().is_success() => {
+            format!("upstream answered {}", resp.status())
+        }
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            match read_bounded(body).await {
+                Err(err) => err.to_string(),
+                Ok(wire) => match rewrite_statsig(&parts.headers, wire) {
+                    Ok(answer) => return answer_with(parts.headers, answer),
+                    Err(err) => err,
+                },
+            }
+        }
+    };
+    tracing::warn!(
+        reason = %failure,
+        "BootstrapStatsig: upstream's bootstrap not usable; answering ours (agent-door gates off, \
+         other experiments at their defaults)"
+    );
+    let local = statsig::local_bootstrap(now_ms());
+    if json_client {
+        let config = statsig::local_config(now_ms());
+        let body = serde_json::json!({ "config": config }).to_string();
+        return answer_with(HeaderMap::new(), StatsigAnswer::Json(body.into_bytes()));
+    }
+    answer_with(HeaderMap::new(), StatsigAnswer::Proto(local))
+}
+
+/// A rewritten bootstrap, in the form upstream gave it.
+enum StatsigAnswer {
+    Proto(Vec<u8>),
+    /// A Connect-enveloped protobuf (flag 0, one frame), with upstream's content type.
+    Enveloped(Vec<u8>),
+    Json(Vec<u8>),
+}
+
+/// Upstream's bootstrap (possibly gzip; bare protobuf, one Connect envelope, or Connect JSON
+/// with the config in `config`) with the gates off.
+fn rewrite_statsig(headers: &HeaderMap, wire: Bytes) -> Result<StatsigAnswer, String> {
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok());
+    let limits = Limits {
+        max_frame_bytes: MAX_ANSWER_WIRE,
+        max_decompressed_bytes: MAX_ANSWER_DECODED,
+    };
+    let message = decode_unary(wire, encoding, limits).map_err(|e| e.to_string())?;
+    if is_json(headers) {
+        let mut root: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&message).map_err(|e| format!("answer is not JSON: {e}"))?;
+        let Some(serde_json::Value::String(config)) = root.get("config") else {
+            return Err("JSON answer has no string `config`".into());
+        };
+        let rewritten = statsig::rewrite_config(config).map_err(|e| e.to_string())?;
+        root.insert("config".into(), rewritten.into());
+        let body = serde_json::to_vec(&root).map_err(|e| e.to_string())?;
+        return Ok(StatsigAnswer::Json(body));
+    }
+    // A protobuf message cannot start with byte 0 (field number 0), so a leading 0 whose
+    // length prefix spans the rest is a Connect envelope (uncompressed).
+    if let [0, a, b, c, d, payload @ ..] = &message[..] {
+        if u32::from_be_bytes([*a, *b, *c, *d]) as usize == payload.len() {
+            let out = statsig::rewrite_message(payload).map_err(|e| e.to_string())?;
+            let framed = crate::connect::encode_frame(0, &out).map_err(|e| e.to_string())?;
+            return Ok(StatsigAnswer::Enveloped(framed.to_vec()));
+        }
+    }
+    statsig::rewrite_message(&message)
+        .map(StatsigAnswer::Proto)
+        .map_err(|e| e.to_string())
+}
+
+fn answer_with(mut headers: HeaderMap, answer: StatsigAnswer) -> Response<Body> {
+    let (content_type, body) = match answer {
+        StatsigAnswer::Proto(body) => return proto_response(headers, body),
+        StatsigAnswer::Enveloped(body) => (None, body),
+        StatsigAnswer::Json(body) => (Some("application/json"), body),
+    };
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::CONTENT_ENCODING);
+    if let Some(media) = content_type {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+    }
+    let mut resp = Response::new(full(body));
+    *resp.headers_mut() = headers;
+    resp
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn decode<M: Message + Default>(message: Bytes, name: &'static str) -> Result<M, CursorError> {
@@ -533,7 +688,7 @@ mod tests {
             classify("/aiserver.v1.ServerConfigService/GetServerConfig"),
             Some(CursorRpc::GetServerConfig)
         );
-        assert_eq!(classify("/agent/v1/run"), Some(CursorRpc::WsProbe));
+        assert_eq!(classify("/agent/v1/run"), None, "the agent's door");
         assert_eq!(classify("/ws-reachability-probe"), Some(CursorRpc::WsProbe));
         for other in [
             "/aiserver.v1.AiService/AvailableModels/",

@@ -545,8 +545,51 @@ pub fn system_pac_url(data_dir: &Path) -> Option<String> {
         .map(|s| s.url)
 }
 
+/// The hosts the PAC script sends to the proxy with no fallback, for the checks' text.
+fn pac_agent_hosts() -> String {
+    crate::status::pac::AGENT_HOSTS
+        .iter()
+        .map(|h| match h.strip_prefix('.') {
+            Some(domain) => format!("*.{domain}"),
+            None => h.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The system PAC at `url` while the proxy is down. A script fetched from the proxy itself
+/// cannot be fetched now: a Cursor that starts (or re-reads the script) meanwhile goes DIRECT
+/// everywhere, agent hosts included. A `file://` script keeps the agent hosts failing.
+fn pac_down(url: &str) -> Check {
+    let subject = "wiring";
+    if url.starts_with("file:") {
+        return Check::new(
+            Level::Warn,
+            subject,
+            format!(
+                "system PAC {url} with the proxy down: Cursor's agent hosts ({}) fail (no chat \
+                 reaches Cursor, on any model); its other hosts go DIRECT",
+                pac_agent_hosts()
+            ),
+        );
+    }
+    Check::new(
+        Level::Fail,
+        subject,
+        format!(
+            "system PAC {url} with the proxy down: the script is served by the proxy, so it \
+             cannot be fetched now and a Cursor that starts or re-reads it meanwhile goes \
+             DIRECT everywhere; a chat with one of your models selected would then reach \
+             Cursor. A Cursor that loaded the script before keeps its agent hosts ({}) on the \
+             proxy, failing",
+            pac_agent_hosts()
+        ),
+    )
+}
+
 /// Which wiring sends Cursor to the proxy, and whether Cursor is cut off right now: its
-/// `http.proxy` has no fallback, the system PAC falls back to DIRECT.
+/// `http.proxy` has no fallback; the system PAC has none for the agent hosts, and falls back
+/// to DIRECT for Cursor's other hosts (and for all of them when the script cannot be fetched).
 pub fn check_wiring(
     http_proxy: Option<&str>,
     ours: &str,
@@ -592,17 +635,14 @@ pub fn check_wiring(
         (None, Some(u), true) => Check::new(
             Level::Ok,
             subject,
-            format!("system PAC {u}: Cursor's hosts go through the proxy, DIRECT when it is down"),
-        ),
-        (None, Some(u), false) => Check::new(
-            Level::Warn,
-            subject,
             format!(
-                "system PAC {u} with the proxy down: Cursor goes DIRECT and keeps working, \
-                 without your models"
+                "system PAC {u}: Cursor's agent hosts ({agent}) go through the proxy with no \
+                 fallback (while it is down they fail, Cursor's own models too: no chat on your \
+                 model reaches Cursor); Cursor's other hosts go DIRECT when it is down",
+                agent = pac_agent_hosts()
             ),
-        )
-        .fix(start),
+        ),
+        (None, Some(u), false) => pac_down(u).fix(start),
         (None, None, _) => Check::new(
             Level::Fail,
             subject,
@@ -695,9 +735,27 @@ mod tests {
         let both = check_wiring(p, pac, true);
         assert!(both.detail.contains("http.proxy wins"), "{both}");
         assert_eq!(check_wiring(None, pac, true).level, Level::Ok);
+        let up = check_wiring(None, pac, true);
+        assert!(up.detail.contains("no fallback"), "{up}");
+        assert!(
+            up.detail.contains("api2.cursor.sh, *.api5.cursor.sh"),
+            "{up}"
+        );
+        // Served by the proxy: down means the script cannot be fetched, so DIRECT everywhere.
         let down = check_wiring(None, pac, false);
-        assert_eq!(down.level, Level::Warn);
-        assert!(down.detail.contains("DIRECT"), "{down}");
+        assert_eq!(down.level, Level::Fail);
+        assert!(down.detail.contains("DIRECT everywhere"), "{down}");
+        assert!(down.to_string().contains("service install"), "{down}");
+        let file = check_wiring(
+            None,
+            Some("file:///home/u/.local/share/cursor-byok/proxy.pac"),
+            false,
+        );
+        assert_eq!(file.level, Level::Warn);
+        assert!(
+            file.detail.contains("fail (no chat reaches Cursor"),
+            "{file}"
+        );
         assert_eq!(check_wiring(None, None, true).level, Level::Fail);
     }
 

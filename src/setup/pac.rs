@@ -405,9 +405,22 @@ pub fn gvariant_string(s: &str) -> String {
     format!("'{}'", s.replace('\\', r"\\").replace('\'', r"\'"))
 }
 
+/// What the PAC wiring does while the proxy is down, as `setup system-proxy` says it.
+pub const TRADE_OFF: &str = "While the proxy is down, the hosts that carry Cursor's agent \
+(api2.cursor.sh, *.api5.cursor.sh) fail instead of going DIRECT: no chat on your own model \
+reaches Cursor, and Cursor's AI features (its own models too) stop until the proxy is back. \
+Cursor's other hosts go DIRECT. Keep the proxy running: `cursor-byok service install`.";
+
+/// The hole a script served by the proxy leaves, as `setup system-proxy` says it.
+pub const SERVED_URL_CAVEAT: &str = "The script is served by the proxy itself: while the \
+proxy is down it cannot be fetched, and a Cursor that starts (or re-reads the script) \
+meanwhile goes DIRECT everywhere, agent hosts included. `--file-url` points the OS at the \
+data-directory copy instead (whether your OS and Cursor read a file:// script is not verified \
+on every platform); `cursor-byok doctor` says which case you are in.";
+
 /// The URL the OS fetches the script from: the proxy's own path (when the proxy is down the
-/// fetch fails and every PAC consumer falls back to DIRECT), or the data-directory copy as a
-/// `file://` URL.
+/// fetch fails and PAC consumers fall back to DIRECT for every host), or the data-directory
+/// copy as a `file://` URL.
 pub fn served_url(listen: std::net::SocketAddr) -> String {
     format!(
         "http://{}{}",

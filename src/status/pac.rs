@@ -1,6 +1,17 @@
-//! The proxy auto-configuration (PAC) script: Cursor's hosts go to the proxy with `DIRECT` as
-//! the fallback, every other host goes `DIRECT`. The OS's automatic proxy setting points at it
-//! (`cursor-byok setup system-proxy`), so Cursor keeps its servers when the proxy is not running.
+//! The proxy auto-configuration (PAC) script. The OS's automatic proxy setting points at it
+//! (`cursor-byok setup system-proxy`):
+//! - the hosts that carry Cursor's agent RPCs ([`AGENT_HOSTS`]) go to the proxy with **no**
+//!   fallback: when the proxy does not answer, their requests fail instead of reaching Cursor,
+//!   so a chat with one of the user's models selected never sends its prompt to Cursor;
+//! - Cursor's other hosts go to the proxy with `DIRECT` as the fallback;
+//! - every other host goes `DIRECT`.
+//!
+//! Which hosts carry agent RPCs (Cursor 3.2x, `../shared/docs/cursor-notes.md` §1, §10,
+//! `protocol/agent-ws.md` §1, `inference.md` §3): `api2.cursor.sh` (every Connect RPC by
+//! default: `Run`, `RunSSE` + `BidiAppend`, `RunInference` and its HTTP/1.1 companions, the
+//! agent WebSocket, and the side calls that carry a conversation), and the agent hosts under
+//! `api5.cursor.sh` (`agent.`, `agentn.`, `agentn.global.`). The price: while the proxy is
+//! down, Cursor's AI features fail on those hosts for Cursor's own models too.
 //!
 //! Served by the proxy listener at [`PAC_PATH`] and written to the data directory as
 //! [`PAC_FILE`]; the text is a pure function of the listen address and the intercept patterns.
@@ -24,10 +35,19 @@ pub fn reachable(listen: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, listen.port())
 }
 
-/// The `FindProxyForURL` answer for Cursor's hosts: the proxy first, `DIRECT` when it does not
-/// answer (every PAC engine tries the entries in order).
+/// Hosts that carry agent RPCs: exact names, and `.suffix`es (a host ending in one).
+pub const AGENT_HOSTS: [&str; 2] = ["api2.cursor.sh", ".api5.cursor.sh"];
+
+/// The `FindProxyForURL` answer for Cursor's other hosts: the proxy first, `DIRECT` when it
+/// does not answer (every PAC engine tries the entries in order).
 pub fn proxy_directive(listen: SocketAddr) -> String {
     format!("PROXY {}; DIRECT", reachable(listen))
+}
+
+/// The answer for [`AGENT_HOSTS`]: the proxy and nothing else, so a request fails rather
+/// than go to Cursor when the proxy is down.
+pub fn agent_directive(listen: SocketAddr) -> String {
+    format!("PROXY {}", reachable(listen))
 }
 
 /// The script for a proxy on `listen` intercepting `patterns` (`*.domain` or exact hosts, as
@@ -50,35 +70,48 @@ pub fn script(listen: SocketAddr, patterns: &[String]) -> String {
     // JSON string literals are valid JavaScript string literals: no pattern can break out.
     let list = |v: &[String]| serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
     let directive = serde_json::to_string(&proxy_directive(listen)).unwrap_or_default();
+    let agent = serde_json::to_string(&agent_directive(listen)).unwrap_or_default();
+    let agent_hosts: Vec<String> = AGENT_HOSTS.iter().map(|h| h.to_string()).collect();
     format!(
-        r#"// cursor-byok: Cursor's hosts go through the proxy on {addr}, DIRECT when it does not
-// answer; every other host goes DIRECT. Generated; `cursor-byok setup system-proxy --undo`
-// removes the OS setting that points here.
+        r#"// cursor-byok: the hosts that carry Cursor's agent go through the proxy on {addr} with no
+// fallback (while the proxy is down they fail, so no chat on your own model reaches Cursor);
+// Cursor's other hosts go through it, DIRECT when it does not answer; every other host goes
+// DIRECT. Generated; `cursor-byok setup system-proxy --undo` removes the OS setting that
+// points here.
 var cursorByokSuffixes = {suffixes};
 var cursorByokHosts = {exact};
+var cursorByokAgentHosts = {agent_hosts};
+function cursorByokMatches(h, list) {{
+  var i;
+  for (i = 0; i < list.length; i++) {{
+    var s = list[i];
+    if (h == s) {{
+      return true;
+    }}
+    if (s.charAt(0) == "." && h.length > s.length && h.substring(h.length - s.length) == s) {{
+      return true;
+    }}
+  }}
+  return false;
+}}
 function FindProxyForURL(url, host) {{
   var h = String(host).toLowerCase();
   if (h.charAt(h.length - 1) == ".") {{
     h = h.substring(0, h.length - 1);
   }}
-  var i;
-  for (i = 0; i < cursorByokHosts.length; i++) {{
-    if (h == cursorByokHosts[i]) {{
-      return {directive};
-    }}
+  if (!cursorByokMatches(h, cursorByokHosts) && !cursorByokMatches(h, cursorByokSuffixes)) {{
+    return "DIRECT";
   }}
-  for (i = 0; i < cursorByokSuffixes.length; i++) {{
-    var s = cursorByokSuffixes[i];
-    if (h.length > s.length && h.substring(h.length - s.length) == s) {{
-      return {directive};
-    }}
+  if (cursorByokMatches(h, cursorByokAgentHosts)) {{
+    return {agent};
   }}
-  return "DIRECT";
+  return {directive};
 }}
 "#,
         addr = reachable(listen),
         suffixes = list(&suffixes),
         exact = list(&exact),
+        agent_hosts = list(&agent_hosts),
     )
 }
 
@@ -90,6 +123,7 @@ mod tests {
     fn wildcard_listen_is_reached_on_loopback() {
         let any: SocketAddr = "0.0.0.0:8787".parse().unwrap();
         assert_eq!(proxy_directive(any), "PROXY 127.0.0.1:8787; DIRECT");
+        assert_eq!(agent_directive(any), "PROXY 127.0.0.1:8787");
         let s = script(any, &["*.cursor.sh".into()]);
         assert!(
             s.contains(r#"var cursorByokSuffixes = [".cursor.sh"];"#),

@@ -213,6 +213,10 @@ pub(super) async fn append(
         .headers
         .get(http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
+    // A RunInferenceSSE stream's append is not an agent message: that door decides it.
+    if let Some(resp) = super::inference::append(t, &ctx, &parts, encoding, &raw).await {
+        return resp;
+    }
     let Append {
         request_id,
         seqno,

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::inference_ids::InferenceIds;
 use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::recent::RecentPrompts;
@@ -40,6 +41,9 @@ pub(super) struct Inner {
     pub(super) bidi: Pairings,
     pub(super) limits: Limits,
     cmdk: CmdK,
+    /// Request ids of `RunInferenceSSE` / `RunInferencePoll` streams (their appends are not
+    /// agent messages).
+    pub(super) inference: InferenceIds,
 }
 
 impl AgentTransports {
@@ -59,6 +63,7 @@ impl AgentTransports {
                 recent: RecentPrompts::default(),
                 bidi: Pairings::default(),
                 limits,
+                inference: InferenceIds::default(),
             }),
         }
     }

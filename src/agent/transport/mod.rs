@@ -1,4 +1,6 @@
-//! Transport adapters: HTTP/2 bidi `Run`, and HTTP/1.1 `RunSSE` + `BidiAppend`. They decode
+//! Transport adapters: HTTP/2 bidi `Run`, HTTP/1.1 `RunSSE` + `BidiAppend`, and the agent
+//! WebSocket (`websocket`); and the door of Cursor's local agent loop (`inference`), refused
+//! for our models. They decode
 //! Connect frames into `AgentClientMessage`s, decide whether a run is ours (by the model in its
 //! first message), and either feed our run state machine or relay the request upstream with
 //! every byte we peeked at replayed.
@@ -14,11 +16,15 @@ mod body;
 mod caller;
 mod cmdk;
 mod face;
+mod inference;
+mod inference_ids;
 mod pairing;
 mod pins;
 pub(crate) mod recent;
 mod routing;
 mod run;
+mod websocket;
+mod ws_frames;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -27,8 +33,12 @@ use crate::http::{Body, RequestContext};
 
 pub use cmdk::{classify as classify_cmd_k, CmdKRpc};
 pub use face::{AgentTransports, Pairing};
+pub use inference::{
+    INFERENCE_STREAM_PATH, RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH,
+};
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
+pub use websocket::WEBSOCKET_PATH;
 
 pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
 pub const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
@@ -41,8 +51,21 @@ pub enum AgentRpc {
     Run,
     /// HTTP/1.1 `RunSSE`: the server half of a run.
     RunSse,
-    /// HTTP/1.1 `BidiAppend`: the client half of a `RunSSE` run.
+    /// HTTP/1.1 `BidiAppend`: the client half of a `RunSSE` run (or of a `RunInferenceSSE`
+    /// stream, by its request id).
     BidiAppend,
+    /// `aiserver.v1.InferenceService/RunInference` (HTTP/2 bidi): Cursor's local agent loop;
+    /// ours refused, Cursor's relayed.
+    RunInference,
+    /// `RunInferenceSSE`: the HTTP/1.1 server half of `RunInference`.
+    RunInferenceSse,
+    /// `RunInferencePoll`: its HTTP/1.1 polling half.
+    RunInferencePoll,
+    /// `aiserver.v1.InferenceService/Stream`: one model call of Cursor's local agent loop;
+    /// ours refused, Cursor's relayed.
+    InferenceStream,
+    /// `GET /agent/v1/run`, upgraded: the agent WebSocket.
+    WebSocket,
 }
 
 /// The agent transport `path` is, if any (exact matches only).
@@ -51,6 +74,11 @@ pub fn classify(path: &str) -> Option<AgentRpc> {
         RUN_PATH => Some(AgentRpc::Run),
         RUN_SSE_PATH => Some(AgentRpc::RunSse),
         BIDI_APPEND_PATH => Some(AgentRpc::BidiAppend),
+        RUN_INFERENCE_PATH => Some(AgentRpc::RunInference),
+        RUN_INFERENCE_SSE_PATH => Some(AgentRpc::RunInferenceSse),
+        RUN_INFERENCE_POLL_PATH => Some(AgentRpc::RunInferencePoll),
+        INFERENCE_STREAM_PATH => Some(AgentRpc::InferenceStream),
+        WEBSOCKET_PATH => Some(AgentRpc::WebSocket),
         _ => None,
     }
 }
@@ -67,6 +95,11 @@ impl AgentTransports {
             AgentRpc::Run => run::handle(self, ctx, req).await,
             AgentRpc::RunSse => bidi::run_sse(self, ctx, req).await,
             AgentRpc::BidiAppend => bidi::append(self, ctx, req).await,
+            AgentRpc::RunInference => inference::run_inference(self, ctx, req).await,
+            AgentRpc::RunInferenceSse => inference::open_stream(self, ctx, req, false).await,
+            AgentRpc::RunInferencePoll => inference::open_stream(self, ctx, req, true).await,
+            AgentRpc::InferenceStream => inference::stream(self, ctx, req).await,
+            AgentRpc::WebSocket => websocket::handle(self, ctx, req).await,
         }
     }
 
