@@ -16,6 +16,7 @@ pub mod state;
 pub mod subagents;
 pub mod tools;
 pub mod transcript;
+pub mod user_files;
 pub mod transport;
 
 use std::collections::HashMap;
@@ -284,6 +285,11 @@ impl Agent {
                             .map(|name| (name, id.clone()))
                     })
                     .collect(),
+                transcripts_home: config
+                    .agent
+                    .transcripts_home
+                    .clone()
+                    .or_else(dirs::home_dir),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

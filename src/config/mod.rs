@@ -198,6 +198,10 @@ pub struct AgentConfig {
     /// Notice a model repeating itself: warn it at the 3rd repeat, end the turn at the 5th.
     #[serde(default = "defaults::yes")]
     pub detect_loops: bool,
+    /// The home whose `.cursor/projects/*/agent-transcripts` folders hold the transcripts a
+    /// run appends to and reads past chats from; unset: this user's home.
+    #[serde(default)]
+    pub transcripts_home: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -211,6 +215,7 @@ impl Default for AgentConfig {
             shell_block_secs: defaults::shell_block_secs(),
             max_parallel_subagents: defaults::max_parallel_subagents(),
             detect_loops: true,
+            transcripts_home: None,
         }
     }
 }

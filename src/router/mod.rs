@@ -6,6 +6,8 @@
 //! found. A new kind of request is a `Route` variant there and a matching arm in
 //! `Router::handle`.
 
+mod guard;
+
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
@@ -108,6 +110,10 @@ impl Router {
                     .await
             }
             Route::Agent(rpc) => {
+                if let Err(refused) = guard::agent_request(&parts.method, &parts.headers) {
+                    tracing::warn!(peer = %ctx.peer, path = %parts.uri.path(), "{refused}: refused");
+                    return guard::refused_response(&refused);
+                }
                 let req = Request::from_parts(parts, body);
                 Box::pin(self.agent.handle(rpc, ctx, req))
                     .instrument(span)
