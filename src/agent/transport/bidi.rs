@@ -82,6 +82,9 @@ pub(super) async fn run_sse(
         Ok(e) => e,
         Err(e) => return stream_error(e),
     };
+    if let Err(e) = super::owner::claim(&entry, &parts.headers) {
+        return stream_error(e);
+    }
     entry.touch();
     note_parent(t, &entry, &parent_link(&parts.headers));
     let decision = match reader_decision(&entry, pinned, &request_id).await {
@@ -202,6 +205,9 @@ pub(super) async fn append(
         Ok(e) => e,
         Err(e) => return error_response(&e),
     };
+    if let Err(e) = super::owner::claim(&entry, &parts.headers) {
+        return error_response(&e);
+    }
     entry.touch();
     let span = tracing::debug_span!("bidi_append", request_id = %request_id, seqno);
     let caller = Caller::of(&parts.headers);

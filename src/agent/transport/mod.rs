@@ -11,6 +11,7 @@ mod bidi;
 mod body;
 mod caller;
 mod face;
+mod owner;
 mod pairing;
 mod pins;
 mod routing;
