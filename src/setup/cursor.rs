@@ -102,19 +102,38 @@ pub fn wired_proxy_url(listen: SocketAddr, auth: Option<&ProxyAuth>) -> String {
     url.replacen("http://", &format!("http://{user}:{password}@"), 1)
 }
 
-/// `text` with the listener's password (as written in a URL or plain) replaced, for printing.
+/// `text` with the listener's password, and the password of any URL in it, replaced by
+/// `<secret>`, for printing.
 pub fn masked(text: &str, auth: Option<&ProxyAuth>) -> String {
-    let Some(auth) = auth.filter(|a| !a.password.is_empty()) else {
-        return text.to_string();
-    };
-    let plain = auth.password.expose();
-    let encoded = wired_proxy_url(SocketAddr::from(([127, 0, 0, 1], 1)), Some(auth));
-    let encoded = encoded
-        .trim_start_matches("http://")
-        .split_once(':')
-        .and_then(|(_, rest)| rest.rsplit_once('@'))
-        .map_or(plain.to_string(), |(password, _)| password.to_string());
-    text.replace(&encoded, "<secret>").replace(plain, "<secret>")
+    let text = mask_url_passwords(text);
+    match auth.filter(|a| !a.password.is_empty()) {
+        Some(auth) => text.replace(auth.password.expose(), "<secret>"),
+        None => text,
+    }
+}
+
+/// Every `scheme://user:password@` in `text` as `scheme://user:<secret>@`.
+fn mask_url_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '"' || c == '\'' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+                out.push_str(&format!("{user}:<secret>@{host}"));
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An `http.proxy` value without the credentials it may carry, for comparing and printing.
@@ -601,6 +620,8 @@ mod tests {
         let shown = masked(&format!("set {url} and s3cr/t+0"), Some(&auth()));
         assert!(!shown.contains("s3cr"), "{shown}");
         assert!(shown.contains("cursor-byok:<secret>@127.0.0.1:8787"), "{shown}");
+        let other = masked("is \"http://u:0ther@127.0.0.1:1\", needs x", None);
+        assert_eq!(other, "is \"http://u:<secret>@127.0.0.1:1\", needs x");
     }
 
     #[cfg(unix)]
