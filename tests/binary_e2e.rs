@@ -385,8 +385,18 @@ async fn the_binary_runs_a_tool_round_on_both_transports_and_exits_on_sigterm() 
     assert_eq!(
         runs,
         [
-            ("req-e2e-H2".to_string(), "Run", Some("fake/gpt-fake"), Some("ok")),
-            ("req-e2e-Sse".to_string(), "RunSSE", Some("fake/gpt-fake"), Some("ok")),
+            (
+                "req-e2e-H2".to_string(),
+                "Run",
+                Some("fake/gpt-fake"),
+                Some("ok")
+            ),
+            (
+                "req-e2e-Sse".to_string(),
+                "RunSSE",
+                Some("fake/gpt-fake"),
+                Some("ok")
+            ),
         ]
     );
 

@@ -422,10 +422,7 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
         "Cursor's status lines stay out: {user}"
     );
     // The new chat got its own transcript; the first one is unchanged.
-    assert_eq!(
-        jsonl(&transcripts.join("conv-b/conv-b.jsonl")).len(),
-        2
-    );
+    assert_eq!(jsonl(&transcripts.join("conv-b/conv-b.jsonl")).len(), 2);
     assert_eq!(jsonl(&file).len(), 5);
 }
 

@@ -91,11 +91,8 @@ async fn browser_shaped_agent_requests_start_no_run() {
             let id = format!("req-page-{i}");
             let bidi = Bidi::new(&door, &id);
             let append = bidi.append_bytes(0, &run_request(OURS, "conv-page", "$(curl x)", true));
-            let (status, body) = send(
-                &door,
-                browser_post(BIDI_APPEND, *content_type, &id, append),
-            )
-            .await;
+            let (status, body) =
+                send(&door, browser_post(BIDI_APPEND, *content_type, &id, append)).await;
             assert_eq!(status, StatusCode::FORBIDDEN, "{what}: {body:?}");
             let text = String::from_utf8_lossy(&body);
             assert!(text.contains("permission_denied"), "{what}: {text}");
@@ -110,11 +107,9 @@ async fn browser_shaped_agent_requests_start_no_run() {
             .append_header("origin", "https://evil.example")
             .append_header("sec-fetch-site", "cross-site");
         let append = bidi.append_bytes(0, &run_request(OURS, "conv-page", "hi", true));
-        assert_eq!(
-            bidi.append_body(append).await.status,
-            StatusCode::FORBIDDEN
-        );
-        let same_site = Bidi::new(&door, "req-page-site").append_header("sec-fetch-site", "same-site");
+        assert_eq!(bidi.append_body(append).await.status, StatusCode::FORBIDDEN);
+        let same_site =
+            Bidi::new(&door, "req-page-site").append_header("sec-fetch-site", "same-site");
         let append = same_site.append_bytes(0, &run_request(OURS, "conv-page", "hi", true));
         assert_eq!(
             same_site.append_body(append).await.status,
@@ -129,7 +124,10 @@ async fn browser_shaped_agent_requests_start_no_run() {
         &conn,
         &door,
         "req-page-h2",
-        &[("content-type", "text/plain"), ("origin", "https://evil.example")],
+        &[
+            ("content-type", "text/plain"),
+            ("origin", "https://evil.example"),
+        ],
         first,
     )
     .await;
@@ -148,7 +146,12 @@ async fn a_foreign_host_on_the_direct_door_is_refused() {
     let bidi = Bidi::new(&door, "req-rebind");
     let append = bidi.append_bytes(0, &run_request(OURS, "conv-rebind", "hi", true));
     let mut conn = door.connect(Alpn::H1).await;
-    let req = connect_request(BIDI_APPEND, "application/proto", "req-rebind", chunked(append));
+    let req = connect_request(
+        BIDI_APPEND,
+        "application/proto",
+        "req-rebind",
+        chunked(append),
+    );
     let resp = tokio::time::timeout(STEP, conn.send("evil.example:8080", req))
         .await
         .expect("answered within the step timeout")
@@ -164,11 +167,15 @@ async fn a_foreign_host_on_the_direct_door_is_refused() {
     let resp = conn.send("evil.example", req).await.expect("answered");
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert_nothing_started(&h, "rebinding");
-    assert!(h.upstream.recorded_on("/aiserver.v1.AiService/AvailableModels").is_empty());
+    assert!(h
+        .upstream
+        .recorded_on("/aiserver.v1.AiService/AvailableModels")
+        .is_empty());
     // Loopback and Cursor's names still pass.
     let bidi = Bidi::new(&door, "req-local");
     let store = Store::default();
-    bidi.send(&run_request(OURS, "conv-local", "hi", true)).await;
+    bidi.send(&run_request(OURS, "conv-local", "hi", true))
+        .await;
     let mut stream = bidi.open_sse().await;
     let t = play(&mut stream, Sink::Bidi(&bidi), &store).await;
     assert!(t.end().error.is_none(), "{:?}", t.end().error);
@@ -265,7 +272,10 @@ async fn the_status_page_grants_no_origin_and_names_no_request_id() {
     ))
     .await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
-    assert!(!got.to_ascii_lowercase().contains("access-control-allow"), "{got}");
+    assert!(
+        !got.to_ascii_lowercase().contains("access-control-allow"),
+        "{got}"
+    );
     assert!(!got.contains("req-status-live-3f2a"), "{got}");
     let posted = ask(format!(
         "POST /__cursor-byok/status.json HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -277,7 +287,9 @@ async fn the_status_page_grants_no_origin_and_names_no_request_id() {
     ))
     .await;
     assert!(!preflight.starts_with("HTTP/1.1 2"), "{preflight}");
-    assert!(!preflight.to_ascii_lowercase().contains("access-control-allow"));
+    assert!(!preflight
+        .to_ascii_lowercase()
+        .contains("access-control-allow"));
     let rest = play(&mut stream, Sink::Bidi(&owner), &store).await;
     assert!(rest.end().error.is_none());
 }
@@ -297,7 +309,11 @@ async fn a_second_local_client_without_the_secret_is_refused() {
     let (status, head, mut rest) =
         common::client::connect_raw(proxy, "api2.cursor.sh:443", None).await;
     assert_eq!(status, 407, "{head}");
-    assert!(head.to_ascii_lowercase().contains("proxy-authenticate: basic"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authenticate: basic"),
+        "{head}"
+    );
     let mut body = vec![0u8; 4096];
     let n = tokio::time::timeout(STEP, rest.read(&mut body))
         .await
@@ -312,8 +328,8 @@ async fn a_second_local_client_without_the_secret_is_refused() {
     assert_eq!(status, 407);
 
     let secret = std::fs::read_to_string(h.data_dir().join("proxy-secret")).expect("the file");
-    let good = base64::engine::general_purpose::STANDARD
-        .encode(format!("cursor-byok:{}", secret.trim()));
+    let good =
+        base64::engine::general_purpose::STANDARD.encode(format!("cursor-byok:{}", secret.trim()));
     let (status, head, _) =
         common::client::connect_raw(proxy, "api2.cursor.sh:443", Some(&format!("Basic {good}")))
             .await;

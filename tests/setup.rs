@@ -132,7 +132,9 @@ fn setup_cursor_edits_jsonc_keeps_comments_and_undoes_to_the_same_bytes() {
     let doc = Document::parse(&wired).unwrap();
     assert_eq!(
         doc.get("http.proxy"),
-        Some(&json!(format!("http://cursor-byok:{secret}@127.0.0.1:8787")))
+        Some(&json!(format!(
+            "http://cursor-byok:{secret}@127.0.0.1:8787"
+        )))
     );
     assert_eq!(doc.get("http.proxySupport"), Some(&json!("override")));
     assert_eq!(doc.get("cursor.general.disableHttp2"), Some(&json!(true)));

@@ -16,8 +16,8 @@ pub mod state;
 pub mod subagents;
 pub mod tools;
 pub mod transcript;
-pub mod user_files;
 pub mod transport;
+pub mod user_files;
 
 use std::collections::HashMap;
 use std::sync::Arc;

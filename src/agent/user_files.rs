@@ -232,14 +232,20 @@ mod tests {
             (layout(other.path()), "another home"),
             ("/tmp/b".to_string(), "not the layout"),
             (
-                format!("{}/.cursor/projects/../agent-transcripts", home.path().display()),
+                format!(
+                    "{}/.cursor/projects/../agent-transcripts",
+                    home.path().display()
+                ),
                 "`..`",
             ),
             (
                 format!("{}/notes/agent-transcripts", home.path().display()),
                 "not the layout",
             ),
-            ("relative/.cursor/projects/ws/agent-transcripts".into(), "relative"),
+            (
+                "relative/.cursor/projects/ws/agent-transcripts".into(),
+                "relative",
+            ),
             (String::new(), "empty"),
         ];
         for (folder, why) in cases {
@@ -295,17 +301,23 @@ mod tests {
 
         symlink(&victim, root.join("c/c.jsonl")).expect("symlink");
         assert!(dir.open_append("c", "c.jsonl").is_err(), "a linked file");
-        assert!(dir.open_read("c", "c.jsonl").is_err(), "a linked file, read");
+        assert!(
+            dir.open_read("c", "c.jsonl").is_err(),
+            "a linked file, read"
+        );
 
         symlink(victim_dir.path(), root.join("d")).expect("symlink");
         assert!(dir.open_append("d", "bashrc").is_err(), "a linked folder");
-        assert!(dir.open_read("d", "bashrc").is_err(), "a linked folder, read");
+        assert!(
+            dir.open_read("d", "bashrc").is_err(),
+            "a linked folder, read"
+        );
 
         let projects = home.path().join(".cursor/projects");
         symlink(victim_dir.path(), projects.join("p")).expect("symlink");
         let via = projects.join("p/agent-transcripts");
-        let dir = TranscriptsDir::resolve(home.path(), via.to_str().expect("utf-8"))
-            .expect("the layout");
+        let dir =
+            TranscriptsDir::resolve(home.path(), via.to_str().expect("utf-8")).expect("the layout");
         assert!(dir.open_append("c", "c.jsonl").is_err(), "a linked project");
         assert!(!victim_dir.path().join("agent-transcripts").exists());
 
@@ -321,8 +333,12 @@ mod tests {
         let root = home.path().join(".cursor/projects/ws/agent-transcripts/c");
         std::fs::create_dir_all(&root).expect("mkdir");
         let fifo = root.join("c.jsonl");
-        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::from_raw_mode(0o600))
-            .expect("mkfifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo");
         let dir = TranscriptsDir::resolve(home.path(), &layout(home.path())).expect("ours");
         assert!(dir.open_read("c", "c.jsonl").is_err());
     }

@@ -384,4 +384,39 @@ mod tests {
         // An empty NO_COLOR does not count (no-color.org).
         assert!(colour_logs(Some(OsStr::new("")), true));
     }
+
+    #[test]
+    fn the_banner_says_who_may_connect() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config::from_toml("", "t").expect("config");
+        assert!(config.use_install_secret(dir.path()).expect("secret"));
+        let secret = config
+            .proxy_auth
+            .as_ref()
+            .expect("auth")
+            .password
+            .expose()
+            .to_string();
+        let line = who_may_connect(&config);
+        assert!(
+            line.contains("only clients with the per-install secret"),
+            "{line}"
+        );
+        let listen = "127.0.0.1:8787".parse().expect("addr");
+        let text = banner(&config, listen, "FP", dir.path(), &[]);
+        assert!(!text.contains(&secret), "{text}");
+        assert!(
+            text.contains("http://cursor-byok:<secret>@127.0.0.1:8787"),
+            "{text}"
+        );
+
+        let mut open = Config::from_toml("open_listener = true\n", "t").expect("config");
+        assert!(!open.use_install_secret(dir.path()).expect("no secret"));
+        assert!(open.proxy_auth.is_none());
+        assert!(who_may_connect(&open).contains("OPEN to every local user"));
+
+        let doors = "open_listener = true\n[direct]\nhttp_listen = \"127.0.0.1:0\"\n";
+        let doors = Config::from_toml(doors, "t").expect("config");
+        assert!(who_may_connect(&doors).contains("direct doors: OPEN"));
+    }
 }

@@ -26,7 +26,12 @@ pub fn run(target: SetupTarget, config: &Config, data_dir: &Path) -> anyhow::Res
     if args.undo {
         return undo(&path);
     }
-    wire(&path, config.listen, args.dry_run, config.proxy_auth.as_ref())
+    wire(
+        &path,
+        config.listen,
+        args.dry_run,
+        config.proxy_auth.as_ref(),
+    )
 }
 
 /// Writes the wiring, `http.proxy` with the listener's credentials (the per-install secret

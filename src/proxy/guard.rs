@@ -31,7 +31,10 @@ pub(crate) fn direct_door<B>(state: &State, req: &mut Request<B>) -> Result<(), 
     let host = request_host(req);
     if let Err(refused) = host_allowed(host.as_deref(), &state.intercept) {
         tracing::info!(%refused, "direct door request refused");
-        return Err(super::plain_error(StatusCode::FORBIDDEN, &refused.to_string()));
+        return Err(super::plain_error(
+            StatusCode::FORBIDDEN,
+            &refused.to_string(),
+        ));
     }
     if let Some(check) = &state.door_auth {
         if !check.allows(req.headers()) {
@@ -72,10 +75,21 @@ mod tests {
     #[test]
     fn only_this_machine_and_intercepted_names_pass() {
         let p = vec!["*.cursor.sh".to_string()];
-        for ok in ["127.0.0.1", "localhost", "::1", "api2.cursor.sh", "127.3.4.5"] {
+        for ok in [
+            "127.0.0.1",
+            "localhost",
+            "::1",
+            "api2.cursor.sh",
+            "127.3.4.5",
+        ] {
             assert_eq!(host_allowed(Some(ok), &p), Ok(()), "{ok}");
         }
-        for bad in ["evil.example", "10.0.0.1", "cursor.sh.evil.example", "0.0.0.0"] {
+        for bad in [
+            "evil.example",
+            "10.0.0.1",
+            "cursor.sh.evil.example",
+            "0.0.0.0",
+        ] {
             assert!(host_allowed(Some(bad), &p).is_err(), "{bad}");
         }
         assert_eq!(host_allowed(None, &p), Err(Refused::NoHost));

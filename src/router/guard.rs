@@ -49,7 +49,10 @@ pub(crate) fn agent_request(method: &Method, headers: &HeaderMap) -> Result<(), 
             return Err(Refused::FetchSite(text(site)));
         }
     }
-    let content_type = headers.get(header::CONTENT_TYPE).map(text).unwrap_or_default();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(text)
+        .unwrap_or_default();
     let essence = content_type
         .split(';')
         .next()
@@ -102,7 +105,10 @@ mod tests {
             "application/connect+json",
         ] {
             let mut h = headers(&[("connect-protocol-version", "1")]);
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).expect("value"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(ct).expect("value"),
+            );
             assert_eq!(agent_request(&Method::POST, &h), Ok(()), "{ct}");
         }
         let h = headers(&[
@@ -116,11 +122,23 @@ mod tests {
     #[test]
     fn browser_shaped_requests_are_refused() {
         let cases: [(&[(&'static str, &'static str)], &str); 8] = [
-            (&[("content-type", "text/plain;charset=UTF-8")], "sendBeacon"),
-            (&[("content-type", "application/octet-stream")], "octet-stream"),
+            (
+                &[("content-type", "text/plain;charset=UTF-8")],
+                "sendBeacon",
+            ),
+            (
+                &[("content-type", "application/octet-stream")],
+                "octet-stream",
+            ),
             (&[], "typeless"),
-            (&[("content-type", "application/x-www-form-urlencoded")], "form"),
-            (&[("content-type", "multipart/form-data; boundary=x")], "multipart"),
+            (
+                &[("content-type", "application/x-www-form-urlencoded")],
+                "form",
+            ),
+            (
+                &[("content-type", "multipart/form-data; boundary=x")],
+                "multipart",
+            ),
             (
                 &[
                     ("content-type", "application/proto"),

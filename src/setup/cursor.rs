@@ -144,7 +144,10 @@ pub fn without_credentials(url: &str) -> String {
                 let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
                 format!("{scheme}://{host}/{path}")
             }
-            None => format!("{scheme}://{}", rest.rsplit_once('@').map_or(rest, |(_, h)| h)),
+            None => format!(
+                "{scheme}://{}",
+                rest.rsplit_once('@').map_or(rest, |(_, h)| h)
+            ),
         },
         None => url.to_string(),
     }
@@ -619,7 +622,10 @@ mod tests {
         );
         let shown = masked(&format!("set {url} and s3cr/t+0"), Some(&auth()));
         assert!(!shown.contains("s3cr"), "{shown}");
-        assert!(shown.contains("cursor-byok:<secret>@127.0.0.1:8787"), "{shown}");
+        assert!(
+            shown.contains("cursor-byok:<secret>@127.0.0.1:8787"),
+            "{shown}"
+        );
         let other = masked("is \"http://u:0ther@127.0.0.1:1\", needs x", None);
         assert_eq!(other, "is \"http://u:<secret>@127.0.0.1:1\", needs x");
     }

@@ -718,7 +718,10 @@ mod tests {
         assert!(c.to_string().contains("cursor-byok setup cursor"));
         let plan = cursor::plan(&path, &cursor::desired_settings(listen)).unwrap();
         cursor::apply(&plan).unwrap();
-        assert_eq!(check_cursor_settings(Some(&path), listen, None).level, Level::Ok);
+        assert_eq!(
+            check_cursor_settings(Some(&path), listen, None).level,
+            Level::Ok
+        );
     }
 
     #[test]

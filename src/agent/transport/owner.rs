@@ -119,12 +119,18 @@ mod tests {
         assert!(claim(&first, &with_auth("Bearer a")).is_ok());
         let two = Pairings::default();
         let other = two.get_or_create("req-2").expect("entry");
-        assert!(claim(&other, &with_auth("Bearer b")).is_ok(), "another entry");
+        assert!(
+            claim(&other, &with_auth("Bearer b")).is_ok(),
+            "another entry"
+        );
         drop((first, one));
         for _ in 0..8 {
             let again = Pairings::default();
             let fresh = again.get_or_create("req-2").expect("entry");
-            assert!(claim(&fresh, &with_auth("Bearer c")).is_ok(), "a fresh entry");
+            assert!(
+                claim(&fresh, &with_auth("Bearer c")).is_ok(),
+                "a fresh entry"
+            );
         }
     }
 }
