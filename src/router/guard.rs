@@ -2,11 +2,11 @@
 //! `*.cursor.sh` here, every browser tab can reach the agent doors too; a page can send a
 //! "simple" POST (`sendBeacon`, a form, `fetch` with `no-cors`) without asking first. So an
 //! agent request is refused when it carries what only browsers send (`Origin`, a
-//! `Sec-Fetch-Site` other than `none`), and unless it is a `POST` with a Connect content type:
-//! none of those is a type a page may send without a CORS preflight, and no preflight is ever
-//! granted here (an `OPTIONS` is refused like the rest). Cursor's agent clients (the desktop's
-//! agent host, the CLI, the SDK) run in Node and send a Connect content type and neither
-//! browser header.
+//! `Sec-Fetch-Site` other than `none`), and unless it is a `POST` with what Connect clients
+//! always send: a Connect content type and `connect-protocol-version: 1`. Neither is something
+//! a page may send without a CORS preflight, and no preflight is ever granted here (an
+//! `OPTIONS` is refused like the rest). Cursor's agent clients (the desktop's agent host, the
+//! CLI, the SDK: `connect-es` in Node) send both and neither browser header.
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -33,6 +33,8 @@ pub(crate) enum Refused {
     FetchSite(String),
     #[error("its content type `{0}` is not a Connect one")]
     ContentType(String),
+    #[error("it does not say `connect-protocol-version: 1`")]
+    ProtocolVersion,
 }
 
 /// The check on every agent request, before anything reads its body or starts a run.
@@ -61,6 +63,13 @@ pub(crate) fn agent_request(method: &Method, headers: &HeaderMap) -> Result<(), 
         .to_ascii_lowercase();
     if !CONNECT_TYPES.contains(&essence.as_str()) {
         return Err(Refused::ContentType(content_type));
+    }
+    if headers
+        .get("connect-protocol-version")
+        .map(HeaderValue::as_bytes)
+        != Some(b"1")
+    {
+        return Err(Refused::ProtocolVersion);
     }
     Ok(())
 }
@@ -113,9 +122,16 @@ mod tests {
         }
         let h = headers(&[
             ("content-type", "application/proto"),
+            ("connect-protocol-version", "1"),
             ("sec-fetch-site", "none"),
         ]);
         assert_eq!(agent_request(&Method::POST, &h), Ok(()));
+        let h = headers(&[("content-type", "application/proto")]);
+        assert_eq!(
+            agent_request(&Method::POST, &h),
+            Err(Refused::ProtocolVersion),
+            "what every Connect client sends"
+        );
     }
 
     /// What a page can send without a preflight, and what a browser adds to anything it sends.

@@ -1,9 +1,10 @@
 //! Whose run it is on the HTTP/1.1 transport: a run is bound to the client that opened its
-//! request id first (its `RunSSE` or its first append), by a digest of the credential that
-//! client showed Cursor (`authorization`). A `RunSSE` or an append on the same request id from
-//! a client showing another credential is refused: it can neither take over the run's output
-//! nor answer its execs. The request id alone is not a secret enough to guard a run (it is
-//! logged by clients, and any local process can guess at live ones).
+//! request id first (its `RunSSE` or its first append), by a digest of who that client is to
+//! Cursor: the account (`sub`) of its `authorization` bearer token when that is a JWT (Cursor's
+//! access tokens are, and a token refreshed mid-run names the same account), else the whole
+//! header. A `RunSSE` or an append on the same request id from a client that is someone else
+//! is refused: it can neither take over the run's output nor answer its execs. The request id
+//! alone is not secret enough to guard a run (clients log it, and it travels in headers).
 //!
 //! The bindings live beside the pairing entries, keyed by entry, and go with them: an entry
 //! forgotten by the pairing is no longer upgradable here and its binding is dropped.
@@ -25,12 +26,52 @@ impl Identity {
     fn of(headers: &HeaderMap) -> Identity {
         let mut hash = Sha256::new();
         hash.update(b"cursor-byok run owner\0");
-        for value in headers.get_all(http::header::AUTHORIZATION) {
-            hash.update(value.as_bytes());
-            hash.update(b"\0");
+        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+        match (values.next(), values.next()) {
+            (Some(one), None) => match account(one.as_bytes()) {
+                Some(sub) => {
+                    hash.update(b"sub\0");
+                    hash.update(sub.as_bytes());
+                }
+                None => {
+                    hash.update(b"header\0");
+                    hash.update(one.as_bytes());
+                }
+            },
+            (None, _) => hash.update(b"none"),
+            (Some(one), Some(two)) => {
+                hash.update(b"several\0");
+                for value in [one, two].into_iter().chain(values) {
+                    hash.update(value.as_bytes());
+                    hash.update(b"\0");
+                }
+            }
         }
         Identity(hash.finalize().into())
     }
+}
+
+/// The `sub` claim of a `Bearer` JWT (its signature is not ours to check: the digest only
+/// tells accounts apart).
+fn account(value: &[u8]) -> Option<String> {
+    use base64::Engine;
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut parts = token.trim().split('.');
+    let (_, payload, _, None) = (parts.next()?, parts.next()?, parts.next()?, parts.next()) else {
+        return None;
+    };
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&json).ok()?;
+    claims["sub"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 struct Binding {
@@ -110,6 +151,42 @@ mod tests {
         assert_eq!(err.code, Code::PermissionDenied);
         assert!(claim(&entry, &HeaderMap::new()).is_err(), "no credential");
         assert!(!err.message.contains("owner-token"));
+    }
+
+    fn jwt(sub: &str, iat: u64) -> String {
+        use base64::Engine;
+        let enc = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        format!(
+            "Bearer {}.{}.c2ln",
+            enc(serde_json::json!({"alg": "HS256"})),
+            enc(serde_json::json!({"sub": sub, "iat": iat}))
+        )
+    }
+
+    /// A token refreshed mid-run names the same account: still the owner. Another account is
+    /// not.
+    #[test]
+    fn the_owner_is_the_account_of_a_jwt() {
+        let pairings = Pairings::default();
+        let entry = pairings.get_or_create("req-jwt").expect("entry");
+        let headers = |token: String| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_str(&token).expect("value"),
+            );
+            h
+        };
+        assert!(claim(&entry, &headers(jwt("user_1", 1))).is_ok());
+        assert!(
+            claim(&entry, &headers(jwt("user_1", 2))).is_ok(),
+            "refreshed"
+        );
+        assert!(claim(&entry, &headers(jwt("user_2", 1))).is_err());
+        assert_eq!(account(b"Bearer not-a-jwt"), None);
+        assert_eq!(account(jwt("u", 1).as_bytes()).as_deref(), Some("u"));
     }
 
     #[test]
