@@ -118,14 +118,23 @@ pub(super) fn claim(entry: &Arc<Entry>, headers: &HeaderMap) -> Result<(), Conne
 }
 
 fn not_yours(request_id: &str) -> ConnectError {
-    ConnectError::new(
-        Code::PermissionDenied,
-        format!(
-            "cursor-byok: agent run {request_id} belongs to another client (it was started with \
-             other credentials); its output and its messages stay with the client that \
-             started it"
-        ),
-    )
+    use crate::proto::aiserver::v1 as aiserver;
+    let message = format!(
+        "cursor-byok: agent run {request_id} belongs to another client (it was started with \
+         other credentials); its output and its messages stay with the client that started it"
+    );
+    let details = aiserver::ErrorDetails {
+        error: aiserver::error_details::Error::CustomMessage as i32,
+        details: Some(aiserver::CustomErrorDetails {
+            title: "This agent run is another client's".to_string(),
+            detail: message.clone(),
+            is_retryable: Some(false),
+            ..Default::default()
+        }),
+        is_expected: Some(true),
+    };
+    ConnectError::new(Code::PermissionDenied, message)
+        .with_detail(crate::connect::ErrorDetail::error_details(&details))
 }
 
 #[cfg(test)]
