@@ -26,12 +26,12 @@ pub(crate) enum Refused {
     Credential,
 }
 
-/// Admit one direct-door request, or answer why not.
-pub(crate) fn direct_door<B>(state: &State, req: &mut Request<B>) -> Result<(), Response<Body>> {
+/// Admits one direct-door request (`None`), or answers why not.
+pub(crate) fn direct_door<B>(state: &State, req: &mut Request<B>) -> Option<Response<Body>> {
     let host = request_host(req);
     if let Err(refused) = host_allowed(host.as_deref(), &state.intercept) {
         tracing::info!(%refused, "direct door request refused");
-        return Err(super::plain_error(
+        return Some(super::plain_error(
             StatusCode::FORBIDDEN,
             &refused.to_string(),
         ));
@@ -39,11 +39,11 @@ pub(crate) fn direct_door<B>(state: &State, req: &mut Request<B>) -> Result<(), 
     if let Some(check) = &state.door_auth {
         if !check.allows(req.headers()) {
             tracing::info!(refused = %Refused::Credential, "direct door request refused");
-            return Err(super::auth::door_required());
+            return Some(super::auth::door_required());
         }
         DoorCheck::strip(req.headers_mut());
     }
-    Ok(())
+    None
 }
 
 /// The host a request names: HTTP/2's `:authority` (in the URI), else `Host`; without port.

@@ -180,7 +180,7 @@ pub(crate) async fn serve_http<I>(
                 watch.got_head();
             }
             if let Some(state) = &shared.direct {
-                if let Err(refused) = super::guard::direct_door(state, &mut req) {
+                if let Some(refused) = super::guard::direct_door(state, &mut req) {
                     return Ok(refused);
                 }
             }
