@@ -95,13 +95,6 @@ impl TranscriptsDir {
     }
 }
 
-fn not_ours(what: &str) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::PermissionDenied,
-        format!("{what}: not a plain folder or regular file of this user"),
-    )
-}
-
 #[cfg(unix)]
 mod imp {
     use std::ffi::OsStr;
@@ -144,7 +137,7 @@ mod imp {
         let stat = fstat(&fd)?;
         let regular = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
         if !regular || stat.st_uid != rustix::process::geteuid().as_raw() {
-            return Err(super::not_ours(file));
+            return Err(not_ours(file));
         }
         Ok(File::from(fd))
     }
@@ -154,7 +147,7 @@ mod imp {
         let fd = openat(parent, name, flags, Mode::empty()).map_err(refusal)?;
         let stat = fstat(&fd)?;
         if stat.st_uid != rustix::process::geteuid().as_raw() {
-            return Err(super::not_ours(&name.to_string_lossy()));
+            return Err(not_ours(&name.to_string_lossy()));
         }
         Ok(fd)
     }
@@ -163,9 +156,16 @@ mod imp {
     /// is named as such; other errors stay what they are.
     fn refusal(e: Errno) -> std::io::Error {
         match e {
-            Errno::LOOP | Errno::NOTDIR | Errno::MLINK => super::not_ours("a link"),
+            Errno::LOOP | Errno::NOTDIR | Errno::MLINK => not_ours("a link"),
             e => e.into(),
         }
+    }
+
+    fn not_ours(what: &str) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{what}: not a plain folder or regular file of this user"),
+        )
     }
 }
 
@@ -191,13 +191,13 @@ mod imp {
                 Err(e) if append && e.kind() == std::io::ErrorKind::NotFound => {
                     std::fs::create_dir(&path)?
                 }
-                Ok(_) => return Err(super::not_ours(&name.to_string_lossy())),
+                Ok(_) => return Err(not_ours(&name.to_string_lossy())),
                 Err(e) => return Err(e),
             }
         }
         path.push(file);
         match std::fs::symlink_metadata(&path) {
-            Ok(m) if !m.is_file() => return Err(super::not_ours(file)),
+            Ok(m) if !m.is_file() => return Err(not_ours(file)),
             _ => {}
         }
         let mut options = std::fs::OpenOptions::new();
@@ -208,9 +208,17 @@ mod imp {
         }
         options.open(&path)
     }
+
+    fn not_ours(what: &str) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{what}: not a plain folder or regular file of this user"),
+        )
+    }
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use super::*;
     use std::io::{Read, Write};
