@@ -668,9 +668,11 @@ async fn finished_runs_reach_the_status_registry() {
     // The supervisor records the outcome just before the end frame goes out.
     let both_recorded = || {
         let snap = agent.status().snapshot();
-        ["req-s1", "req-s2"]
-            .iter()
-            .all(|id| snap.recent.iter().any(|r| r.request_id == *id))
+        ["req-s1", "req-s2"].iter().all(|id| {
+            snap.recent
+                .iter()
+                .any(|r| r.run_id == cursor_byok::status::run_id(id))
+        })
     };
     assert!(
         common::wait_until(Duration::from_secs(5), both_recorded).await,
@@ -681,7 +683,7 @@ async fn finished_runs_reach_the_status_registry() {
     let ok = snap
         .recent
         .iter()
-        .find(|r| r.request_id == "req-s1")
+        .find(|r| r.run_id == cursor_byok::status::run_id("req-s1"))
         .expect("run recorded");
     assert_eq!(ok.model, "byok-fake-model");
     assert_eq!(ok.outcome.as_deref(), Some("ok"));
@@ -689,7 +691,7 @@ async fn finished_runs_reach_the_status_registry() {
     let failed = snap
         .recent
         .iter()
-        .find(|r| r.request_id == "req-s2")
+        .find(|r| r.run_id == cursor_byok::status::run_id("req-s2"))
         .unwrap();
     assert_eq!(failed.outcome.as_deref(), Some("error"));
     assert!(failed.error.as_deref().unwrap_or_default().contains("401"));
@@ -830,7 +832,7 @@ async fn run_in(agent: &Agent, request_id: &str, conversation: &str) -> Outcome 
     let mut run = agent.start_run(req, request_id.into());
     let (messages, end) = drive(&mut run).await;
     let record = agent.status().snapshot().recent[0].clone();
-    assert_eq!(record.request_id, request_id);
+    assert_eq!(record.run_id, cursor_byok::status::run_id(request_id));
     (messages, end, record)
 }
 

@@ -114,9 +114,11 @@ model = "gpt-fake"
     );
 
     Binary {
-        door: Door::Connect {
+        // Wired the way `setup cursor` wires Cursor: the per-install secret on every CONNECT.
+        door: Door::ConnectAuth {
             proxy: addr,
             roots: roots_from(&data_dir.join("ca.pem")),
+            auth: common::proxy_process::secret_auth(&data_dir),
         },
         child,
         addr,
@@ -360,13 +362,19 @@ async fn the_binary_runs_a_tool_round_on_both_transports_and_exits_on_sigterm() 
         "{:?}",
         snap.totals
     );
-    let mut runs: Vec<(&str, &str, Option<&str>, Option<&str>)> = snap
+    let mut runs: Vec<(String, &str, Option<&str>, Option<&str>)> = snap
         .recent
         .iter()
         .map(|r| {
             assert_eq!(r.model, OURS, "{r:?}");
+            // Named by a digest of the request id, never the id itself.
+            let id = ["req-e2e-H2", "req-e2e-Sse"]
+                .into_iter()
+                .find(|id| cursor_byok::status::run_id(id) == r.run_id)
+                .unwrap_or("unknown")
+                .to_string();
             (
-                r.request_id.as_str(),
+                id,
                 r.transport.as_str(),
                 r.target.as_deref(),
                 r.outcome.as_deref(),
@@ -377,8 +385,18 @@ async fn the_binary_runs_a_tool_round_on_both_transports_and_exits_on_sigterm() 
     assert_eq!(
         runs,
         [
-            ("req-e2e-H2", "Run", Some("fake/gpt-fake"), Some("ok")),
-            ("req-e2e-Sse", "RunSSE", Some("fake/gpt-fake"), Some("ok")),
+            (
+                "req-e2e-H2".to_string(),
+                "Run",
+                Some("fake/gpt-fake"),
+                Some("ok")
+            ),
+            (
+                "req-e2e-Sse".to_string(),
+                "RunSSE",
+                Some("fake/gpt-fake"),
+                Some("ok")
+            ),
         ]
     );
 

@@ -375,7 +375,7 @@ async fn fat_and_stalled_heads_and_bodies_inside_tls_are_closed() {
             let mut tls = session().await;
             let head = format!(
                 "POST {BIDI_APPEND} HTTP/1.1\r\nHost: {API}\r\nContent-Type: application/proto\r\n\
-                 Content-Length: {BODY}\r\n\r\n"
+                 Connect-Protocol-Version: 1\r\nContent-Length: {BODY}\r\n\r\n"
             );
             tls.write_all(head.as_bytes()).await.unwrap();
             tls.write_all(&vec![0u8; BODY - 1024]).await.unwrap();

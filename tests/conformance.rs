@@ -317,6 +317,10 @@ model = "{PROVIDER_MODEL}"
         config.data_dir = Some(data.path().to_path_buf());
         config.upstream.resolve.insert(HOST.into(), upstream.addr);
         config.upstream.extra_roots = Some(upstream.ca_pem_path.clone());
+        // The SDK's home (its `HOME`): its transcripts folder is under it, as Cursor's is
+        // under the user's, the only place the proxy writes transcripts.
+        let home = tempfile::tempdir().unwrap();
+        config.agent.transcripts_home = Some(home.path().to_path_buf());
         let (ca, _) = CertificateAuthority::load_or_create(&data.path().join("ca")).unwrap();
         let ca_cert = ca.cert_path().to_path_buf();
         let server = Server::builder(config.clone(), ca).bind().await.unwrap();
@@ -328,7 +332,7 @@ model = "{PROVIDER_MODEL}"
             config,
             server,
             ca_cert,
-            home: tempfile::tempdir().unwrap(),
+            home,
             workspace: tempfile::tempdir().unwrap(),
             store: tempfile::tempdir().unwrap(),
             _data: data,

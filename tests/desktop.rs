@@ -317,9 +317,11 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
     use serde_json::json;
     let ws = tempfile::tempdir().expect("tempdir");
     std::fs::write(ws.path().join("a.txt"), "alpha\n").expect("write");
-    let transcripts = tempfile::tempdir().expect("tempdir");
+    // Cursor keeps transcripts under the user's home: the proxy writes nowhere else.
+    let home = tempfile::tempdir().expect("tempdir");
+    let transcripts = home.path().join(".cursor/projects/ws/agent-transcripts");
     // Cursor's own status line for the conversation is there already.
-    let file = transcripts.path().join("conv-a/conv-a.jsonl");
+    let file = transcripts.join("conv-a/conv-a.jsonl");
     std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
     std::fs::write(&file, "{\"type\":\"status\",\"status\":\"running\"}\n").expect("write");
 
@@ -335,7 +337,7 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
             Reply::sse(fake_provider::text_sse("You asked about a.txt.")),
         ],
         "sk-test-desktop",
-        |_| {},
+        |c| c.agent.transcripts_home = Some(home.path().to_path_buf()),
     )
     .await;
     let mut client = FakeCursor::new(ws.path());
@@ -343,7 +345,7 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
     let first = transcript_request(
         "conv-a",
         "What does a.txt say?",
-        transcripts.path(),
+        &transcripts,
         ws.path(),
         None,
         &[],
@@ -366,7 +368,7 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
     let second = transcript_request(
         "conv-a",
         "My favourite colour is blue.",
-        transcripts.path(),
+        &transcripts,
         ws.path(),
         client.checkpoint.clone(),
         &[],
@@ -389,7 +391,7 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
     let third = transcript_request(
         "conv-b",
         "What did I ask in that chat?",
-        transcripts.path(),
+        &transcripts,
         ws.path(),
         None,
         &["conv-a"],
@@ -420,28 +422,26 @@ async fn ended_turns_join_cursors_transcript_and_a_past_chat_reaches_the_model()
         "Cursor's status lines stay out: {user}"
     );
     // The new chat got its own transcript; the first one is unchanged.
-    assert_eq!(
-        jsonl(&transcripts.path().join("conv-b/conv-b.jsonl")).len(),
-        2
-    );
+    assert_eq!(jsonl(&transcripts.join("conv-b/conv-b.jsonl")).len(), 2);
     assert_eq!(jsonl(&file).len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canceled_turn_adds_nothing_to_the_transcript() {
     let ws = tempfile::tempdir().expect("tempdir");
-    let transcripts = tempfile::tempdir().expect("tempdir");
+    let home = tempfile::tempdir().expect("tempdir");
+    let transcripts = home.path().join(".cursor/projects/ws/agent-transcripts");
     let h = shared::harness_keyed(
         vec![Reply::sse(shared::partial("Half an ans")).then(common::fake_provider::After::Stall)],
         "sk-test-desktop",
-        |_| {},
+        |c| c.agent.transcripts_home = Some(home.path().to_path_buf()),
     )
     .await;
     let mut client = FakeCursor::new(ws.path());
     let first = transcript_request(
         "conv-c",
         "Tell me a story",
-        transcripts.path(),
+        &transcripts,
         ws.path(),
         None,
         &[],
@@ -468,7 +468,7 @@ async fn a_canceled_turn_adds_nothing_to_the_transcript() {
     };
     assert!(canceled, "the answer started");
     let _ = end;
-    let conv = transcripts.path().join("conv-c");
+    let conv = transcripts.join("conv-c");
     assert!(
         !conv.exists() || jsonl(&conv.join("conv-c.jsonl")).is_empty(),
         "nothing of the canceled turn was written"

@@ -131,7 +131,7 @@ async fn client_vanishing_mid_run_cancels_the_provider_request() {
     let recent = h.server.status().snapshot().recent;
     let rec = recent
         .iter()
-        .find(|r| r.request_id == "req-vanish")
+        .find(|r| r.run_id == cursor_byok::status::run_id("req-vanish"))
         .expect("the run is recorded");
     outcome(
         "client disappears mid-run",

@@ -111,7 +111,11 @@ async fn wait_recorded(h: &Harness, request_id: &str, within: Duration) -> (Stri
     let deadline = Instant::now() + within;
     loop {
         let snap = h.server.status().snapshot();
-        if let Some(r) = snap.recent.iter().find(|r| r.request_id == request_id) {
+        if let Some(r) = snap
+            .recent
+            .iter()
+            .find(|r| r.run_id == cursor_byok::status::run_id(request_id))
+        {
             return (
                 r.outcome.clone().unwrap_or_default(),
                 r.error.clone().unwrap_or_default(),
@@ -122,7 +126,7 @@ async fn wait_recorded(h: &Harness, request_id: &str, within: Duration) -> (Stri
             "{request_id} still not finished after {within:?}: active {:?}",
             snap.active
                 .iter()
-                .map(|a| a.request_id.clone())
+                .map(|a| a.run_id.clone())
                 .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;

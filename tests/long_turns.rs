@@ -264,7 +264,7 @@ fn record(h: &Harness, request_id: &str) -> (String, String) {
     let recent = h.server.status().snapshot().recent;
     let rec = recent
         .iter()
-        .find(|r| r.request_id == request_id)
+        .find(|r| r.run_id == cursor_byok::status::run_id(request_id))
         .unwrap_or_else(|| panic!("{request_id} is recorded: {recent:?}"));
     (
         rec.outcome.clone().unwrap_or_default(),
@@ -275,7 +275,11 @@ fn record(h: &Harness, request_id: &str) -> (String, String) {
 async fn wait_recorded(h: &Harness, request_id: &str) {
     for _ in 0..600 {
         let snap = h.server.status().snapshot();
-        if snap.recent.iter().any(|r| r.request_id == request_id) {
+        if snap
+            .recent
+            .iter()
+            .any(|r| r.run_id == cursor_byok::status::run_id(request_id))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -286,14 +286,14 @@ fn doctor_lines_read_as_sentences() {
     checks.push(doctor::check_ca(dir.path()).0);
     let listen: SocketAddr = "127.0.0.1:8443".parse().unwrap();
     let settings = dir.path().join("settings.json");
-    checks.push(doctor::check_cursor_settings(Some(&settings), listen));
+    checks.push(doctor::check_cursor_settings(Some(&settings), listen, None));
     for text in [
         "{ not json",
         "{}",
         r#"{"http.proxy": "http://127.0.0.1:9999"}"#,
     ] {
         std::fs::write(&settings, text).unwrap();
-        checks.push(doctor::check_cursor_settings(Some(&settings), listen));
+        checks.push(doctor::check_cursor_settings(Some(&settings), listen, None));
     }
     assert!(checks.len() >= 16);
     assert_reads_well(&checks);

@@ -77,8 +77,11 @@ fn setup_cursor_edits_jsonc_keeps_comments_and_undoes_to_the_same_bytes() {
     let home = tempfile::tempdir().unwrap();
     let settings = home.path().join("settings.json");
     std::fs::write(&settings, USER_SETTINGS).unwrap();
+    let data = home.path().join("data");
     let run = |extra: &[&str]| {
         bin(home.path())
+            .arg("--data-dir")
+            .arg(&data)
             .args(["setup", "cursor", "--settings"])
             .arg(&settings)
             .args(extra)
@@ -92,10 +95,14 @@ fn setup_cursor_edits_jsonc_keeps_comments_and_undoes_to_the_same_bytes() {
         out.contains("-\t\"http.proxy\": \"http://corp-proxy:3128\","),
         "{out}"
     );
+    // The proxy URL carries the per-install secret, never printed.
     assert!(
-        out.contains("+\t\"http.proxy\": \"http://127.0.0.1:8787\","),
+        out.contains("+\t\"http.proxy\": \"http://cursor-byok:<secret>@127.0.0.1:8787\","),
         "{out}"
     );
+    let secret = std::fs::read_to_string(data.join("proxy-secret")).unwrap();
+    let secret = secret.trim();
+    assert!(!out.contains(secret), "the secret was printed:\n{out}");
     assert!(
         out.contains("+\t\"cursor.general.disableHttp2\": true"),
         "{out}"
@@ -106,7 +113,14 @@ fn setup_cursor_edits_jsonc_keeps_comments_and_undoes_to_the_same_bytes() {
     // Wire: values set, every comment and the rest of the file kept, a backup of the original.
     let out = ok(run(&[]));
     assert!(out.contains("backup:"), "{out}");
+    assert!(!out.contains(secret), "the secret was printed:\n{out}");
     let wired = std::fs::read_to_string(&settings).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&settings).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the settings hold the secret");
+    }
     for kept in [
         "// Cursor user settings\n",
         "\"workbench.colorTheme\": \"Cursor Dark\", // my theme\n",
@@ -116,7 +130,12 @@ fn setup_cursor_edits_jsonc_keeps_comments_and_undoes_to_the_same_bytes() {
         assert!(wired.contains(kept), "lost {kept:?}:\n{wired}");
     }
     let doc = Document::parse(&wired).unwrap();
-    assert_eq!(doc.get("http.proxy"), Some(&json!("http://127.0.0.1:8787")));
+    assert_eq!(
+        doc.get("http.proxy"),
+        Some(&json!(format!(
+            "http://cursor-byok:{secret}@127.0.0.1:8787"
+        )))
+    );
     assert_eq!(doc.get("http.proxySupport"), Some(&json!("override")));
     assert_eq!(doc.get("cursor.general.disableHttp2"), Some(&json!(true)));
     assert_eq!(doc.get("http.proxyStrictSSL"), Some(&json!(true)));
@@ -243,6 +262,8 @@ async fn doctor_names_the_failing_provider_and_its_fix() {
     ok(bin(home.path())
         .arg("--config")
         .arg(&config_path)
+        .arg("--data-dir")
+        .arg(&data)
         .args(["setup", "cursor", "--settings"])
         .arg(&settings)
         .output()
@@ -289,8 +310,9 @@ async fn doctor_names_the_failing_provider_and_its_fix() {
     assert!(bad_line.contains("fix:"), "{bad_line}");
     assert!(bad_line.contains("$DOCTOR_BAD_KEY"), "{bad_line}");
     assert!(stderr.contains("checks failed"), "{stderr}");
-    for secret in [GOOD_KEY, BAD_KEY] {
-        assert!(!all.contains(secret), "a key was printed:\n{all}");
+    let proxy_secret = std::fs::read_to_string(data.join("proxy-secret")).unwrap();
+    for secret in [GOOD_KEY, BAD_KEY, proxy_secret.trim()] {
+        assert!(!all.contains(secret), "a secret was printed:\n{all}");
     }
 
     // The probe was minimal and carried the key.

@@ -133,7 +133,11 @@ fn status_shows_the_live_runs_todays_cost_and_the_last_errors() {
     let json: serde_json::Value = serde_json::from_str(&run(&config, dir.path(), true)).unwrap();
     assert_eq!(json["running"], true);
     assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(json["active"][0]["request_id"], "req-live-1");
+    // Named by a digest of its request id, never the id itself.
+    assert_eq!(
+        json["active"][0]["run_id"],
+        cursor_byok::status::run_id("req-live-1")
+    );
     assert_eq!(json["active"].as_array().unwrap().len(), 1);
     let today = json["today"].as_array().unwrap();
     let gpt = today.iter().find(|m| m["model"] == "byok-gpt-5.1").unwrap();
@@ -151,7 +155,10 @@ fn status_shows_the_live_runs_todays_cost_and_the_last_errors() {
     assert!(text.contains("proxy: cursor-byok"), "{text}");
     assert!(text.contains("active runs: 1"), "{text}");
     assert!(
-        text.contains("req-live-1  byok-claude-sonnet-4-5 via Anthropic"),
+        text.contains(&format!(
+            "{}  byok-claude-sonnet-4-5 via Anthropic",
+            cursor_byok::status::run_id("req-live-1")
+        )),
         "{text}"
     );
     assert!(text.contains("byok-gpt-5.1"), "{text}");

@@ -201,9 +201,14 @@ fn section<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
     &dom[from..from + len]
 }
 
-/// The `<tr>` the page rendered for `request_id` (the embedded JSON has no such markup).
+/// The `<tr>` the page rendered for `request_id`'s run (the embedded JSON has no such markup;
+/// the page names a run by a digest of its request id, never the id itself).
 fn row<'a>(dom: &'a str, request_id: &str) -> &'a str {
-    let open = format!("<tr data-request-id=\"{request_id}\">");
+    assert!(!dom.contains(request_id), "the page shows a request id");
+    let open = format!(
+        "<tr data-run-id=\"{}\">",
+        cursor_byok::status::run_id(request_id)
+    );
     let start = dom
         .find(&open)
         .unwrap_or_else(|| panic!("no rendered row for {request_id} in:\n{dom}"));
@@ -324,7 +329,11 @@ async fn served_locally_and_never_forwarded() {
     assert_eq!(code, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["service"], "cursor-byok");
-    assert_eq!(json["active"][0]["request_id"], ACTIVE_ID);
+    assert_eq!(
+        json["active"][0]["run_id"],
+        cursor_byok::status::run_id(ACTIVE_ID)
+    );
+    assert!(!body.contains(ACTIVE_ID), "status.json names no request id");
     assert_eq!(json["totals"]["failed"], 2);
 
     // A page on another origin rebinding its name to 127.0.0.1 sends its own Host: refused.

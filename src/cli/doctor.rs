@@ -14,9 +14,11 @@ pub fn run(
     skip_providers: bool,
 ) -> anyhow::Result<()> {
     let mut report = Report::default();
-    let config = load_config(args.config.as_deref(), &mut report)?;
+    let mut config = load_config(args.config.as_deref(), &mut report)?;
 
     let data_dir: PathBuf = args.data_dir.clone().unwrap_or_else(|| config.data_dir());
+    // The listener's credentials, as `run` uses them: the listener check sends them.
+    config.use_install_secret(&data_dir)?;
     let (ca_check, ca) = doctor::check_ca(&data_dir);
     report.add(ca_check);
 
@@ -27,6 +29,7 @@ pub fn run(
     report.add(doctor::check_cursor_settings(
         cursor_settings,
         config.listen,
+        config.proxy_auth.as_ref(),
     ));
     report.add(doctor::check_wiring(
         doctor::cursor_http_proxy(cursor_settings).as_deref(),

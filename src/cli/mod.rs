@@ -164,11 +164,16 @@ fn load_env_file(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The config, with the listener's credentials: the per-install secret (made on first use)
+/// unless `proxy_auth` or `open_listener` says otherwise.
 fn load_config(args: &Args) -> anyhow::Result<Config> {
-    Ok(match &args.config {
+    let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::embedded_default(),
-    })
+    };
+    let dir = data_dir(args, &config);
+    config.use_install_secret(&dir)?;
+    Ok(config)
 }
 
 fn data_dir(args: &Args, config: &Config) -> PathBuf {
@@ -221,6 +226,7 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
         warnings.push(crate::setup::doctor::check_cursor_settings(
             None,
             server.proxy_addr(),
+            config.proxy_auth.as_ref(),
         ));
         // The copy the OS can read when the proxy is down (`setup system-proxy --file-url`).
         if let Err(e) =
@@ -293,10 +299,15 @@ fn banner(
     for m in &config.models {
         let _ = writeln!(b, "{}", model_line(config, m));
     }
+    let wired = crate::setup::cursor::masked(
+        &crate::setup::cursor::wired_proxy_url(listen, config.proxy_auth.as_ref()),
+        config.proxy_auth.as_ref(),
+    );
     let _ = writeln!(
         b,
-        "  Cursor settings: \"http.proxy\": \"{url}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true   (`cursor-byok setup cursor` writes them)"
+        "  Cursor settings: \"http.proxy\": \"{wired}\", \"http.proxySupport\": \"override\", \"cursor.general.disableHttp2\": true   (`cursor-byok setup cursor` writes them)"
     );
+    let _ = writeln!(b, "  {}", who_may_connect(config));
     for w in banner_warnings(config, listen, checks) {
         let _ = writeln!(b, "  warning: {w}");
     }
@@ -305,6 +316,30 @@ fn banner(
         "  one summary line per finished run follows; `cursor-byok doctor` checks the whole set-up"
     );
     b
+}
+
+/// Who the listener and the direct doors take, said plainly.
+fn who_may_connect(config: &Config) -> String {
+    let listener = match (&config.proxy_auth, config.open_listener) {
+        (Some(a), _) if a.username == crate::config::install_secret::USERNAME => format!(
+            "listener: only clients with the per-install secret ({} in the data directory; \
+             `setup cursor` puts it in Cursor's \"http.proxy\")",
+            crate::config::install_secret::FILE
+        ),
+        (Some(_), _) => "listener: only clients with the [proxy_auth] credentials".to_string(),
+        (None, _) => "listener: OPEN to every local user (open_listener = true): any process \
+                      on this machine can use your models and keys through it"
+            .to_string(),
+    };
+    let doors = config.direct.tls_listen.is_some() || config.direct.http_listen.is_some();
+    if doors && config.direct.token.is_none() && !config.direct.exposed() {
+        format!(
+            "{listener}; direct doors: OPEN to every local user (set [direct] token to close \
+             them)"
+        )
+    } else {
+        listener
+    }
 }
 
 /// One configured model, and whether its key is set.
@@ -392,5 +427,40 @@ mod tests {
             std::env::var("CURSOR_BYOK_TEST_ENV_WINS").as_deref(),
             Ok("fresh")
         );
+    }
+
+    #[test]
+    fn the_banner_says_who_may_connect() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config::from_toml("", "t").expect("config");
+        assert!(config.use_install_secret(dir.path()).expect("secret"));
+        let secret = config
+            .proxy_auth
+            .as_ref()
+            .expect("auth")
+            .password
+            .expose()
+            .to_string();
+        let line = who_may_connect(&config);
+        assert!(
+            line.contains("only clients with the per-install secret"),
+            "{line}"
+        );
+        let listen = "127.0.0.1:8787".parse().expect("addr");
+        let text = banner(&config, listen, "FP", dir.path(), &[]);
+        assert!(!text.contains(&secret), "{text}");
+        assert!(
+            text.contains("http://cursor-byok:<secret>@127.0.0.1:8787"),
+            "{text}"
+        );
+
+        let mut open = Config::from_toml("open_listener = true\n", "t").expect("config");
+        assert!(!open.use_install_secret(dir.path()).expect("no secret"));
+        assert!(open.proxy_auth.is_none());
+        assert!(who_may_connect(&open).contains("OPEN to every local user"));
+
+        let doors = "open_listener = true\n[direct]\nhttp_listen = \"127.0.0.1:0\"\n";
+        let doors = Config::from_toml(doors, "t").expect("config");
+        assert!(who_may_connect(&doors).contains("direct doors: OPEN"));
     }
 }

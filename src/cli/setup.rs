@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::args::SetupTarget;
-use crate::config::Config;
+use crate::config::{Config, ProxyAuth};
 use crate::setup::cursor::{self, Undo, SETTINGS_LOCATIONS};
 
 pub fn run(target: SetupTarget, config: &Config, data_dir: &Path) -> anyhow::Result<()> {
@@ -30,12 +30,19 @@ pub fn run(target: SetupTarget, config: &Config, data_dir: &Path) -> anyhow::Res
         &path,
         config.listen,
         args.dry_run,
-        config.proxy_auth.is_some(),
+        config.proxy_auth.as_ref(),
     )
 }
 
-fn wire(path: &Path, listen: SocketAddr, dry_run: bool, proxy_auth: bool) -> anyhow::Result<()> {
-    let desired = cursor::desired_settings(listen);
+/// Writes the wiring, `http.proxy` with the listener's credentials (the per-install secret
+/// unless `proxy_auth` names others); what it prints never shows the password.
+fn wire(
+    path: &Path,
+    listen: SocketAddr,
+    dry_run: bool,
+    auth: Option<&ProxyAuth>,
+) -> anyhow::Result<()> {
+    let desired = cursor::desired_settings_for(listen, auth);
     let plan = cursor::plan(path, &desired)?;
     println!("Cursor settings: {}", path.display());
     if !plan.changes() {
@@ -46,7 +53,7 @@ fn wire(path: &Path, listen: SocketAddr, dry_run: bool, proxy_auth: bool) -> any
         return Ok(());
     }
     if dry_run {
-        print!("{}", plan.diff());
+        print!("{}", cursor::masked(&plan.diff(), auth));
         println!("(dry run: nothing was written)");
         return Ok(());
     }
@@ -54,18 +61,19 @@ fn wire(path: &Path, listen: SocketAddr, dry_run: bool, proxy_auth: bool) -> any
         println!("backup:  {}", backup.display());
     }
     for (key, value) in &desired {
-        println!("set      \"{key}\": {value}");
+        println!(
+            "set      \"{key}\": {}",
+            cursor::masked(&value.to_string(), auth)
+        );
     }
     println!();
     println!("Restart Cursor (or run \"Developer: Reload Window\") so the proxy settings apply.");
     println!("Not done yet? Trust the CA once: `cursor-byok ca trust`. Check it all: `cursor-byok doctor`.");
     println!("Undo: `cursor-byok setup cursor --undo`.");
-    if proxy_auth {
-        println!();
+    if auth.is_some() {
         println!(
-            "warning: proxy_auth is set, so Cursor must send credentials: add \
-             \"http.proxyAuthorization\": \"Basic <base64 of user:password>\" to the settings \
-             yourself (cursor-byok never writes secrets into them)."
+            "The proxy URL carries the listener's credentials (written only to this file, now \
+             readable by you alone): other users on this machine cannot use the proxy."
         );
     }
     Ok(())

@@ -166,7 +166,7 @@ pub fn lines(r: &Report) -> Vec<String> {
         for a in &r.active {
             out.push(format!(
                 "  {}  {} via {}  {}  in {} / out {} tokens",
-                a.request_id,
+                a.run_id,
                 a.model,
                 a.provider,
                 duration(a.duration_ms / 1000),

@@ -148,8 +148,21 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
          \"http.proxy\" (it overrides the OS setting and has no fallback); restart Cursor."
     );
     println!("Undo: `cursor-byok setup system-proxy --undo`.");
+    if config.proxy_auth.is_some() {
+        println!();
+        println!("{PAC_CANNOT_CARRY_THE_SECRET}");
+    }
     Ok(())
 }
+
+/// The OS proxy setting names a PAC script, and a PAC's `PROXY host:port` has no place for
+/// credentials: clients it sends here meet the listener's 407.
+const PAC_CANNOT_CARRY_THE_SECRET: &str =
+    "note: the listener asks for credentials (the per-install secret, or [proxy_auth]), and the \
+     OS proxy setting cannot carry them: applications it sends here are refused with 407. \
+     Either keep Cursor wired with `cursor-byok setup cursor` (its \"http.proxy\" carries the \
+     secret), or set `open_listener = true` in the config, which opens the listener to every \
+     local user (see docs/security.md).";
 
 /// Says so when an earlier run's saved values are still there: applying twice would save our
 /// own settings as the ones to restore.

@@ -6,6 +6,7 @@
 mod defaults;
 mod error;
 mod failover;
+pub mod install_secret;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,9 +39,19 @@ pub struct Config {
     /// Host patterns whose TLS is terminated (`*.cursor.sh` matches every subdomain).
     #[serde(default = "defaults::intercept")]
     pub intercept: Vec<String>,
-    /// Optional password for the proxy listener (`Proxy-Authorization: Basic`).
+    /// Optional password for the proxy listener (`Proxy-Authorization: Basic`). Unset, `run`
+    /// fills it with the per-install secret ([`install_secret`]) unless `open_listener`.
     #[serde(default)]
     pub proxy_auth: Option<ProxyAuth>,
+    /// Take clients on the listener without credentials (for the OS proxy setting, which
+    /// cannot carry them): every local user may then use the proxy.
+    #[serde(default)]
+    pub open_listener: bool,
+    /// Set by [`Config::use_install_secret`]: `proxy_auth` holds the per-install secret (the
+    /// status page then asks for no credentials: it names no request id, and a browser
+    /// would have to be given the secret by hand).
+    #[serde(skip)]
+    pub install_secret: bool,
     #[serde(default)]
     pub direct: DirectDoors,
     #[serde(default)]
@@ -212,6 +223,10 @@ pub struct AgentConfig {
     /// Notice a model repeating itself: warn it at the 3rd repeat, end the turn at the 5th.
     #[serde(default = "defaults::yes")]
     pub detect_loops: bool,
+    /// The home whose `.cursor/projects/*/agent-transcripts` folders hold the transcripts a
+    /// run appends to and reads past chats from; unset: this user's home.
+    #[serde(default)]
+    pub transcripts_home: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -225,6 +240,7 @@ impl Default for AgentConfig {
             shell_block_secs: defaults::shell_block_secs(),
             max_parallel_subagents: defaults::max_parallel_subagents(),
             detect_loops: true,
+            transcripts_home: None,
         }
     }
 }
@@ -505,6 +521,23 @@ impl Config {
 
     pub fn data_dir(&self) -> PathBuf {
         self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
+    /// Without `proxy_auth` and `open_listener`, the listener's credentials are the
+    /// per-install secret in `data_dir` (made on first use). Whether they are now.
+    pub fn use_install_secret(
+        &mut self,
+        data_dir: &std::path::Path,
+    ) -> Result<bool, install_secret::SecretError> {
+        if self.proxy_auth.is_some() || self.open_listener {
+            return Ok(false);
+        }
+        self.proxy_auth = Some(ProxyAuth {
+            username: install_secret::USERNAME.to_string(),
+            password: install_secret::load_or_create(data_dir)?,
+        });
+        self.install_secret = true;
+        Ok(true)
     }
 
     pub fn model_by_cursor_id(&self, cursor_id: &str) -> Option<&ModelConfig> {

@@ -101,8 +101,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// 407 for a listener client without the credentials, saying how a client gets them.
 pub(crate) fn required() -> Response<Body> {
-    let mut resp = Response::new(full("cursor-byok: proxy authentication required\n"));
+    let mut resp = Response::new(full(
+        "cursor-byok: proxy authentication required. This proxy serves only its own user's \
+         clients: run `cursor-byok setup cursor` and restart Cursor (Cursor's \"http.proxy\" \
+         then carries the credentials; the per-install secret is the file proxy-secret in \
+         cursor-byok's data directory, user cursor-byok, unless [proxy_auth] names others). \
+         For the OS proxy setting, which cannot carry credentials, set open_listener = true \
+         in the config: every local user can then use the proxy.\n",
+    ));
     *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
     resp.headers_mut().insert(
         header::PROXY_AUTHENTICATE,

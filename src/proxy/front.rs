@@ -81,11 +81,12 @@ async fn handle(
 }
 
 /// The status page, for loopback clients; with `proxy_auth` set, the same credentials are
-/// asked for (as `Authorization: Basic`, which browsers prompt for).
+/// asked for (as `Authorization: Basic`, which browsers prompt for). With the per-install
+/// secret they are not: the page is read-only and names no request id.
 fn own_page(state: &State, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
     // The PAC script holds no secret, and the OS fetches it without credentials.
     let pac = req.uri().path() == crate::status::pac::PAC_PATH;
-    if let Some(check) = state.auth.as_ref().filter(|_| !pac) {
+    if let Some(check) = state.auth.as_ref().filter(|_| !pac && !state.pages_open) {
         if !check.allows(req.headers()) && !check.allows_origin(req.headers()) {
             return auth::origin_required();
         }

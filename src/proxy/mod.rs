@@ -33,6 +33,7 @@ mod auth;
 mod connect;
 mod direct;
 mod front;
+mod guard;
 mod rewind;
 mod serve;
 mod server;

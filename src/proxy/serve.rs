@@ -17,7 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::auth::DoorCheck;
 use super::state::State;
 use super::watch::{Stalled, Watch, MIN_BODY_RATE};
 use crate::base::conn_tasks::LocalExec;
@@ -131,8 +130,8 @@ struct Shared {
     router: crate::router::Router,
     link: Link,
     base: RequestContext,
-    /// On a direct door, the credential every request must carry (when configured).
-    door_auth: Option<Arc<DoorCheck>>,
+    /// On a direct door, what every request is checked against ([`super::guard`]).
+    direct: Option<Arc<State>>,
     /// The client connection's time bounds.
     watch: Option<Arc<Watch>>,
 }
@@ -168,7 +167,7 @@ pub(crate) async fn serve_http<I>(
         router: state.router.clone(),
         link: Link::new(exec.clone()),
         base,
-        door_auth: state.door_auth.clone().filter(|_| direct),
+        direct: direct.then(|| state.clone()),
         watch: watch.clone(),
     });
     let service = service_fn(move |req: Request<Incoming>| {
@@ -180,11 +179,10 @@ pub(crate) async fn serve_http<I>(
             if let Some(watch) = &shared.watch {
                 watch.got_head();
             }
-            if let Some(check) = &shared.door_auth {
-                if !check.allows(req.headers()) {
-                    return Ok(super::auth::door_required());
+            if let Some(state) = &shared.direct {
+                if let Some(refused) = super::guard::direct_door(state, &mut req) {
+                    return Ok(refused);
                 }
-                DoorCheck::strip(req.headers_mut());
             }
             let mut ctx = shared.base.clone();
             ctx.client_version = req.version();

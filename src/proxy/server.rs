@@ -96,6 +96,7 @@ impl ServerBuilder {
             certs: CertStore::new(self.ca)?,
             router,
             auth: config.proxy_auth.as_ref().map(ProxyAuthCheck::new),
+            pages_open: config.install_secret,
             door_auth: DoorCheck::from_config(&config).map(Arc::new),
             origin,
             shutdown: shutdown.clone(),

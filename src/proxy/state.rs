@@ -22,6 +22,8 @@ pub(crate) struct State {
     pub(crate) certs: CertStore,
     pub(crate) router: Router,
     pub(crate) auth: Option<ProxyAuthCheck>,
+    /// The status page asks for no credentials (the listener's are the per-install secret).
+    pub(crate) pages_open: bool,
     /// The direct doors' credential check, when the config asks for one.
     pub(crate) door_auth: Option<Arc<DoorCheck>>,
     pub(crate) origin: Origin,

@@ -6,6 +6,8 @@
 //! found. A new kind of request is a `Route` variant there and a matching arm in
 //! `Router::handle`.
 
+mod guard;
+
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::Instrument;
@@ -127,18 +129,34 @@ impl Router {
                     .await
             }
             Route::Agent(rpc) => {
+                let checked = match rpc {
+                    AgentRpc::WebSocket => guard::agent_websocket(&parts.headers),
+                    _ => guard::agent_request(&parts.method, &parts.headers),
+                };
+                if let Err(refused) = checked {
+                    tracing::warn!(peer = %ctx.peer, path = %parts.uri.path(), "{refused}: refused");
+                    return guard::refused_response(&refused);
+                }
                 let req = Request::from_parts(parts, body);
                 Box::pin(self.agent.handle(rpc, ctx, req))
                     .instrument(span)
                     .await
             }
             Route::Side(rpc) => {
+                if let Err(refused) = guard::model_call(&parts.method, &parts.headers) {
+                    tracing::warn!(peer = %ctx.peer, path = %parts.uri.path(), "{refused}: refused");
+                    return guard::refused_response(&refused);
+                }
                 let req = Request::from_parts(parts, body);
                 Box::pin(side::handle(&self.agent, rpc, ctx, req))
                     .instrument(span)
                     .await
             }
             Route::CmdK(rpc) => {
+                if let Err(refused) = guard::model_call(&parts.method, &parts.headers) {
+                    tracing::warn!(peer = %ctx.peer, path = %parts.uri.path(), "{refused}: refused");
+                    return guard::refused_response(&refused);
+                }
                 let req = Request::from_parts(parts, body);
                 Box::pin(self.agent.handle_cmd_k(rpc, ctx, req))
                     .instrument(span)

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::diff;
 use super::jsonc::{Document, ParseError};
+use crate::config::ProxyAuth;
 
 /// Marks our backups: `<file name>.cursor-byok-<timestamp>.bak` / `.absent`.
 const BACKUP_TAG: &str = ".cursor-byok-";
@@ -83,11 +84,95 @@ pub fn proxy_url(listen: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
-/// The settings the proxy needs, in the order they are added.
+/// The `http.proxy` value for `listen` with the listener's credentials in it: Cursor sends
+/// them as `Proxy-Authorization: Basic` on its CONNECTs.
+pub fn wired_proxy_url(listen: SocketAddr, auth: Option<&ProxyAuth>) -> String {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let url = proxy_url(listen);
+    let Some(auth) = auth else {
+        return url;
+    };
+    const USERINFO: &percent_encoding::AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let user = utf8_percent_encode(&auth.username, USERINFO);
+    let password = utf8_percent_encode(auth.password.expose(), USERINFO);
+    url.replacen("http://", &format!("http://{user}:{password}@"), 1)
+}
+
+/// `text` with the listener's password, and the password of any URL in it, replaced by
+/// `<secret>`, for printing.
+pub fn masked(text: &str, auth: Option<&ProxyAuth>) -> String {
+    let text = mask_url_passwords(text);
+    match auth.filter(|a| !a.password.is_empty()) {
+        Some(auth) => text.replace(auth.password.expose(), "<secret>"),
+        None => text,
+    }
+}
+
+/// Every `scheme://user:password@` in `text` as `scheme://user:<secret>@`.
+fn mask_url_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '"' || c == '\'' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+                out.push_str(&format!("{user}:<secret>@{host}"));
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An `http.proxy` value without the credentials it may carry, for comparing and printing.
+pub fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('/') {
+            Some((authority, path)) => {
+                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                format!("{scheme}://{host}/{path}")
+            }
+            None => format!(
+                "{scheme}://{}",
+                rest.rsplit_once('@').map_or(rest, |(_, h)| h)
+            ),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// The listener address an `http.proxy` value names (credentials, if any, left aside).
+fn listen_of(url: &str) -> Option<SocketAddr> {
+    let rest = url.strip_prefix("http://")?;
+    let authority = rest.rsplit_once('@').map_or(rest, |(_, a)| a);
+    authority.trim_end_matches('/').parse().ok()
+}
+
+/// The settings the proxy needs, without credentials in `http.proxy`.
 pub fn desired_settings(listen: SocketAddr) -> Vec<(&'static str, Value)> {
+    desired_settings_for(listen, None)
+}
+
+/// The settings the proxy needs, in the order they are added; `http.proxy` carries `auth`.
+pub fn desired_settings_for(
+    listen: SocketAddr,
+    auth: Option<&ProxyAuth>,
+) -> Vec<(&'static str, Value)> {
     vec![
         // Every request goes through us; we decrypt only *.cursor.sh and tunnel the rest.
-        ("http.proxy", json!(proxy_url(listen))),
+        ("http.proxy", json!(wired_proxy_url(listen, auth))),
         // Extensions and Cursor's own services use the proxy too.
         ("http.proxySupport", json!("override")),
         // The desktop's HTTP/2 agent client ignores `http.proxy`; HTTP/1.1 honours it.
@@ -329,13 +414,12 @@ fn wired_from(current: &str, original: Option<&str>) -> bool {
     let Some(proxy) = doc.get("http.proxy").and_then(Value::as_str) else {
         return false;
     };
-    let Some(listen) = proxy
-        .strip_prefix("http://")
-        .and_then(|a| a.parse::<SocketAddr>().ok())
-    else {
+    let Some(listen) = listen_of(proxy) else {
         return false;
     };
-    let desired = desired_settings(listen);
+    // The URL as it is (with whatever credentials it carries), the rest as wiring sets it.
+    let mut desired = desired_settings(listen);
+    desired[0].1 = json!(proxy);
     let rewired = match Document::parse(original.unwrap_or("")) {
         Ok(d) => d.with_values(&for_document(&d, &desired)),
         Err(_) => return false,
@@ -351,8 +435,7 @@ fn looks_wired(text: Option<&str>) -> bool {
     let loopback = doc
         .get("http.proxy")
         .and_then(Value::as_str)
-        .and_then(|u| u.strip_prefix("http://"))
-        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .and_then(listen_of)
         .is_some_and(|a| a.ip().is_loopback());
     loopback
         && doc.get("http.proxySupport") == Some(&json!("override"))
@@ -431,6 +514,9 @@ fn write_backup(path: &Path, content: Option<&str>) -> Result<PathBuf, SetupErro
         let backup = dir.join(format!("{name}{BACKUP_TAG}{}{ext}", timestamp()));
         let mut opts = fs::OpenOptions::new();
         opts.write(true).create_new(true);
+        // An earlier wiring's credentials may be in it.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
         match opts.open(&backup) {
             Ok(mut f) => {
                 let written = f
@@ -462,12 +548,25 @@ fn write_backup(path: &Path, content: Option<&str>) -> Result<PathBuf, SetupErro
     })
 }
 
-/// Written in place (not renamed over), so a symlinked settings file stays a symlink.
+/// Written in place (not renamed over), so a symlinked settings file stays a symlink. The
+/// file holds the proxy's credentials: readable by this user alone.
 fn write(path: &Path, bytes: &[u8]) -> Result<(), SetupError> {
-    fs::write(path, bytes).map_err(|source| SetupError::Write {
+    let err = |source| SetupError::Write {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(err)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(err)?;
+    }
+    file.write_all(bytes).map_err(err)
 }
 
 /// `20260130T142501.123Z`: UTC, fixed width so names sort by time.
@@ -501,6 +600,54 @@ mod tests {
             "http://127.0.0.1:9000"
         );
         assert_eq!(proxy_url("[::]:9000".parse().unwrap()), "http://[::1]:9000");
+    }
+
+    fn auth() -> ProxyAuth {
+        ProxyAuth {
+            username: "cursor-byok".into(),
+            password: crate::base::secret::Secret::new("s3cr/t+0"),
+        }
+    }
+
+    #[test]
+    fn the_wired_url_carries_the_credentials_and_prints_masked() {
+        let url = wired_proxy_url(listen(), Some(&auth()));
+        assert_eq!(url, "http://cursor-byok:s3cr%2Ft%2B0@127.0.0.1:8787");
+        assert_eq!(listen_of(&url), Some(listen()));
+        assert_eq!(listen_of("http://127.0.0.1:8787"), Some(listen()));
+        assert_eq!(without_credentials(&url), "http://127.0.0.1:8787");
+        assert_eq!(
+            without_credentials("http://u:p@corp:3128/x"),
+            "http://corp:3128/x"
+        );
+        let shown = masked(&format!("set {url} and s3cr/t+0"), Some(&auth()));
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(
+            shown.contains("cursor-byok:<secret>@127.0.0.1:8787"),
+            "{shown}"
+        );
+        let other = masked("is \"http://u:0ther@127.0.0.1:1\", needs x", None);
+        assert_eq!(other, "is \"http://u:<secret>@127.0.0.1:1\", needs x");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn wired_settings_with_a_secret_are_0600_and_undo_still_works() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        let original = "{\n  \"editor.fontSize\": 13\n}\n";
+        fs::write(&path, original).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let desired = desired_settings_for(listen(), Some(&auth()));
+        apply(&plan(&path, &desired).unwrap()).unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let wired = fs::read_to_string(&path).unwrap();
+        assert!(wired.contains("cursor-byok:s3cr%2Ft%2B0@127.0.0.1:8787"));
+        assert!(looks_wired(Some(&wired)));
+        assert!(matches!(undo(&path).unwrap(), Undo::Restored { .. }));
+        assert_eq!(fs::read_to_string(&path).unwrap(), original);
     }
 
     #[test]

@@ -415,7 +415,12 @@ fn probe_failure_fix(
 const CURSOR_SETTINGS: &str = "Cursor settings";
 
 /// Does Cursor's settings file carry the wiring for `listen`?
-pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
+/// (`http.proxy` carrying `auth`, the listener's credentials, which no message shows).
+pub fn check_cursor_settings(
+    path: Option<&Path>,
+    listen: SocketAddr,
+    auth: Option<&crate::config::ProxyAuth>,
+) -> Check {
     let subject = CURSOR_SETTINGS;
     // The command that fixes it names the same file the check read.
     let setup = match path {
@@ -426,7 +431,7 @@ pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
         Ok(found) => found,
         Err(check) => return check,
     };
-    match cursor::mismatches(&text, &cursor::desired_settings(listen)) {
+    match cursor::mismatches(&text, &cursor::desired_settings_for(listen, auth)) {
         Ok(m) if m.is_empty() => check_remote_route(&path, &text, listen),
         Ok(m) => {
             let what: Vec<String> = m
@@ -435,6 +440,7 @@ pub fn check_cursor_settings(path: Option<&Path>, listen: SocketAddr) -> Check {
                     Some(v) => format!("{} is {v}, needs {}", m.key, m.want),
                     None => format!("{} is not set", m.key),
                 })
+                .map(|line| cursor::masked(&line, auth))
                 .collect();
             Check::new(
                 Level::Fail,
@@ -533,7 +539,7 @@ pub fn cursor_http_proxy(path: Option<&Path>) -> Option<String> {
     doc.get("http.proxy")
         .and_then(|v| v.as_str())
         .filter(|v| !v.trim().is_empty())
-        .map(str::to_string)
+        .map(cursor::without_credentials)
 }
 
 /// The URL `setup system-proxy` pointed the OS at, when it did (from the values it saved in
@@ -765,7 +771,7 @@ mod tests {
         let path = dir.path().join("settings.json");
         let listen: SocketAddr = "127.0.0.1:8787".parse().unwrap();
         std::fs::write(&path, "{\"http.proxy\": \"http://127.0.0.1:1\"}").unwrap();
-        let c = check_cursor_settings(Some(&path), listen);
+        let c = check_cursor_settings(Some(&path), listen, None);
         assert_eq!(c.level, Level::Fail);
         assert!(
             c.detail.contains("http.proxy is \"http://127.0.0.1:1\""),
@@ -774,7 +780,10 @@ mod tests {
         assert!(c.to_string().contains("cursor-byok setup cursor"));
         let plan = cursor::plan(&path, &cursor::desired_settings(listen)).unwrap();
         cursor::apply(&plan).unwrap();
-        assert_eq!(check_cursor_settings(Some(&path), listen).level, Level::Ok);
+        assert_eq!(
+            check_cursor_settings(Some(&path), listen, None).level,
+            Level::Ok
+        );
     }
 
     #[test]
@@ -792,7 +801,7 @@ mod tests {
             "\"x\": 1",
         );
         std::fs::write(&path, &without).unwrap();
-        let c = check_cursor_settings(Some(&path), listen);
+        let c = check_cursor_settings(Some(&path), listen, None);
         assert_eq!(c.level, Level::Fail, "{c}");
         assert!(
             c.detail
@@ -801,7 +810,7 @@ mod tests {
         );
         // The user's own value: a warning that says what breaks.
         std::fs::write(&path, text.replace("\"always\"", "\"auto\"")).unwrap();
-        let c = check_cursor_settings(Some(&path), listen);
+        let c = check_cursor_settings(Some(&path), listen, None);
         assert_eq!(c.level, Level::Warn, "{c}");
         assert!(c.detail.contains("Remote-SSH"), "{c}");
     }

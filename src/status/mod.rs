@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::Usage;
 
 pub use page::{is_own_path, local_only_answer, respond, PAGE_PATH, PATH_PREFIX, SNAPSHOT_PATH};
-pub use record::{ModelTotals, ProviderLatency, RunRecord, Totals};
+pub use record::{run_id, ModelTotals, ProviderLatency, RunRecord, Totals};
 pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
@@ -171,7 +171,7 @@ struct Active {
 impl Active {
     fn record(&self, now: Instant) -> RunRecord {
         RunRecord {
-            request_id: self.start.request_id.clone(),
+            run_id: record::run_id(&self.start.request_id),
             model: self.start.model.clone(),
             provider: self.start.provider.clone(),
             transport: self.start.transport.clone(),
@@ -605,6 +605,22 @@ mod tests {
         }
     }
 
+    /// Another local user reads `status.json`: it must not hand them a live run's request id,
+    /// with which a RunSSE would ask for the run's output.
+    #[test]
+    fn request_ids_never_leave_in_the_snapshot() {
+        let status = Status::new();
+        let live = "3f2a9c4e-5b1d-4e0a-9f7c-live-request";
+        let _ticket = status.run_started(start(live));
+        status
+            .run_started(start("8d1e-ended-request"))
+            .finish("ok", None, None);
+        let json = serde_json::to_string(&status.snapshot()).expect("json");
+        assert!(!json.contains(live), "{json}");
+        assert!(!json.contains("8d1e-ended-request"), "{json}");
+        assert!(json.contains(&run_id(live)), "{json}");
+    }
+
     #[test]
     fn runs_move_from_active_to_recent() {
         let status = Status::new();
@@ -616,7 +632,7 @@ mod tests {
         status.run_refused(start("c"), "model `x` is not configured".into());
         let snap = status.snapshot();
         assert_eq!(snap.active.len(), 2);
-        assert_eq!(snap.active[0].request_id, "a");
+        assert_eq!(snap.active[0].run_id, run_id("a"));
         assert_eq!(snap.active[0].input_tokens, 10);
         assert_eq!(snap.active[0].outcome, None);
 
@@ -635,10 +651,10 @@ mod tests {
         progress.tokens(99, 99); // after the end: ignored
         assert_eq!(snap.providers[0].provider, "P");
         assert_eq!(snap.providers[0].last_ms, 40);
-        assert_eq!(snap.recent[0].request_id, "b");
+        assert_eq!(snap.recent[0].run_id, run_id("b"));
         assert_eq!(snap.recent[0].outcome.as_deref(), Some("abandoned"));
         assert_eq!(snap.recent[1].input_tokens, 100);
-        assert_eq!(snap.recent[2].request_id, "c");
+        assert_eq!(snap.recent[2].run_id, run_id("c"));
         assert_eq!(snap.totals.started, 3);
         assert_eq!(snap.totals.ok, 1);
         assert_eq!(snap.totals.failed, 2);
@@ -658,7 +674,10 @@ mod tests {
         status.provider_latency("P", 10);
         let snap = status.snapshot();
         assert_eq!(snap.recent.len(), RECENT_RUNS);
-        assert_eq!(snap.recent[0].request_id, (RECENT_RUNS + 4).to_string());
+        assert_eq!(
+            snap.recent[0].run_id,
+            run_id(&(RECENT_RUNS + 4).to_string())
+        );
         assert_eq!(snap.totals.finished, (RECENT_RUNS + 5) as u64);
         let p = &snap.providers[0];
         assert_eq!((p.last_ms, p.avg_ms, p.min_ms, p.max_ms), (10, 20, 10, 30));

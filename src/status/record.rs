@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 /// One run as the page shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
-    pub request_id: String,
+    /// The run's name on the page: [`run_id`] of Cursor's request id. The request id itself
+    /// never leaves the process: with it, a RunSSE could ask for the run's output.
+    pub run_id: String,
     pub model: String,
     pub provider: String,
     pub transport: String,
@@ -31,6 +33,14 @@ pub struct RunRecord {
     /// `None` while the run is active; then `ok`, `error`, `canceled`, `abandoned`, …
     pub outcome: Option<String>,
     pub error: Option<String>,
+}
+
+/// A short digest of `request_id` that names a run on the page and in `status.json` without
+/// telling anyone the request id.
+pub fn run_id(request_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(request_id.as_bytes());
+    hex::encode(&digest[..6])
 }
 
 /// Latency of one provider, as reported by runs (time to the first streamed byte).

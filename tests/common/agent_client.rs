@@ -46,6 +46,13 @@ pub enum Door {
         proxy: SocketAddr,
         roots: rustls::RootCertStore,
     },
+    /// [`Door::Connect`] with the listener's credentials (`Proxy-Authorization` value), as
+    /// Cursor sends them once `setup cursor` put them in its `http.proxy`.
+    ConnectAuth {
+        proxy: SocketAddr,
+        roots: rustls::RootCertStore,
+        auth: String,
+    },
     /// The direct TLS door, as `api2.cursor.sh`.
     DirectTls {
         addr: SocketAddr,
@@ -60,6 +67,17 @@ impl Door {
         match self {
             Door::Connect { proxy, roots } => {
                 client::via_proxy(*proxy, "api2.cursor.sh:443", API, roots.clone(), alpn).await
+            }
+            Door::ConnectAuth { proxy, roots, auth } => {
+                client::via_proxy_auth(
+                    *proxy,
+                    "api2.cursor.sh:443",
+                    API,
+                    roots.clone(),
+                    alpn,
+                    Some(auth),
+                )
+                .await
             }
             Door::DirectTls { addr, roots } => {
                 client::direct(*addr, API, roots.clone(), alpn).await
@@ -76,7 +94,9 @@ impl Door {
     /// The `Host` / `:authority` the client names.
     pub fn authority(&self) -> String {
         match self {
-            Door::Connect { .. } | Door::DirectTls { .. } => API.to_string(),
+            Door::Connect { .. } | Door::ConnectAuth { .. } | Door::DirectTls { .. } => {
+                API.to_string()
+            }
             Door::DirectHttp { addr } => addr.to_string(),
         }
     }

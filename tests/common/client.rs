@@ -198,7 +198,20 @@ pub async fn via_proxy(
     roots: rustls::RootCertStore,
     alpn: Alpn,
 ) -> Sender {
-    let stream = tunnel(proxy, target).await;
+    via_proxy_auth(proxy, target, server_name, roots, alpn, None).await
+}
+
+/// [`via_proxy`], sending `auth` as `Proxy-Authorization` on the CONNECT.
+pub async fn via_proxy_auth(
+    proxy: SocketAddr,
+    target: &str,
+    server_name: &str,
+    roots: rustls::RootCertStore,
+    alpn: Alpn,
+    auth: Option<&str>,
+) -> Sender {
+    let (status, head, stream) = connect_raw(proxy, target, auth).await;
+    assert_eq!(status, 200, "CONNECT {target}: {head}");
     let tls = tls(stream, server_name, roots, alpn).await.unwrap();
     assert_eq!(
         tls.get_ref().1.alpn_protocol(),

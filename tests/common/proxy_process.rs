@@ -17,6 +17,18 @@ pub struct ProxyProcess {
     _dir: tempfile::TempDir,
 }
 
+/// `Basic` credentials for the per-install secret in `data_dir`.
+pub fn secret_auth(data_dir: &std::path::Path) -> String {
+    use base64::Engine;
+    let secret = std::fs::read_to_string(data_dir.join("proxy-secret"))
+        .expect("the proxy made its secret in its data directory");
+    let pair = format!("cursor-byok:{}", secret.trim());
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    )
+}
+
 impl ProxyProcess {
     /// Start it with our model `fake-model` on an OpenAI-compatible provider at `provider`;
     /// `extra` is more TOML: top-level tables (`[agent]`, `[upstream]`…) it adds.
@@ -76,10 +88,13 @@ model = "gpt-fake"
         }
     }
 
+    /// The CONNECT door with the per-install secret the process made in its data directory,
+    /// sent the way Cursor sends it once `setup cursor` wired it.
     pub fn door(&self) -> Door {
-        Door::Connect {
+        Door::ConnectAuth {
             proxy: self.addr,
             roots: self.roots.clone(),
+            auth: secret_auth(&self._dir.path().join("data")),
         }
     }
 

@@ -28,6 +28,9 @@ pub struct RunSettings {
     /// Our models by display name, short id and Cursor id, each with its Cursor id (a
     /// subagent definition may name its model any of these ways).
     pub model_names: Vec<(String, String)>,
+    /// The home whose `.cursor/projects/*/agent-transcripts` transcripts are kept in; none:
+    /// no transcripts are written or read.
+    pub transcripts_home: Option<std::path::PathBuf>,
 }
 
 /// What a finished run reports for the summary line and the status page.

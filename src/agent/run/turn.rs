@@ -44,14 +44,19 @@ fn transcripts_folder(ctx: Option<&pb::RequestContext>) -> Option<String> {
 }
 
 /// The transcripts of the past chats the user attached, as far as they are on this machine.
-async fn read_past_chats(folder: &str, user: &pb::UserMessage, blobs: &mut context::Blobs) {
+async fn read_past_chats(
+    home: &std::path::Path,
+    folder: &str,
+    user: &pb::UserMessage,
+    blobs: &mut context::Blobs,
+) {
     let chats = user
         .selected_context
         .as_ref()
         .map_or(&[][..], |s| s.past_chats.as_slice());
     // A few chats at most: each is capped, and the message has its own budget besides.
     for chat in chats.iter().take(4) {
-        if let Some(text) = transcript::read(folder, &chat.agent_id).await {
+        if let Some(text) = transcript::read(home, folder, &chat.agent_id).await {
             blobs.insert_past_chat(chat.agent_id.clone(), text);
         }
     }
@@ -301,10 +306,11 @@ impl RunState {
         self.write_turn(&req, prev, done).await?;
         // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
         let transcripts = transcripts_folder(request_context.as_ref());
-        if let (Some(folder), Some(conversation), None) =
-            (&transcripts, &req.conversation_id, &self.run.child)
+        let home = self.run.settings.transcripts_home.as_deref();
+        if let (Some(home), Some(folder), Some(conversation), None) =
+            (home, &transcripts, &req.conversation_id, &self.run.child)
         {
-            if let Err(e) = transcript::append(folder, conversation, transcript).await {
+            if let Err(e) = transcript::append(home, folder, conversation, transcript).await {
                 warn!("the turn was not added to Cursor's transcript: {e}");
             }
         }
@@ -326,8 +332,9 @@ impl RunState {
         let parts = context::parts(req);
         let mut blobs = self.context_blobs(req, Some(&input.user)).await?;
         let request_context = context::merge_parts(request_context, parts, &blobs);
-        if let Some(folder) = transcripts_folder(request_context.as_ref()) {
-            read_past_chats(&folder, &input.user, &mut blobs).await;
+        let home = self.run.settings.transcripts_home.clone();
+        if let (Some(home), Some(folder)) = (home, transcripts_folder(request_context.as_ref())) {
+            read_past_chats(&home, &folder, &input.user, &mut blobs).await;
         }
         Ok((request_context, blobs))
     }

@@ -91,6 +91,9 @@ pub(super) async fn run_sse(
         Ok(e) => e,
         Err(e) => return stream_error(e),
     };
+    if let Err(e) = super::owner::claim(&entry, &parts.headers) {
+        return stream_error(e);
+    }
     entry.touch();
     note_parent(t, &entry, &parent_link(&parts.headers));
     let decision = match reader_decision(&entry, pinned, &request_id).await {
@@ -238,6 +241,9 @@ pub(super) async fn append(
         Ok(e) => e,
         Err(e) => return error_response(&e),
     };
+    if let Err(e) = super::owner::claim(&entry, &parts.headers) {
+        return error_response(&e);
+    }
     entry.touch();
     // Counted from here until answered: it may wait long for its turn.
     let _in_hand = match entry.wait_room(seqno, raw.len()) {

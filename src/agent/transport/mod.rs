@@ -18,6 +18,7 @@ mod cmdk;
 mod face;
 mod inference;
 mod inference_ids;
+mod owner;
 mod pairing;
 mod pins;
 pub(crate) mod recent;
