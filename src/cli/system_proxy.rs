@@ -137,6 +137,12 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
             bail!("{e}\n`cursor-byok setup system-proxy --undo` puts back what was changed");
         }
     }
+    print_applied(&url, &args, config);
+    Ok(())
+}
+
+/// What the user reads once the OS reads our PAC script: the trade-off and what is left to do.
+fn print_applied(url: &str, args: &SystemProxyArgs, config: &Config) {
     println!();
     println!("The OS now reads {url}: Cursor's hosts go to the proxy.");
     println!("{}", pac::TRADE_OFF);
@@ -152,7 +158,6 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
         println!();
         println!("{PAC_CANNOT_CARRY_THE_SECRET}");
     }
-    Ok(())
 }
 
 /// The OS proxy setting names a PAC script, and a PAC's `PROXY host:port` has no place for

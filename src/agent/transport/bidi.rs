@@ -576,6 +576,9 @@ fn in_order(
 ) -> Result<Vec<Box<pb::AgentClientMessage>>, ConnectError> {
     if st.run_over || entry.backlog().ended() {
         st.run_over = true;
+        if end_on_its_way(entry) {
+            return Ok(Vec::new());
+        }
         return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
     }
     if seqno - st.next_seqno > MAX_GAP {
@@ -601,6 +604,15 @@ fn in_order(
     Ok(ready)
 }
 
+/// Whether a run that ended has a reader on its stream now, which gets the run's end (or has
+/// it queued): an append that crossed that end (a heartbeat, a last result) is then accepted and
+/// dropped, since the stream tells the client how the run ended; an error here would make the
+/// client report the append's failure instead of the run's own end. With no reader, it is
+/// refused with a reason.
+fn end_on_its_way(entry: &Entry) -> bool {
+    entry.backlog().reader_active
+}
+
 /// Hand `ready` to the run's inbox, in order.
 async fn deliver(
     entry: &Entry,
@@ -619,6 +631,9 @@ async fn deliver(
             let mut st = entry.state.lock().await;
             st.input = None;
             st.run_over = true;
+            if end_on_its_way(entry) {
+                return Ok(Accepted::Ours);
+            }
             return Err(run_ended(&entry.request_id, &format!("append {seqno}")));
         }
     }
