@@ -632,7 +632,8 @@ fn doctor_says_when_cursor_is_cut_off_and_which_wiring_is_active() {
     assert!(wiring.contains("Cursor is cut off right now"), "{wiring}");
     assert!(wiring.contains("service install"), "{wiring}");
 
-    // The system PAC alone: the proxy being down leaves Cursor on DIRECT.
+    // The system PAC alone, served by the proxy: while it is down a Cursor that starts gets no
+    // script and goes DIRECT everywhere, so doctor fails and says so.
     std::fs::write(&settings, "{}").unwrap();
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(
@@ -642,6 +643,7 @@ fn doctor_says_when_cursor_is_cut_off_and_which_wiring_is_active() {
     .unwrap();
     let out = doctor();
     let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
-    assert!(wiring.starts_with("[warn]"), "{wiring}");
-    assert!(wiring.contains("Cursor goes DIRECT"), "{wiring}");
+    assert!(wiring.starts_with("[FAIL]"), "{wiring}");
+    assert!(wiring.contains("goes DIRECT everywhere"), "{wiring}");
+    assert!(wiring.contains("service install"), "{wiring}");
 }
