@@ -171,43 +171,15 @@ pub const LEDGER: &[(&str, &str, Use)] = &[
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
-    use prost_reflect::DescriptorPool;
-
     use super::*;
+    use crate::agent::context::ledger::tests::ledger_faults;
 
     #[test]
     fn every_cmd_k_field_has_a_decision() {
-        let pool = DescriptorPool::decode(crate::proto::DESCRIPTOR_SET).expect("descriptors");
-        let listed: HashSet<(&str, &str)> = LEDGER.iter().map(|(m, f, _)| (*m, *f)).collect();
-        assert_eq!(listed.len(), LEDGER.len(), "a field is listed twice");
-        let mut undecided = Vec::new();
-        let mut known = HashSet::new();
-        for name in MESSAGES {
-            let desc = pool
-                .get_message_by_name(&format!("aiserver.v1.{name}"))
-                .unwrap_or_else(|| panic!("aiserver.v1.{name} is not in the schema"));
-            for field in desc.fields() {
-                known.insert((*name, field.name().to_string()));
-                if !listed.contains(&(*name, field.name())) {
-                    undecided.push(format!("{name}.{}", field.name()));
-                }
-            }
-        }
+        let faults = ledger_faults("aiserver.v1", MESSAGES, LEDGER);
         assert!(
-            undecided.is_empty(),
-            "Cmd+K fields with no decision: {undecided:?}"
+            faults.is_empty(),
+            "the Cmd+K ledger and the schema disagree: {faults:?}"
         );
-        let stale: Vec<String> = LEDGER
-            .iter()
-            .filter(|(m, f, _)| !known.contains(&(*m, f.to_string())))
-            .map(|(m, f, _)| format!("{m}.{f}"))
-            .collect();
-        assert!(stale.is_empty(), "ledger rows for no field: {stale:?}");
-        for (m, f, u) in LEDGER {
-            let (By(why) | No(why)) = u;
-            assert!(!why.trim().is_empty(), "{m}.{f} needs a reason");
-        }
     }
 }
