@@ -26,6 +26,8 @@ mod routing;
 mod run;
 mod websocket;
 mod ws_frames;
+mod ws_relay;
+mod ws_upstream;
 
 use http::{Request, Response};
 use hyper::body::Incoming;

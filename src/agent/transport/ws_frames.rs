@@ -9,7 +9,8 @@
 //!   5 RunRejected{identity 1, error 2}; identity = {run_id 1, request_id 2}, error =
 //!   {code 1 (gRPC number), raw_message 2}.
 //!
-//! Pure: bytes in, values out, and back.
+//! Pure: bytes in, values out, and back. Server frames are read too, for the frames Cursor's
+//! server sends on the upstream side of Cursor's own runs (`ws_relay`).
 
 use bytes::Bytes;
 use prost::encoding::{encode_key, encode_varint, string, uint64, WireType as PW};
@@ -85,8 +86,8 @@ fn identity(buf: &[u8]) -> Result<Identity, FrameError> {
     })
 }
 
-/// Reads one client frame: the last frame-type field set wins, as for a protobuf oneof.
-pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
+/// A frame's type (1-5) and body: the last frame-type field set wins, as for a protobuf oneof.
+fn frame_kind(buf: &[u8]) -> Result<(u32, &[u8]), FrameError> {
     let mut kind = None;
     for field in wire::fields(buf) {
         let field = field?;
@@ -96,6 +97,12 @@ pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
     }
     let (number, value) = kind.ok_or(FrameError::Unknown)?;
     wire::validate(value)?;
+    Ok((number, value))
+}
+
+/// Reads one client frame.
+pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
+    let (number, value) = frame_kind(buf)?;
     Ok(match number {
         1 => ClientFrame::Hello,
         2 => ClientFrame::RunStart(identity(last_len(value, 1)?.unwrap_or_default())?),
@@ -107,6 +114,39 @@ pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
         4 => ClientFrame::HalfClose(text(value, 1)?),
         _ => ClientFrame::CancelRun(text(value, 1)?),
     })
+}
+
+/// What a server frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    Hello,
+    RunAccepted,
+    ServerMessage,
+    RunEnd,
+    RunRejected,
+}
+
+/// A server frame's type and the run it is for (empty for `Hello`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFrame {
+    pub kind: ServerKind,
+    pub run_id: String,
+}
+
+/// Reads what a server frame is and which run it names (its body stays as it came).
+pub fn decode_server(buf: &[u8]) -> Result<ServerFrame, FrameError> {
+    let (number, value) = frame_kind(buf)?;
+    let of_identity = || -> Result<String, FrameError> {
+        Ok(identity(last_len(value, 1)?.unwrap_or_default())?.run_id)
+    };
+    let (kind, run_id) = match number {
+        1 => (ServerKind::Hello, String::new()),
+        2 => (ServerKind::RunAccepted, of_identity()?),
+        3 => (ServerKind::ServerMessage, text(value, 1)?),
+        4 => (ServerKind::RunEnd, of_identity()?),
+        _ => (ServerKind::RunRejected, of_identity()?),
+    };
+    Ok(ServerFrame { kind, run_id })
 }
 
 fn len_field(number: u32, value: &[u8], out: &mut Vec<u8>) {
@@ -231,6 +271,36 @@ mod tests {
             decode_client(b"\x1a\x05ab"),
             Err(FrameError::Wire(_))
         ));
+    }
+
+    #[test]
+    fn server_frames_decode_to_their_run() {
+        let id = Identity {
+            run_id: "r9".into(),
+            request_id: "q9".into(),
+        };
+        let of = |bytes: &[u8]| decode_server(bytes).unwrap();
+        assert_eq!(of(&server_hello()).kind, ServerKind::Hello);
+        let cases = [
+            (run_accepted(&id), ServerKind::RunAccepted),
+            (server_message("r9", 3, b"\x0a\x00"), ServerKind::ServerMessage),
+            (run_end(&id, None), ServerKind::RunEnd),
+            (
+                run_rejected(&id, Code::Unavailable, "x"),
+                ServerKind::RunRejected,
+            ),
+        ];
+        for (bytes, kind) in cases {
+            assert_eq!(
+                of(&bytes),
+                ServerFrame {
+                    kind,
+                    run_id: "r9".into()
+                }
+            );
+        }
+        assert!(decode_server(b"\x1a\x05ab").is_err());
+        assert!(matches!(decode_server(b""), Err(FrameError::Unknown)));
     }
 
     #[test]
