@@ -15,8 +15,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use common::agent_client::{run_request, text_of, Door, Store, API, STEP};
-use fake_agent_ws::{FakeAgentWs, Script, CURSOR_ANSWER, GHOST_RUN, GHOST_TEXT};
 use common::fake_provider::Reply;
+use fake_agent_ws::{FakeAgentWs, Script, CURSOR_ANSWER, GHOST_RUN, GHOST_TEXT};
 use futures_util::{SinkExt, StreamExt};
 use harness::{Harness, CURSORS, OURS, TEXT_SSE};
 use prost::encoding::{encode_key, encode_varint, string, uint64, WireType};
@@ -246,18 +246,17 @@ impl Runs {
     /// The run's last frame, which must be its end: `(kind, body)`.
     fn end(&self, run_id: &str) -> (u32, Vec<u8>) {
         let (kind, body) = server_frame(self.of(run_id).last().expect("frames"));
-        assert!(kind == 4 || kind == 5, "{run_id} ended with frame type {kind}");
+        assert!(
+            kind == 4 || kind == 5,
+            "{run_id} ended with frame type {kind}"
+        );
         (kind, body)
     }
 }
 
 /// Read frames until `ends` runs have ended (`RunEnd` / `RunRejected`), storing blobs for any
 /// run that asks and sending what `react` returns for each frame.
-async fn play(
-    ws: &mut Ws,
-    ends: usize,
-    mut react: impl FnMut(&str, u32) -> Vec<Vec<u8>>,
-) -> Runs {
+async fn play(ws: &mut Ws, ends: usize, mut react: impl FnMut(&str, u32) -> Vec<Vec<u8>>) -> Runs {
     let store = Store::default();
     let mut sequences: HashMap<String, u64> = HashMap::new();
     let mut runs = Runs::default();
@@ -379,7 +378,10 @@ async fn cursors_run_passes_through_unchanged_beside_ours() {
     assert!(error_of(4, &end).is_none(), "{:?}", error_of(4, &end));
     assert_eq!(text_of(&runs.messages(GHOST_RUN)), "Hello, world");
     for raw in runs.of(GHOST_RUN) {
-        assert!(!contains(raw, GHOST_TEXT.as_bytes()), "Cursor's frame reached our run");
+        assert!(
+            !contains(raw, GHOST_TEXT.as_bytes()),
+            "Cursor's frame reached our run"
+        );
     }
     h.assert_nothing_relayed();
 
@@ -437,7 +439,10 @@ async fn a_refused_upgrade_rejects_cursors_run() {
     assert_eq!(kind, 5, "RunRejected");
     let (code, text) = error_of(5, &body).expect("an error");
     assert_eq!(code, 7, "permission_denied, from HTTP 403");
-    assert!(text.contains("Cursor's server") && text.contains("403"), "{text}");
+    assert!(
+        text.contains("Cursor's server") && text.contains("403"),
+        "{text}"
+    );
     let (_, end) = runs.end(GHOST_RUN);
     assert!(error_of(4, &end).is_none(), "our run went on");
     let record = fake.record();

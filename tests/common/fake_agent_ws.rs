@@ -144,6 +144,8 @@ fn note(record: &Mutex<Record>, changed: &Notify, f: impl FnOnce(&mut Record)) {
 
 type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
 
+// The handshake callback's error type is tungstenite's (an HTTP response), large or not.
+#[allow(clippy::result_large_err)]
 async fn serve(stream: Tls, script: Script, record: Arc<Mutex<Record>>, changed: Arc<Notify>) {
     let (rec, ch) = (record.clone(), changed.clone());
     let callback = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
@@ -171,7 +173,9 @@ async fn serve(stream: Tls, script: Script, record: Arc<Mutex<Record>>, changed:
     if script == Script::Stall {
         std::future::pending::<()>().await;
     }
-    let _ = ws.send(Message::Ping(Bytes::from_static(b"are you there"))).await;
+    let _ = ws
+        .send(Message::Ping(Bytes::from_static(b"are you there")))
+        .await;
     while let Some(Ok(msg)) = ws.next().await {
         let bytes = match msg {
             Message::Binary(b) => b.to_vec(),
@@ -204,10 +208,7 @@ fn answer(bytes: &[u8], script: Script) -> (Vec<Vec<u8>>, bool) {
     match kind {
         3 => {
             let run = run_id();
-            let mut frames = vec![
-                run_accepted(&run),
-                server_message(&run, 0, CURSOR_ANSWER),
-            ];
+            let mut frames = vec![run_accepted(&run), server_message(&run, 0, CURSOR_ANSWER)];
             if script == Script::DropAfterAnswer {
                 return (frames, true);
             }
@@ -215,7 +216,10 @@ fn answer(bytes: &[u8], script: Script) -> (Vec<Vec<u8>>, bool) {
             (frames, false)
         }
         4 => (vec![run_end(&run_id(), None)], false),
-        5 => (vec![run_end(&run_id(), Some((1, "canceled by the client")))], false),
+        5 => (
+            vec![run_end(&run_id(), Some((1, "canceled by the client")))],
+            false,
+        ),
         _ => (Vec::new(), false),
     }
 }

@@ -262,7 +262,11 @@ impl Session {
         let known = self.runs.contains_key(&id.run_id) || self.cursor.has(&id.run_id);
         if known {
             let why = "cursor-byok: a RunStart for a run already running on this socket";
-            return send(out, ws_frames::run_rejected(&id, Code::AlreadyExists, why).into()).await;
+            return send(
+                out,
+                ws_frames::run_rejected(&id, Code::AlreadyExists, why).into(),
+            )
+            .await;
         }
         if self.runs.len() + self.held.len() + self.cursor.len() >= MAX_RUNS {
             let why = format!("cursor-byok: more than {MAX_RUNS} runs on one socket");
@@ -315,10 +319,11 @@ impl Session {
         } else {
             id.request_id.clone()
         };
-        match self
-            .t
-            .decide(&request_id, &sent.message, &parent_link(&self.caller_headers))
-        {
+        match self.t.decide(
+            &request_id,
+            &sent.message,
+            &parent_link(&self.caller_headers),
+        ) {
             Ok(Decision::Ours { model_id }) => {
                 let decision = Decision::Ours { model_id };
                 self.start_ours(id, request_id, sent, &decision, out).await

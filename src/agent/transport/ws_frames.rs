@@ -283,7 +283,10 @@ mod tests {
         assert_eq!(of(&server_hello()).kind, ServerKind::Hello);
         let cases = [
             (run_accepted(&id), ServerKind::RunAccepted),
-            (server_message("r9", 3, b"\x0a\x00"), ServerKind::ServerMessage),
+            (
+                server_message("r9", 3, b"\x0a\x00"),
+                ServerKind::ServerMessage,
+            ),
             (run_end(&id, None), ServerKind::RunEnd),
             (
                 run_rejected(&id, Code::Unavailable, "x"),

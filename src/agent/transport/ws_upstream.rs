@@ -132,7 +132,10 @@ fn upgrade_headers(client: &HeaderMap, key: &str) -> Result<HeaderMap, NotOpen> 
     }
     headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    headers.insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+    headers.insert(
+        header::SEC_WEBSOCKET_VERSION,
+        HeaderValue::from_static("13"),
+    );
     let key = HeaderValue::from_str(key)
         .map_err(|_| NotOpen::Failed("cursor-byok made an unusable WebSocket key".into()))?;
     headers.insert(header::SEC_WEBSOCKET_KEY, key);
@@ -154,7 +157,10 @@ async fn connect(target: &Target) -> Result<Socket, NotOpen> {
         return Err(NotOpen::Refused(resp.status()));
     }
     let accept = derive_accept_key(key.as_bytes());
-    if resp.headers().get(header::SEC_WEBSOCKET_ACCEPT).map(|v| v.as_bytes())
+    if resp
+        .headers()
+        .get(header::SEC_WEBSOCKET_ACCEPT)
+        .map(|v| v.as_bytes())
         != Some(accept.as_bytes())
     {
         return Err(NotOpen::Failed(
