@@ -231,3 +231,61 @@ async fn close(mut ws: Socket) -> String {
     let _ = tokio::time::timeout(CLOSE_WAIT, ws.close(None)).await;
     "the client closed the agent WebSocket".into()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UpstreamConfig;
+    use crate::http::Door;
+
+    /// A server that accepts the connection and never answers the upgrade.
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_cursors_server_never_answers_ends_after_the_wait() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(conn);
+        });
+        let mut config = UpstreamConfig::default();
+        config.resolve.insert("api2.cursor.test".into(), addr);
+        let upstream = Upstream::new(&config, Vec::new(), CancellationToken::new()).unwrap();
+        let target = Target {
+            upstream,
+            ctx: RequestContext {
+                scheme: http::uri::Scheme::HTTP,
+                host: "api2.cursor.test".into(),
+                port: 80,
+                client_version: http::Version::HTTP_11,
+                door: Door::DirectHttp,
+                peer: "127.0.0.1:1".parse().unwrap(),
+            },
+            path: "/agent/v1/run".into(),
+            headers: HeaderMap::new(),
+            max_frame: 1 << 20,
+        };
+        // Small steps of the paused clock, so the loopback dial is never overtaken by a timer.
+        let metronome = tokio::spawn(async {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            loop {
+                tick.tick().await;
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let mut link = open(target);
+        let event = link.events.recv().await;
+        let waited = started.elapsed();
+        metronome.abort();
+        held.abort();
+        match event {
+            Some(UpEvent::Ended(why)) => {
+                assert!(why.contains("did not answer"), "{why}");
+                assert!(why.contains("Cursor's server (upstream)"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(waited >= UPGRADE_WAIT, "{waited:?}");
+        assert!(waited < UPGRADE_WAIT + Duration::from_secs(1), "{waited:?}");
+    }
+}
