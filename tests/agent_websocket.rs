@@ -565,3 +565,37 @@ async fn cursors_server_that_stops_reading_ends_cursors_run_at_the_queue_bound()
     assert!(text.contains("not reading"), "{text}");
     assert_eq!(fake.record().upgrades.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_runs_count_toward_the_cap_on_runs_per_socket() {
+    let (h, fake) = with_cursor(Script::Serve, vec![]).await;
+    let mut ws = connect(&h).await;
+    send(&mut ws, hello()).await;
+    let _ = next(&mut ws).await;
+    // Sixteen runs of Cursor's, each accepted and left open.
+    for i in 0..16 {
+        let run = format!("cursor-{i}");
+        send(&mut ws, run_start(&run)).await;
+        let first = run_request(CURSORS, &format!("conv-ws-cap-{i}"), "hi", true);
+        send(&mut ws, client_message(&run, 0, &first)).await;
+        let (kind, body) = next(&mut ws).await;
+        assert_eq!((kind, run_of(kind, &body)), (2, run.clone()), "RunAccepted");
+        let (kind, _) = next(&mut ws).await;
+        assert_eq!(kind, 3, "Cursor's answer");
+    }
+    send(&mut ws, run_start("one-too-many")).await;
+    let (kind, body) = next(&mut ws).await;
+    assert_eq!((kind, run_of(kind, &body)), (5, "one-too-many".to_string()));
+    assert_eq!(
+        error_of(5, &body).expect("an error").0,
+        8,
+        "resource_exhausted"
+    );
+    let got = fake.record().got;
+    assert!(got.iter().all(|f| !contains(f, b"one-too-many")));
+    assert_eq!(
+        got.len(),
+        1 + 2 * 16,
+        "Hello, then each run's RunStart and message"
+    );
+}
