@@ -533,6 +533,9 @@ async fn cursors_server_that_stops_reading_ends_cursors_run_at_the_queue_bound()
     tx.send(binary(client_message("cursor-1", 0, &first)))
         .await
         .expect("sent");
+    // The upstream socket is open, and then stops reading.
+    let record = fake.wait(STEP, |r| r.got.len() == 3).await;
+    assert_eq!(record.got.len(), 3, "Hello, RunStart, the first message");
     // Far more than the queue and the sockets' buffers hold, unless the run ends first.
     let writer = tokio::spawn(async move {
         let payload = vec![b'x'; 256 << 10];

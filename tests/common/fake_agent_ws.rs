@@ -8,7 +8,7 @@
 //!   server has no business talking about), unless the script drops the connection there;
 //! - `HalfClose`: `RunEnd` without error; `CancelRun`: `RunEnd` with `canceled`.
 //!
-//! Or it stalls: it never reads after its `Hello`.
+//! Or it stalls: it never reads after the first `ClientMessage`.
 //!
 //! Every frame it sends is recorded too, so a test can check the client got them unchanged.
 #![allow(dead_code)]
@@ -47,7 +47,7 @@ pub enum Script {
     DropAfterAnswer,
     /// The upgrade is answered with this status.
     Refuse(u16),
-    /// After its `Hello`, it never reads again (the connection stays open).
+    /// After the first `ClientMessage`, it never reads again (the connection stays open).
     Stall,
 }
 
@@ -170,9 +170,6 @@ async fn serve(stream: Tls, script: Script, record: Arc<Mutex<Record>>, changed:
     if ws.send(Message::Binary(Bytes::from(hello))).await.is_err() {
         return;
     }
-    if script == Script::Stall {
-        std::future::pending::<()>().await;
-    }
     let _ = ws
         .send(Message::Ping(Bytes::from_static(b"are you there")))
         .await;
@@ -187,6 +184,9 @@ async fn serve(stream: Tls, script: Script, record: Arc<Mutex<Record>>, changed:
             _ => continue,
         };
         note(&record, &changed, |r| r.got.push(bytes.clone()));
+        if script == Script::Stall && top(&bytes).0 == 3 {
+            std::future::pending::<()>().await;
+        }
         let (answer, drop_after) = answer(&bytes, script);
         for bytes in answer {
             note(&record, &changed, |r| r.sent.push(bytes.clone()));
