@@ -733,5 +733,26 @@ fn doctor_says_when_cursor_is_cut_off_and_which_wiring_is_active() {
     let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
     assert!(wiring.starts_with("[FAIL]"), "{wiring}");
     assert!(wiring.contains("goes DIRECT everywhere"), "{wiring}");
+    assert!(wiring.contains("not installed"), "{wiring}");
     assert!(wiring.contains("service install"), "{wiring}");
+
+    // Installed with its socket on `listen` (the manifest `service install` writes): the
+    // manager holds the socket, so Cursor waits instead of going DIRECT; doctor says the proxy
+    // does not answer and where to look.
+    if Os::current() == Some(Os::Linux) {
+        let own = dir.path().join("xdg/cursor-byok");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(
+            own.join("cursor-byok-install.json"),
+            format!(
+                r#"{{"os":"Linux","name":"cursor-byok","files":[],"socket":"127.0.0.1:{port}"}}"#
+            ),
+        )
+        .unwrap();
+        let out = doctor();
+        let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
+        assert!(wiring.starts_with("[FAIL]"), "{wiring}");
+        assert!(wiring.contains("nothing goes DIRECT"), "{wiring}");
+        assert!(wiring.contains("service logs"), "{wiring}");
+    }
 }
