@@ -141,12 +141,85 @@ async fn run_inference_on_our_model_is_refused_and_never_relayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_inference_on_cursors_model_goes_upstream_unchanged() {
     let h = harness().await;
-    let first = raw_frame(&run_request(CURSORS));
-    let stream = open(&h.connect_door(), "application/connect+proto", first).await;
-    // The fake upstream does not know the path: its 404 comes back, so the request got there.
-    assert_eq!(stream.status, StatusCode::NOT_FOUND);
+    let frames = [raw_frame(&run_request(CURSORS)), raw_frame(&heartbeat())];
+    let mut stream = open(
+        &h.connect_door(),
+        "application/connect+proto",
+        frames.concat().into(),
+    )
+    .await;
+    assert_eq!(stream.status, StatusCode::OK);
+    loop {
+        match stream.next().await {
+            Some(Received::Message(_)) => {}
+            Some(Received::End(end)) => {
+                assert!(end.error.is_none(), "{:?}", end.error);
+                break;
+            }
+            None => panic!("no end frame"),
+        }
+    }
     let recorded = h.upstream.wait_recorded(RUN_INFERENCE, 1, STEP).await;
     assert_eq!(recorded[0].headers["x-request-id"], "req-inference");
+    assert_eq!(
+        recorded[0].body,
+        frames.concat(),
+        "every frame, byte for byte"
+    );
+}
+
+/// A `RunInference` of Cursor's whose later frame is `later`: Cursor's answer begins, then the
+/// later frame ends the stream with the refusal, and Cursor got only the first frame.
+async fn later_frame_is_refused(later: Bytes, says: &str) {
+    let h = harness().await;
+    let door = h.connect_door();
+    let first = raw_frame(&run_request(CURSORS));
+    let mut conn = door.connect(Alpn::H2).await;
+    let (tx, body) = client::channel_body();
+    tx.send(first.clone()).await.unwrap();
+    let req = connect_request(
+        RUN_INFERENCE,
+        "application/connect+proto",
+        "req-later",
+        body,
+    );
+    let resp = tokio::time::timeout(STEP, conn.send(&door.authority(), req))
+        .await
+        .expect("answered within the step timeout")
+        .expect("answered");
+    let mut stream = ServerStream::new(resp, Some(conn));
+    assert_eq!(stream.status, StatusCode::OK);
+    // Cursor's answer has begun: the stream went up.
+    assert!(matches!(stream.next().await, Some(Received::Message(_))));
+    tx.send(later).await.unwrap();
+    let end = loop {
+        match stream.next().await {
+            Some(Received::Message(_)) => {}
+            Some(Received::End(end)) => break end,
+            None => panic!("no end frame"),
+        }
+    };
+    assert_refusal(&end.error.expect("an error end"), says);
+    let recorded = h.upstream.wait_recorded(RUN_INFERENCE, 1, STEP).await;
+    // Exactly the first frame (Cursor's own turn, its canary included): not a byte of the
+    // refused one.
+    assert_eq!(
+        recorded[0].body, first,
+        "nothing after the first frame went up"
+    );
+    drop(tx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_inference_later_frame_naming_our_model_ends_the_stream_unsent() {
+    later_frame_is_refused(raw_frame(&run_request(OURS)), "one of yours").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_inference_later_frame_that_cannot_be_read_ends_the_stream_unsent() {
+    let mut unreadable = b"\x0a\x7fshort".to_vec();
+    unreadable.extend_from_slice(CANARY.as_bytes());
+    later_frame_is_refused(raw_frame(&unreadable), "cannot read").await;
 }
 
 /// A `BidiAppend` carrying `payload` (hex, as for agent messages) for `request_id`.

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use cursor_byok::setup::doctor::{self, Check};
+use cursor_byok::setup::service::Held;
 
 /// Where `text` has two or more spaces between words of a sentence (a letter or `,;.` before,
 /// a letter after). Column alignment (after `:`, `]`, `}` or at a line's start) is left alone.
@@ -275,10 +276,16 @@ fn assert_reads_well(checks: &[Check]) {
 fn doctor_lines_read_as_sentences() {
     let ours = "http://127.0.0.1:8443";
     let mut checks = Vec::new();
+    let held = [
+        Held::Yes("127.0.0.1:8443".parse().unwrap()),
+        Held::No("the login service is not installed".into()),
+    ];
     for proxy in [None, Some(ours), Some("http://corp:3128")] {
         for pac in [None, Some("http://127.0.0.1:8443/proxy.pac")] {
             for listening in [false, true] {
-                checks.push(doctor::check_wiring(proxy, ours, pac, listening));
+                for h in &held {
+                    checks.push(doctor::check_wiring(proxy, ours, pac, listening, h));
+                }
             }
         }
     }

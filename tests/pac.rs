@@ -488,3 +488,91 @@ fn the_commands_are_the_documented_ones() {
         ]
     );
 }
+
+/// `setup system-proxy` as a user runs it, on Linux (where the config directory follows
+/// `XDG_CONFIG_HOME`): it stops unless the login service holds the proxy's socket on `listen`,
+/// or `--accept-direct-fallback` accepts the DIRECT fallback.
+#[cfg(target_os = "linux")]
+#[test]
+fn system_proxy_stops_unless_the_service_manager_holds_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:8787\"\n").unwrap();
+    let xdg = dir.path().join("xdg");
+    let no_tools = dir.path().join("empty");
+    std::fs::create_dir_all(&no_tools).unwrap();
+    let past_the_check = "no automatic proxy setting found";
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cursor-byok"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["setup", "system-proxy"])
+            .args(extra)
+            .env("XDG_CONFIG_HOME", &xdg)
+            // No gsettings or kwriteconfig5 to find: whatever gets past the check changes
+            // nothing on this machine.
+            .env("PATH", &no_tools)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = run(&[]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("setup system-proxy stops here"), "{text}");
+    assert!(
+        text.contains("the login service is not installed"),
+        "{text}"
+    );
+    assert!(text.contains("goes DIRECT for everything"), "{text}");
+    assert!(text.contains("`cursor-byok service install`"), "{text}");
+    assert!(text.contains("`cursor-byok setup cursor`"), "{text}");
+    assert!(text.contains("--accept-direct-fallback"), "{text}");
+    assert!(
+        !dir.path().join("data/system-proxy.json").exists(),
+        "nothing applied"
+    );
+
+    let (_, text) = run(&["--dry-run"]);
+    assert!(
+        text.contains("note: without --accept-direct-fallback this stops here"),
+        "{text}"
+    );
+
+    // Accepted: it goes on, to the proxy settings this machine has (none, here).
+    let (_, text) = run(&["--accept-direct-fallback"]);
+    assert!(!text.contains("stops here"), "{text}");
+    assert!(
+        text.contains("Accepted: the login service is not installed"),
+        "{text}"
+    );
+    assert!(text.contains(past_the_check), "{text}");
+
+    // Installed with its socket on another port: still stops, naming both.
+    let own = xdg.join("cursor-byok");
+    std::fs::create_dir_all(&own).unwrap();
+    let manifest = |socket: &str| {
+        std::fs::write(
+            own.join("cursor-byok-install.json"),
+            format!(r#"{{"os":"Linux","name":"cursor-byok","files":[],"socket":"{socket}"}}"#),
+        )
+        .unwrap();
+    };
+    manifest("127.0.0.1:9999");
+    let (ok, text) = run(&[]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("socket is on 127.0.0.1:9999"), "{text}");
+
+    // Installed with its socket on `listen`: no stop.
+    manifest("127.0.0.1:8787");
+    let (_, text) = run(&[]);
+    assert!(!text.contains("stops here"), "{text}");
+    assert!(text.contains(past_the_check), "{text}");
+}

@@ -46,6 +46,7 @@ fn spec(root: &Path) -> Spec {
         log_file: root.join("data/cursor-byok.log"),
         home: root.to_path_buf(),
         user: "DESKTOP-1\\ada".into(),
+        listen: "127.0.0.1:8787".parse().unwrap(),
     }
 }
 
@@ -99,7 +100,16 @@ fn the_systemd_unit_field_by_field() {
     assert_eq!(one("Service.Restart"), "on-failure");
     assert_eq!(one("Service.RestartSec"), "5");
     assert_eq!(one("Service.Environment"), "NO_COLOR=1");
-    assert_eq!(one("Install.WantedBy"), "default.target");
+    // The socket unit is what starts with the session; it starts the service.
+    assert_eq!(one("Unit.Requires"), "cursor-byok.socket");
+    assert_eq!(one("Unit.After"), "cursor-byok.socket");
+    assert_eq!(one("Install.Also"), "cursor-byok.socket");
+    assert!(
+        !f.contains_key("Install.WantedBy"),
+        "the socket is what is enabled"
+    );
+    // No start limit: systemd giving up would close the socket too.
+    assert_eq!(one("Unit.StartLimitIntervalSec"), "0");
     assert!(one("Unit.Description").starts_with("cursor-byok"));
     // No key in the unit: they travel in the env file only.
     assert!(!f.contains_key("Service.EnvironmentFile"));
@@ -110,6 +120,67 @@ fn the_systemd_unit_field_by_field() {
 }
 
 #[test]
+fn the_systemd_socket_unit_holds_the_listen_address() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spec = spec(root.path());
+    let f = unit_fields(&service::systemd_socket_unit(&spec));
+    let one = |f: &BTreeMap<String, Vec<String>>, k: &str| {
+        let v = &f[k];
+        assert_eq!(v.len(), 1, "{k}: {v:?}");
+        v[0].clone()
+    };
+    assert_eq!(one(&f, "Socket.ListenStream"), "127.0.0.1:8787");
+    assert_eq!(
+        one(&f, "Socket.Accept"),
+        "no",
+        "one proxy serves every connection"
+    );
+    assert_eq!(one(&f, "Socket.Service"), "cursor-byok.service");
+    assert_eq!(one(&f, "Install.WantedBy"), "sockets.target");
+    spec.listen = "[::1]:9000".parse().unwrap();
+    let f = unit_fields(&service::systemd_socket_unit(&spec));
+    assert_eq!(one(&f, "Socket.ListenStream"), "[::1]:9000");
+    assert_eq!(
+        spec.socket_path(Os::Linux, &root.path().join(".config")),
+        Some(root.path().join(".config/systemd/user/cursor-byok.socket"))
+    );
+    assert_eq!(spec.socket_path(Os::MacOs, root.path()), None);
+    assert_eq!(spec.socket_path(Os::Windows, root.path()), None);
+}
+
+#[test]
+fn the_socket_is_held_only_by_a_socket_activated_install_on_listen() {
+    use cursor_byok::setup::service::{held, Held, Manifest};
+    let listen: std::net::SocketAddr = "127.0.0.1:8787".parse().unwrap();
+    let manifest = |socket: Option<&str>| Manifest {
+        os: Os::Linux,
+        name: "cursor-byok".into(),
+        files: Vec::new(),
+        socket: socket.map(|s| s.parse().unwrap()),
+    };
+    let yes = manifest(Some("127.0.0.1:8787"));
+    assert_eq!(held(Some(&yes), Os::Linux, listen), Held::Yes(listen));
+    let wildcard = manifest(Some("0.0.0.0:8787"));
+    assert!(matches!(
+        held(Some(&wildcard), Os::MacOs, listen),
+        Held::Yes(_)
+    ));
+    let why = |h: Held| match h {
+        Held::No(why) => why,
+        Held::Yes(at) => panic!("held on {at}"),
+    };
+    assert!(why(held(None, Os::Linux, listen)).contains("not installed"));
+    assert!(why(held(Some(&manifest(None)), Os::Linux, listen)).contains("without its socket"));
+    let other = manifest(Some("127.0.0.1:9999"));
+    assert!(why(held(Some(&other), Os::Linux, listen)).contains("127.0.0.1:9999"));
+    assert!(why(held(Some(&yes), Os::Windows, listen)).contains("Windows"));
+    // A manifest written before the socket existed still reads, with no socket.
+    let old: Manifest =
+        serde_json::from_str(r#"{"os":"Linux","name":"cursor-byok","files":[]}"#).unwrap();
+    assert_eq!(old.socket, None);
+}
+
+#[test]
 fn systemd_analyze_accepts_the_unit() {
     if !tool("systemd-analyze", "--version") {
         eprintln!("SKIPPED: systemd-analyze is not installed, so the unit is not verified here");
@@ -117,11 +188,14 @@ fn systemd_analyze_accepts_the_unit() {
     }
     let root = tempfile::tempdir().unwrap();
     let spec = spec(root.path());
+    let socket = root.path().join("cursor-byok.socket");
+    std::fs::write(&socket, service::systemd_socket_unit(&spec)).unwrap();
     let verify = |text: &str| {
         let path = root.path().join("cursor-byok.service");
         std::fs::write(&path, text).unwrap();
         Command::new("systemd-analyze")
             .arg("verify")
+            .arg(&socket)
             .arg(&path)
             .output()
             .unwrap()
@@ -198,6 +272,12 @@ fn the_launch_agent_field_by_field() {
         .unwrap()
         .get("OPENAI_API_KEY")
         .is_none());
+    // launchd holds the listening socket, under the name the proxy asks for.
+    let socket = &v["Sockets"][service::LAUNCHD_SOCKET];
+    assert_eq!(socket["SockNodeName"], "127.0.0.1");
+    assert_eq!(socket["SockServiceName"], "8787");
+    assert_eq!(socket["SockType"], "stream");
+    assert_eq!(socket["SockFamily"], "IPv4");
 }
 
 #[test]
@@ -278,13 +358,17 @@ fn the_manager_commands_per_os() {
         s(service::start_commands(&spec, Os::Linux, 1000, &plist)),
         [
             "systemctl --user daemon-reload",
-            "systemctl --user enable cursor-byok.service",
+            "systemctl --user enable cursor-byok.socket",
+            "systemctl --user restart cursor-byok.socket",
             "systemctl --user restart cursor-byok.service"
         ]
     );
     assert_eq!(
         s(service::stop_commands(&spec, Os::Linux, 1000)),
-        ["systemctl --user disable --now cursor-byok.service"]
+        [
+            "systemctl --user disable --now cursor-byok.socket",
+            "systemctl --user disable --now cursor-byok.service"
+        ]
     );
     assert_eq!(
         service::start_commands(&spec, Os::MacOs, 501, &plist)[0].args,
@@ -580,6 +664,9 @@ fn install_status_uninstall_under_a_user_systemd() {
         .join("systemd/user")
         .join(format!("{name}.service"));
     assert!(unit.is_file());
+    let socket = unit.with_extension("socket");
+    assert!(socket.is_file(), "the socket unit is written beside it");
+    assert!(text.contains("socket:  listening on"), "{text}");
     let out = run(&["service", "uninstall"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
@@ -588,6 +675,7 @@ fn install_status_uninstall_under_a_user_systemd() {
         "{text}"
     );
     assert!(!unit.exists(), "the unit is removed");
+    assert!(!socket.exists(), "the socket unit is removed");
 }
 
 fn dirs_config() -> PathBuf {
@@ -645,5 +733,26 @@ fn doctor_says_when_cursor_is_cut_off_and_which_wiring_is_active() {
     let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
     assert!(wiring.starts_with("[FAIL]"), "{wiring}");
     assert!(wiring.contains("goes DIRECT everywhere"), "{wiring}");
+    assert!(wiring.contains("not installed"), "{wiring}");
     assert!(wiring.contains("service install"), "{wiring}");
+
+    // Installed with its socket on `listen` (the manifest `service install` writes): the
+    // manager holds the socket, so Cursor waits instead of going DIRECT; doctor says the proxy
+    // does not answer and where to look.
+    if Os::current() == Some(Os::Linux) {
+        let own = dir.path().join("xdg/cursor-byok");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(
+            own.join("cursor-byok-install.json"),
+            format!(
+                r#"{{"os":"Linux","name":"cursor-byok","files":[],"socket":"127.0.0.1:{port}"}}"#
+            ),
+        )
+        .unwrap();
+        let out = doctor();
+        let wiring = out.lines().find(|l| l.contains("wiring:")).unwrap();
+        assert!(wiring.starts_with("[FAIL]"), "{wiring}");
+        assert!(wiring.contains("nothing goes DIRECT"), "{wiring}");
+        assert!(wiring.contains("service logs"), "{wiring}");
+    }
 }

@@ -198,4 +198,9 @@ pub struct SystemProxyArgs {
     /// without it, setup stops and explains. `--undo` puts it back.
     #[arg(long)]
     pub replace_existing: bool,
+    /// Apply it without the login service holding the proxy's socket (Linux, macOS): while
+    /// the proxy is down, a Cursor that starts gets no script and goes DIRECT everywhere, a
+    /// chat on your own model included. Without it, setup stops and explains.
+    #[arg(long)]
+    pub accept_direct_fallback: bool,
 }

@@ -36,6 +36,7 @@ pub fn run(
         &crate::setup::cursor::proxy_url(config.listen),
         doctor::system_pac_url(&data_dir).as_deref(),
         listening,
+        &super::service::held(config.listen),
     ));
     if let Some(ca) = &ca {
         report.extend(doctor::check_trust(ca));

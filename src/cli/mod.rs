@@ -181,6 +181,9 @@ fn data_dir(args: &Args, config: &Config) -> PathBuf {
 }
 
 fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result<()> {
+    // Taken while this is the only thread: the take clears LISTEN_* from the environment.
+    let held = crate::base::activation::take_listener()
+        .context("cannot serve on the socket the service manager holds")?;
     let capture = match &run.capture {
         Some(path) => {
             let c = crate::capture::Capture::create(path, run.capture_minutes, run.include_content)
@@ -219,10 +222,12 @@ fn run_proxy(config: Config, data_dir: PathBuf, run: &RunArgs) -> anyhow::Result
         let cert_path = ca.cert_path();
         // Checked before the CA moves into the server; they only feed warnings.
         let mut warnings = crate::setup::doctor::check_trust(&ca);
-        let server = crate::proxy::Server::builder(config.clone(), ca)
-            .status(crate::status::Status::with_capture(capture))
-            .bind()
-            .await?;
+        let mut builder = crate::proxy::Server::builder(config.clone(), ca)
+            .status(crate::status::Status::with_capture(capture));
+        if let Some(listener) = held {
+            builder = builder.listener(listener);
+        }
+        let server = builder.bind().await?;
         warnings.push(crate::setup::doctor::check_cursor_settings(
             None,
             server.proxy_addr(),

@@ -59,7 +59,19 @@ fn key_dir() -> anyhow::Result<PathBuf> {
 }
 
 fn manifest_path(name: &str) -> anyhow::Result<PathBuf> {
-    Ok(own_dir()?.join(format!("{name}-install.json")))
+    Ok(service::manifest_path(&config_home()?, name))
+}
+
+/// Whether the default login service's manager holds the proxy's socket on `listen` (for
+/// `setup system-proxy` and `doctor`).
+pub fn held(listen: std::net::SocketAddr) -> service::Held {
+    let Some(os) = Os::current() else {
+        return service::Held::No("no login service is known for this OS".into());
+    };
+    let manifest = manifest_path(service::DEFAULT_NAME)
+        .ok()
+        .and_then(|p| service::read_manifest(&p));
+    service::held(manifest.as_ref(), os, listen)
 }
 
 fn data_dir(args: &Args, config: &Config) -> PathBuf {
@@ -112,6 +124,7 @@ fn spec(args: &Args, config: &Config, name: &str) -> anyhow::Result<Spec> {
         env_file: key_dir()?.join(format!("{name}.env")),
         home: dirs::home_dir().context("cannot tell your home directory")?,
         user,
+        listen: config.listen,
     })
 }
 
@@ -216,6 +229,7 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
     }
     let definition_path = spec.definition_path(os, &config_home()?);
     let definition = spec.definition(os);
+    let socket_path = spec.socket_path(os, &config_home()?);
     let (vars, missing) = service_vars(config);
     let env_text = service::env_file_text(&vars).map_err(|e| anyhow::anyhow!(e))?;
     let uid = uid();
@@ -223,12 +237,18 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
     let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
 
     print_install_plan(&spec, &definition_path, &names, &missing);
+    print_socket_plan(&spec, os, socket_path.as_deref());
     let start = service::start_commands(&spec, os, uid, &definition_path);
     if dry_run {
         println!();
         println!("--- {}", definition_path.display());
         print!("{definition}");
         println!("---");
+        if let Some(path) = &socket_path {
+            println!("--- {}", path.display());
+            print!("{}", service::systemd_socket_unit(&spec));
+            println!("---");
+        }
         for c in &start {
             println!("$ {c}");
         }
@@ -244,6 +264,7 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
     }
     let files = ServiceFiles {
         definition: &definition_path,
+        socket: socket_path.as_deref(),
         env_text: &env_text,
         manifest: &manifest_path,
     };
@@ -260,6 +281,13 @@ fn install(args: &Args, config: &Config, os: Os, name: &str, dry_run: bool) -> a
         "Installed: `{name}` starts at login and restarts on failure. Check it: \
          `cursor-byok service status`; its log: `cursor-byok service logs`."
     );
+    if os != Os::Windows {
+        println!(
+            "The service manager holds {} from login on: while the proxy is down or \
+             restarting, connections wait for it instead of being refused.",
+            spec.listen
+        );
+    }
     println!(
         "A changed key or config needs `cursor-byok service install` again (it replaces this one)."
     );
@@ -307,9 +335,30 @@ fn print_install_plan(spec: &Spec, definition_path: &Path, names: &[&str], missi
     println!("log file:           {}", spec.log_file.display());
 }
 
+/// What holds the listening socket, as the install plan says it.
+fn print_socket_plan(spec: &Spec, os: Os, socket_path: Option<&Path>) {
+    match (os, socket_path) {
+        (Os::Linux, Some(path)) => println!(
+            "socket unit:        {} (holds {} while the proxy is down)",
+            path.display(),
+            spec.listen
+        ),
+        (Os::MacOs, _) => println!(
+            "socket:             {} held by launchd (the plist's Sockets entry)",
+            spec.listen
+        ),
+        _ => println!(
+            "socket:             none (Windows has no socket activation: while the proxy is \
+             down its port refuses connections)"
+        ),
+    }
+}
+
 /// The files one install writes besides the env file's path, which the spec holds.
 struct ServiceFiles<'a> {
     definition: &'a Path,
+    /// Linux: the socket unit.
+    socket: Option<&'a Path>,
     env_text: &'a str,
     manifest: &'a Path,
 }
@@ -323,10 +372,17 @@ fn write_service_files(spec: &Spec, os: Os, files: &ServiceFiles<'_>) -> anyhow:
     }
     std::fs::write(files.definition, spec.definition_bytes(os))
         .with_context(|| format!("cannot write {}", files.definition.display()))?;
+    let mut written = vec![files.definition.to_path_buf(), spec.env_file.clone()];
+    if let Some(path) = files.socket {
+        std::fs::write(path, service::systemd_socket_unit(spec))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        written.push(path.to_path_buf());
+    }
     let manifest = Manifest {
         os,
         name: spec.name.clone(),
-        files: vec![files.definition.to_path_buf(), spec.env_file.clone()],
+        files: written,
+        socket: (os != Os::Windows).then_some(spec.listen),
     };
     write_private(
         files.manifest,
@@ -359,6 +415,7 @@ fn uninstall(os: Os, name: &str) -> anyhow::Result<()> {
         log_file: PathBuf::new(),
         home: PathBuf::new(),
         user: String::new(),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
     };
     let uid = uid();
     for c in service::stop_commands(&spec, os, uid) {
@@ -388,6 +445,42 @@ fn uninstall(os: Os, name: &str) -> anyhow::Result<()> {
          with `cursor-byok ca untrust`."
     );
     Ok(())
+}
+
+/// Who holds the listening socket while the proxy is down: the manager's view on Linux, the
+/// install's record elsewhere.
+fn print_socket_status(spec: &Spec, os: Os) {
+    let recorded = manifest_path(&spec.name)
+        .ok()
+        .and_then(|p| service::read_manifest(&p))
+        .and_then(|m| m.socket);
+    let Some(query) = service::socket_query_command(spec, os) else {
+        match recorded {
+            Some(at) => println!("socket:  {at}, held by launchd"),
+            None => {
+                println!("socket:  none held (connections are refused while the proxy is down)")
+            }
+        }
+        return;
+    };
+    match run_cmd(&query, false) {
+        Ok(out) => {
+            let (active, _) = service::parse_systemd_show(&out);
+            let listen = out
+                .lines()
+                .find_map(|l| l.strip_prefix("Listen="))
+                .unwrap_or("nothing");
+            if active {
+                println!("socket:  listening on {listen} (held while the proxy is down)");
+            } else {
+                println!(
+                    "socket:  not active: connections are refused while the proxy is down \
+                     (`cursor-byok service install` again)"
+                );
+            }
+        }
+        Err(e) => println!("socket:  cannot ask ({e})"),
+    }
 }
 
 fn status(args: &Args, config: &Config, os: Os, name: &str) -> anyhow::Result<()> {
@@ -420,6 +513,7 @@ fn status(args: &Args, config: &Config, os: Os, name: &str) -> anyhow::Result<()
             },
             Err(e) => println!("manager: cannot ask ({e})"),
         }
+        print_socket_status(&spec, os);
     } else {
         println!("service: not installed (`cursor-byok service install` makes it start at login)");
     }

@@ -1,15 +1,18 @@
 //! `cursor-byok setup system-proxy [--dry-run] [--undo] [--file-url]`: the OS's automatic proxy
 //! configuration pointed at the PAC script (see `status::pac` for what goes where, and
-//! [`pac::TRADE_OFF`] for what that means while the proxy is down).
+//! [`pac::TRADE_OFF`] for what that means while the proxy is down). On Linux and macOS it
+//! stops unless the login service's manager holds the proxy's socket (so a script fetch made
+//! while the proxy is down waits for it) or `--accept-direct-fallback` says otherwise.
 
 use std::path::Path;
 
 use anyhow::{bail, Context};
 
 use super::args::SystemProxyArgs;
-use super::service::run_cmd;
+use super::service::{held, run_cmd};
 use crate::config::Config;
 use crate::setup::pac::{self, Cmd, Previous, Saved, Target};
+use crate::setup::service::Held;
 
 /// The proxy settings this machine has that we know how to set.
 fn targets() -> Vec<Target> {
@@ -80,6 +83,8 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
     if already_applied(&saved_path)? {
         return Ok(());
     }
+    let held = held(config.listen);
+    check_held(&held, &args, config)?;
     let targets = targets();
     if targets.is_empty() {
         bail!(
@@ -137,17 +142,50 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
             bail!("{e}\n`cursor-byok setup system-proxy --undo` puts back what was changed");
         }
     }
-    print_applied(&url, &args, config);
+    print_applied(&url, &args, config, &held);
     Ok(())
 }
 
+/// Linux and macOS: stop unless the service manager holds the socket or the user accepts the
+/// DIRECT fallback (a dry run only says it would stop). Windows: say the trade-off.
+fn check_held(held: &Held, args: &SystemProxyArgs, config: &Config) -> anyhow::Result<()> {
+    if cfg!(windows) {
+        println!("{}", pac::WINDOWS_TRADE_OFF);
+        return Ok(());
+    }
+    let Held::No(why) = held else {
+        return Ok(());
+    };
+    if args.accept_direct_fallback {
+        println!("Accepted: {}", pac::unheld_trade_off(why, config.listen));
+        return Ok(());
+    }
+    let stop = format!(
+        "{}. Do one of:\n  \
+         - `cursor-byok service install`: the service manager then holds {listen} from login \
+         on and a script fetch waits for the proxy; then run this again;\n  \
+         - `cursor-byok setup cursor`: Cursor's own proxy setting, which has no fallback at \
+         all;\n  \
+         - `cursor-byok setup system-proxy --accept-direct-fallback`: apply it anyway.",
+        pac::unheld_trade_off(why, config.listen),
+        listen = config.listen,
+    );
+    if args.dry_run {
+        println!("note: without --accept-direct-fallback this stops here: {stop}");
+        return Ok(());
+    }
+    bail!("setup system-proxy stops here: {stop}")
+}
+
 /// What the user reads once the OS reads our PAC script: the trade-off and what is left to do.
-fn print_applied(url: &str, args: &SystemProxyArgs, config: &Config) {
+fn print_applied(url: &str, args: &SystemProxyArgs, config: &Config, held: &Held) {
     println!();
     println!("The OS now reads {url}: Cursor's hosts go to the proxy.");
     println!("{}", pac::TRADE_OFF);
-    if !args.file_url {
-        println!("{}", pac::SERVED_URL_CAVEAT);
+    match held {
+        Held::Yes(at) => println!("{}", pac::held_note(*at)),
+        Held::No(_) if !args.file_url => println!("{}", pac::SERVED_URL_CAVEAT),
+        Held::No(_) => {}
     }
     println!(
         "In Cursor's settings.json keep \"cursor.general.disableHttp2\": true and remove \

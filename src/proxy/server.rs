@@ -52,9 +52,17 @@ pub struct ServerBuilder {
     ca: Arc<CertificateAuthority>,
     grace: Duration,
     status: Option<Status>,
+    listener: Option<std::net::TcpListener>,
 }
 
 impl ServerBuilder {
+    /// Serve the proxy door on `listener` instead of binding `listen`: the socket a service
+    /// manager holds while the proxy is down (see `base::activation`).
+    pub fn listener(mut self, listener: std::net::TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
     /// Use this status registry (default: a fresh one, see [`Server::status`]).
     pub fn status(mut self, status: Status) -> Self {
         self.status = Some(status);
@@ -73,7 +81,7 @@ impl ServerBuilder {
         // From here on, error text leaving the process is scrubbed of the config's secrets.
         crate::base::secret::register(config.secret_values().iter().map(String::as_str));
         let origin = Origin::parse(&config.direct.origin)?;
-        let doors = Doors::bind(&config).await?;
+        let doors = Doors::bind(&config, self.listener).await?;
         let (proxy_addr, tls_addr, http_addr) = (doors.proxy_addr, doors.tls_addr, doors.http_addr);
         let own: Vec<SocketAddr> = [Some(proxy_addr), tls_addr, http_addr]
             .into_iter()
@@ -145,6 +153,7 @@ impl Server {
             ca: ca.into(),
             grace: DEFAULT_GRACE,
             status: None,
+            listener: None,
         }
     }
 
@@ -229,8 +238,14 @@ struct Doors {
 }
 
 impl Doors {
-    async fn bind(config: &Config) -> Result<Doors, ProxyError> {
-        let proxy = bind(config.listen).await?;
+    async fn bind(
+        config: &Config,
+        inherited: Option<std::net::TcpListener>,
+    ) -> Result<Doors, ProxyError> {
+        let proxy = match inherited {
+            Some(listener) => adopt(listener, config.listen)?,
+            None => bind(config.listen).await?,
+        };
         let tls = match config.direct.tls_listen {
             Some(addr) => Some(bind(addr).await?),
             None => None,
@@ -284,6 +299,28 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| ProxyError::Bind { addr, source })
+}
+
+/// A listener bound elsewhere (the service manager's), made ready for tokio. It may hold
+/// another address than `listen` when the config changed without `service install`: the
+/// proxy serves where the socket is, and says so.
+fn adopt(listener: std::net::TcpListener, listen: SocketAddr) -> Result<TcpListener, ProxyError> {
+    let failed = |source| ProxyError::Bind {
+        addr: listen,
+        source,
+    };
+    listener.set_nonblocking(true).map_err(failed)?;
+    let listener = TcpListener::from_std(listener).map_err(failed)?;
+    let held = local_addr(&listener)?;
+    if held != listen && listen.port() != 0 {
+        tracing::warn!(
+            %held,
+            %listen,
+            "the service manager's socket is not on `listen`; serving on it (run `cursor-byok service install` again to move it)"
+        );
+    }
+    tracing::info!(%held, "serving on the socket the service manager holds");
+    Ok(listener)
 }
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ProxyError> {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::cursor;
+use super::service::Held;
 use super::trust::{self, CaFiles};
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::provider::{
@@ -563,11 +564,66 @@ fn pac_agent_hosts() -> String {
         .join(", ")
 }
 
-/// The system PAC at `url` while the proxy is down. A script fetched from the proxy itself
-/// cannot be fetched now: a Cursor that starts (or re-reads the script) meanwhile goes DIRECT
-/// everywhere, agent hosts included. A `file://` script keeps the agent hosts failing.
-fn pac_down(url: &str) -> Check {
+/// What closes the DIRECT fallback of a served script: the socket-activated service, or on
+/// Windows (no socket activation) Cursor's own proxy setting.
+fn unheld_fix() -> &'static str {
+    if cfg!(windows) {
+        "`cursor-byok setup cursor` (Cursor's own proxy setting has no fallback; Windows has no \
+         socket activation), then `cursor-byok setup system-proxy --undo`"
+    } else {
+        "`cursor-byok service install`: the service manager then holds the proxy's socket from \
+         login on, and a script fetch waits for the proxy"
+    }
+}
+
+/// The system PAC at `url`, served by the proxy, while the proxy answers: whether a Cursor
+/// that starts while it is down would still get the script.
+fn pac_up(url: &str, held: &Held) -> Check {
     let subject = "wiring";
+    let agent = pac_agent_hosts();
+    match held {
+        Held::Yes(at) => Check::new(
+            Level::Ok,
+            subject,
+            format!(
+                "system PAC {url}: Cursor's agent hosts ({agent}) go through the proxy with no \
+                 fallback, and the service manager holds {at}, so while the proxy is down or \
+                 restarting the script fetch waits for it instead of falling back to DIRECT"
+            ),
+        ),
+        Held::No(why) => Check::new(
+            Level::Warn,
+            subject,
+            format!(
+                "system PAC {url}: Cursor's agent hosts ({agent}) go through the proxy with no \
+                 fallback, but {why}: while the proxy is down nothing answers there, so a \
+                 Cursor that starts then cannot fetch the script and goes DIRECT everywhere, \
+                 a chat on your own model included"
+            ),
+        )
+        .fix(unheld_fix()),
+    }
+}
+
+/// The system PAC at `url` while the proxy is down. A script fetched from the proxy itself
+/// cannot be fetched now unless the service manager holds the socket: a Cursor that starts
+/// (or re-reads the script) meanwhile goes DIRECT everywhere, agent hosts included. With the
+/// socket held, the fetch waits (nothing goes DIRECT) and the proxy fails to start. A
+/// `file://` script keeps the agent hosts failing.
+fn pac_down(url: &str, held: &Held) -> Check {
+    let subject = "wiring";
+    if let (Held::Yes(at), false) = (held, url.starts_with("file:")) {
+        return Check::new(
+            Level::Fail,
+            subject,
+            format!(
+                "system PAC {url}: the service manager holds {at}, so Cursor waits for the \
+                 proxy (nothing goes DIRECT), but the proxy does not answer: Cursor's chats and \
+                 login hang until it does"
+            ),
+        )
+        .fix("see why it does not start: `cursor-byok service status` and `cursor-byok service logs`");
+    }
     if url.starts_with("file:") {
         return Check::new(
             Level::Warn,
@@ -579,15 +635,19 @@ fn pac_down(url: &str) -> Check {
             ),
         );
     }
+    let why = match held {
+        Held::No(why) => format!(" ({why})"),
+        Held::Yes(_) => String::new(),
+    };
     Check::new(
         Level::Fail,
         subject,
         format!(
-            "system PAC {url} with the proxy down: the script is served by the proxy, so it \
-             cannot be fetched now and a Cursor that starts or re-reads it meanwhile goes \
-             DIRECT everywhere; a chat with one of your models selected would then reach \
-             Cursor. A Cursor that loaded the script before keeps its agent hosts ({}) on the \
-             proxy, failing",
+            "system PAC {url} with the proxy down: the script is served by the proxy and \
+             nothing holds its socket{why}, so it cannot be fetched now and a Cursor that \
+             starts or re-reads it meanwhile goes DIRECT everywhere; a chat with one of your \
+             models selected would then reach Cursor. A Cursor that loaded the script before \
+             keeps its agent hosts ({}) on the proxy, failing",
             pac_agent_hosts()
         ),
     )
@@ -595,12 +655,14 @@ fn pac_down(url: &str) -> Check {
 
 /// Which wiring sends Cursor to the proxy, and whether Cursor is cut off right now: its
 /// `http.proxy` has no fallback; the system PAC has none for the agent hosts, and falls back
-/// to DIRECT for Cursor's other hosts (and for all of them when the script cannot be fetched).
+/// to DIRECT for Cursor's other hosts (and for all of them when the script cannot be fetched,
+/// which `held` says whether it can happen: the service manager holds the socket or not).
 pub fn check_wiring(
     http_proxy: Option<&str>,
     ours: &str,
     system_pac: Option<&str>,
     listening: bool,
+    held: &Held,
 ) -> Check {
     let subject = "wiring";
     let start = "keep the proxy running: `cursor-byok service install` starts it at login";
@@ -638,7 +700,7 @@ pub fn check_wiring(
                     .unwrap_or_default()
             ),
         ),
-        (None, Some(u), true) => Check::new(
+        (None, Some(u), true) if u.starts_with("file:") => Check::new(
             Level::Ok,
             subject,
             format!(
@@ -648,7 +710,15 @@ pub fn check_wiring(
                 agent = pac_agent_hosts()
             ),
         ),
-        (None, Some(u), false) => pac_down(u).fix(start),
+        (None, Some(u), true) => pac_up(u, held),
+        (None, Some(u), false) => {
+            let down = pac_down(u, held);
+            if down.fix.is_some() {
+                down
+            } else {
+                down.fix(start)
+            }
+        }
         (None, None, _) => Check::new(
             Level::Fail,
             subject,
@@ -727,7 +797,8 @@ mod tests {
         let ours = "http://127.0.0.1:8787";
         let p = Some(ours);
         let pac = Some("http://127.0.0.1:8787/__cursor-byok/proxy.pac");
-        let check_wiring = |p, pac, up| super::check_wiring(p, ours, pac, up);
+        let held = Held::Yes("127.0.0.1:8787".parse().unwrap());
+        let check_wiring = |p, pac, up| super::check_wiring(p, ours, pac, up, &held);
         let other = check_wiring(Some("http://proxy.corp:3128"), None, false);
         assert_eq!(other.level, Level::Warn);
         assert!(other.detail.contains("not cursor-byok's"), "{other}");
@@ -743,15 +814,28 @@ mod tests {
         assert_eq!(check_wiring(None, pac, true).level, Level::Ok);
         let up = check_wiring(None, pac, true);
         assert!(up.detail.contains("no fallback"), "{up}");
+        assert!(up.detail.contains("holds 127.0.0.1:8787"), "{up}");
         assert!(
             up.detail.contains("api2.cursor.sh, *.api5.cursor.sh"),
             "{up}"
         );
-        // Served by the proxy: down means the script cannot be fetched, so DIRECT everywhere.
-        let down = check_wiring(None, pac, false);
+        // Served by the proxy with its socket held: down means Cursor waits, never DIRECT.
+        let waits = check_wiring(None, pac, false);
+        assert_eq!(waits.level, Level::Fail);
+        assert!(waits.detail.contains("nothing goes DIRECT"), "{waits}");
+        assert!(waits.to_string().contains("service logs"), "{waits}");
+        // Nobody holds the socket: down means the script cannot be fetched, so DIRECT
+        // everywhere; up, a warning that says so.
+        let unheld = Held::No("the login service is not installed".into());
+        let down = super::check_wiring(None, ours, pac, false, &unheld);
         assert_eq!(down.level, Level::Fail);
         assert!(down.detail.contains("DIRECT everywhere"), "{down}");
+        assert!(down.detail.contains("not installed"), "{down}");
         assert!(down.to_string().contains("service install"), "{down}");
+        let up = super::check_wiring(None, ours, pac, true, &unheld);
+        assert_eq!(up.level, Level::Warn);
+        assert!(up.detail.contains("goes DIRECT everywhere"), "{up}");
+        assert!(up.to_string().contains("service install"), "{up}");
         let file = check_wiring(
             None,
             Some("file:///home/u/.local/share/cursor-byok/proxy.pac"),

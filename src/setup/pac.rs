@@ -411,12 +411,41 @@ pub const TRADE_OFF: &str = "While the proxy is down, the hosts that carry Curso
 reaches Cursor, and Cursor's AI features (its own models too) stop until the proxy is back. \
 Cursor's other hosts go DIRECT. Keep the proxy running: `cursor-byok service install`.";
 
-/// The hole a script served by the proxy leaves, as `setup system-proxy` says it.
-pub const SERVED_URL_CAVEAT: &str = "The script is served by the proxy itself: while the \
-proxy is down it cannot be fetched, and a Cursor that starts (or re-reads the script) \
-meanwhile goes DIRECT everywhere, agent hosts included. `--file-url` points the OS at the \
-data-directory copy instead (whether your OS and Cursor read a file:// script is not verified \
-on every platform); `cursor-byok doctor` says which case you are in.";
+/// The hole a script served by the proxy leaves when no service manager holds its socket, as
+/// `setup system-proxy` says it.
+pub const SERVED_URL_CAVEAT: &str = "The script is served by the proxy itself and no service \
+manager holds its socket: while the proxy is down it cannot be fetched, and a Cursor that \
+starts (or re-reads the script) meanwhile goes DIRECT everywhere, agent hosts included, so a \
+chat on your own model reaches Cursor. `cursor-byok service install` (Linux, macOS) closes \
+that; `cursor-byok setup cursor` has no fallback at all; `cursor-byok doctor` says which case \
+you are in.";
+
+/// Windows has no socket activation: what the PAC wiring means there, said before applying.
+pub const WINDOWS_TRADE_OFF: &str = "note: on Windows nothing holds the proxy's port while the \
+proxy is down (no socket activation): a Cursor that starts then cannot fetch the PAC script \
+and goes DIRECT everywhere, so a chat with one of your models selected sends its prompt to \
+Cursor. `cursor-byok setup cursor` (Cursor's own proxy setting) has no such fallback and is \
+the safer wiring here.";
+
+/// Why the DIRECT fallback is there when the service manager does not hold the socket.
+pub fn unheld_trade_off(why: &str, listen: std::net::SocketAddr) -> String {
+    format!(
+        "{why}, so while the proxy is down (at login before it starts, a crash, a restart, an \
+         upgrade) nothing answers on {listen}: the OS cannot fetch the PAC script, and a Cursor \
+         that starts then goes DIRECT for everything; a chat with one of your models selected \
+         would send its prompt to Cursor"
+    )
+}
+
+/// What the socket the service manager holds means for the PAC wiring.
+pub fn held_note(at: std::net::SocketAddr) -> String {
+    format!(
+        "The login service's manager holds {at}: while the proxy is down or restarting, the \
+         script fetch (and every connection) waits for it instead of failing, so Cursor never \
+         falls back to DIRECT for want of the script. `cursor-byok service uninstall` ends \
+         that: undo this first."
+    )
+}
 
 /// The URL the OS fetches the script from: the proxy's own path (when the proxy is down the
 /// fetch fails and PAC consumers fall back to DIRECT for every host), or the data-directory

@@ -4,13 +4,22 @@
 //! commands are pure functions of a [`Spec`]; the CLI writes the files and runs the commands.
 //! API keys reach the service through one env file (0600) that the binary reads itself
 //! (`run --env-file`), so every OS works the same and no key sits in a unit or a plist.
+//!
+//! On Linux and macOS the service manager also holds the proxy's listening socket (a systemd
+//! `.socket` unit; the LaunchAgent's `Sockets` entry) and hands it to the proxy at start
+//! (`base::activation`). The socket stays open while the proxy is down, crashed, restarting
+//! or being upgraded, so a connection made meanwhile (the OS fetching the PAC script, Cursor
+//! sending a chat) waits for the proxy instead of being refused: a refused PAC fetch would send
+//! Cursor DIRECT, a chat on the user's model included. Windows has no such thing.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::pac::Cmd;
+pub use crate::base::activation::LAUNCHD_SOCKET;
 
 /// The service's name: unit `cursor-byok.service`, task `cursor-byok`.
 pub const DEFAULT_NAME: &str = "cursor-byok";
@@ -93,6 +102,8 @@ pub struct Spec {
     pub home: PathBuf,
     /// Windows: `DOMAIN\user` the logon trigger is for.
     pub user: String,
+    /// The config's `listen`: the socket the service manager holds (Linux, macOS).
+    pub listen: SocketAddr,
 }
 
 impl Spec {
@@ -132,6 +143,19 @@ impl Spec {
         }
     }
 
+    /// Linux: where the `.socket` unit that holds the listening socket lives, beside the
+    /// service's unit. macOS keeps its socket in the plist; Windows has none.
+    pub fn socket_path(&self, os: Os, config_home: &Path) -> Option<PathBuf> {
+        match os {
+            Os::Linux => Some(
+                config_home
+                    .join("systemd/user")
+                    .join(format!("{}.socket", self.name)),
+            ),
+            Os::MacOs | Os::Windows => None,
+        }
+    }
+
     /// The definition's text on `os`.
     pub fn definition(&self, os: Os) -> String {
         match os {
@@ -157,16 +181,22 @@ impl Spec {
     }
 }
 
-/// A systemd user unit: starts with the user's session, restarts on failure.
+/// A systemd user unit: started by its socket unit (the one that is enabled), restarted on
+/// failure for as long as it takes: a start limit would let systemd give up, and with it the
+/// socket, so connections would be refused again.
 pub fn systemd_unit(spec: &Spec) -> String {
     let mut exec = systemd_quote(&spec.exe.display().to_string());
     for a in spec.args() {
         exec.push(' ');
         exec.push_str(&systemd_quote(&a));
     }
+    let socket = format!("{}.socket", spec.name);
     format!(
         "[Unit]\n\
          Description=cursor-byok: Cursor's Agent on your own model provider\n\
+         Requires={socket}\n\
+         After={socket}\n\
+         StartLimitIntervalSec=0\n\
          \n\
          [Service]\n\
          Type=simple\n\
@@ -176,7 +206,27 @@ pub fn systemd_unit(spec: &Spec) -> String {
          Environment=NO_COLOR=1\n\
          \n\
          [Install]\n\
-         WantedBy=default.target\n"
+         Also={socket}\n"
+    )
+}
+
+/// The systemd socket unit: listens on `listen` from the user's login on, and hands the socket
+/// to the service (`LISTEN_FDS`), which it starts on the first connection if it is not running.
+pub fn systemd_socket_unit(spec: &Spec) -> String {
+    format!(
+        "[Unit]\n\
+         Description=cursor-byok: the proxy's listening socket, held while the proxy is down\n\
+         \n\
+         [Socket]\n\
+         ListenStream={listen}\n\
+         Accept=no\n\
+         NoDelay=true\n\
+         Service={name}.service\n\
+         \n\
+         [Install]\n\
+         WantedBy=sockets.target\n",
+        listen = spec.listen,
+        name = spec.name,
     )
 }
 
@@ -206,7 +256,8 @@ fn xml_escape(s: &str) -> String {
         .replace('\'', "&apos;")
 }
 
-/// A LaunchAgent: runs at login, restarted when it exits with an error.
+/// A LaunchAgent: runs at login, restarted when it exits with an error; launchd holds its
+/// listening socket ([`LAUNCHD_SOCKET`]) and starts it on a connection when it is not running.
 pub fn launchd_plist(spec: &Spec) -> String {
     let mut args = String::new();
     for a in std::iter::once(spec.exe.display().to_string()).chain(spec.args()) {
@@ -244,11 +295,33 @@ pub fn launchd_plist(spec: &Spec) -> String {
     <string>{early}</string>
     <key>StandardErrorPath</key>
     <string>{early}</string>
+    <key>Sockets</key>
+    <dict>
+        <key>{socket}</key>
+        <dict>
+            <key>SockNodeName</key>
+            <string>{node}</string>
+            <key>SockServiceName</key>
+            <string>{port}</string>
+            <key>SockType</key>
+            <string>stream</string>
+            <key>SockFamily</key>
+            <string>{family}</string>
+        </dict>
+    </dict>
 </dict>
 </plist>
 "#,
         label = xml_escape(&spec.launchd_label()),
         early = xml_escape(&early.display().to_string()),
+        socket = LAUNCHD_SOCKET,
+        node = spec.listen.ip(),
+        port = spec.listen.port(),
+        family = if spec.listen.is_ipv4() {
+            "IPv4"
+        } else {
+            "IPv6"
+        },
     )
 }
 
@@ -332,12 +405,17 @@ pub fn task_xml(spec: &Spec) -> String {
 pub fn start_commands(spec: &Spec, os: Os, uid: u32, definition: &Path) -> Vec<Cmd> {
     let unit = format!("{}.service", spec.name);
     match os {
-        Os::Linux => vec![
-            Cmd::new("systemctl", &["--user", "daemon-reload"]),
-            Cmd::new("systemctl", &["--user", "enable", &unit]),
-            // Starts it, or replaces a running one after a re-install.
-            Cmd::new("systemctl", &["--user", "restart", &unit]),
-        ],
+        Os::Linux => {
+            let socket = format!("{}.socket", spec.name);
+            vec![
+                Cmd::new("systemctl", &["--user", "daemon-reload"]),
+                // The socket is what starts with the session; it starts the service.
+                Cmd::new("systemctl", &["--user", "enable", &socket]),
+                Cmd::new("systemctl", &["--user", "restart", &socket]),
+                // Running now rather than at the first connection; replaces a running one.
+                Cmd::new("systemctl", &["--user", "restart", &unit]),
+            ]
+        }
         Os::MacOs => vec![Cmd::new(
             "launchctl",
             &[
@@ -363,14 +441,24 @@ pub fn start_commands(spec: &Spec, os: Os, uid: u32, definition: &Path) -> Vec<C
     }
 }
 
-/// The commands that stop and unregister it (before its files are removed).
+/// The commands that stop and unregister it (before its files are removed): on Linux the
+/// socket first (so no connection starts the service again), then the service, each on its
+/// own so an install that predates the socket unit is still stopped.
 pub fn stop_commands(spec: &Spec, os: Os, uid: u32) -> Vec<Cmd> {
     let unit = format!("{}.service", spec.name);
     match os {
-        Os::Linux => vec![Cmd::new(
-            "systemctl",
-            &["--user", "disable", "--now", &unit],
-        )],
+        Os::Linux => vec![
+            Cmd::new(
+                "systemctl",
+                &[
+                    "--user",
+                    "disable",
+                    "--now",
+                    &format!("{}.socket", spec.name),
+                ],
+            ),
+            Cmd::new("systemctl", &["--user", "disable", "--now", &unit]),
+        ],
         Os::MacOs => vec![Cmd::new(
             "launchctl",
             &["bootout", &format!("gui/{uid}/{}", spec.launchd_label())],
@@ -410,6 +498,22 @@ pub fn query_command(spec: &Spec, os: Os, uid: u32) -> Cmd {
             "schtasks",
             &["/Query", "/TN", &spec.name, "/V", "/FO", "LIST"],
         ),
+    }
+}
+
+/// Linux: the command whose output says whether the socket unit listens, and where.
+pub fn socket_query_command(spec: &Spec, os: Os) -> Option<Cmd> {
+    match os {
+        Os::Linux => Some(Cmd::new(
+            "systemctl",
+            &[
+                "--user",
+                "show",
+                &format!("{}.socket", spec.name),
+                "--property=ActiveState,Listen",
+            ],
+        )),
+        Os::MacOs | Os::Windows => None,
     }
 }
 
@@ -459,6 +563,58 @@ pub struct Manifest {
     pub os: Os,
     pub name: String,
     pub files: Vec<PathBuf>,
+    /// The address the service manager holds for the proxy; `None` for an install without
+    /// socket activation (Windows, or one written before it existed).
+    #[serde(default)]
+    pub socket: Option<SocketAddr>,
+}
+
+/// Where `install` keeps its [`Manifest`]: `<config dir>/cursor-byok/<name>-install.json`.
+pub fn manifest_path(config_home: &Path, name: &str) -> PathBuf {
+    config_home
+        .join("cursor-byok")
+        .join(format!("{name}-install.json"))
+}
+
+/// The manifest at `path`, when there is one that parses.
+pub fn read_manifest(path: &Path) -> Option<Manifest> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Whether a connection made while the proxy is down waits for it: the service manager holds
+/// the proxy's socket on `listen`, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// The installed service's manager holds the socket on this address.
+    Yes(SocketAddr),
+    /// Nobody holds it: while the proxy is down its port refuses connections.
+    No(String),
+}
+
+/// [`Held`] from the installed service's manifest (`None`: not installed) on `os`, for a proxy
+/// on `listen`.
+pub fn held(manifest: Option<&Manifest>, os: Os, listen: SocketAddr) -> Held {
+    if os == Os::Windows {
+        return Held::No("Windows has no socket activation".into());
+    }
+    let Some(m) = manifest else {
+        return Held::No("the login service is not installed".into());
+    };
+    match m.socket {
+        None => Held::No(
+            "the login service was installed without its socket (by an older cursor-byok)".into(),
+        ),
+        Some(at) if !same_address(at, listen) => Held::No(format!(
+            "the login service's socket is on {at}, but the config listens on {listen}"
+        )),
+        Some(at) => Held::Yes(at),
+    }
+}
+
+/// One address as clients dial it: a wildcard is reached on loopback.
+fn same_address(a: SocketAddr, b: SocketAddr) -> bool {
+    crate::status::pac::reachable(a) == crate::status::pac::reachable(b)
 }
 
 /// What `systemctl --user show … --property=…` printed, as (active, since).

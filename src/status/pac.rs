@@ -15,6 +15,9 @@
 //!
 //! Served by the proxy listener at [`PAC_PATH`] and written to the data directory as
 //! [`PAC_FILE`]; the text is a pure function of the listen address and the intercept patterns.
+//! A PAC consumer that cannot fetch the script goes DIRECT for every host, so the login
+//! service's manager holds the listener's socket (`setup::service`): a fetch made while the
+//! proxy is down waits for it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

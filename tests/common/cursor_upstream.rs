@@ -17,6 +17,7 @@
 //! `x-fake-upstream: <route>`.
 //! - `/agent.v1.AgentService/Run` — bidi: [`relay_reply`] at once, then the end frame when the
 //!   request body ends (the body is recorded then).
+//! - `/aiserver.v1.InferenceService/RunInference` — the same as `Run`.
 //! - `/agent.v1.AgentService/RunSSE` — reads the body, then [`relay_reply`] and the end frame.
 //! - `/aiserver.v1.BidiService/BidiAppend` — an empty `application/proto` 200.
 //! - `/aiserver.v1.AiService/AvailableModels` — the real capture ([`capture_models_gzip`]) as
@@ -372,7 +373,7 @@ impl Routes {
             "/download" => download(),
             "/trailers" => trailers(),
             "/ws" => websocket(req),
-            AGENT_RUN => self.agent_run(req),
+            AGENT_RUN | RUN_INFERENCE => self.agent_run(req),
             AGENT_RUN_SSE => self.agent_run_sse(req).await,
             BIDI_APPEND => self.bidi_append(req).await,
             AVAILABLE_MODELS => self.unary(req, "available-models", models_answer()).await,
@@ -499,6 +500,7 @@ impl Routes {
 }
 
 pub const AGENT_RUN: &str = "/agent.v1.AgentService/Run";
+pub const RUN_INFERENCE: &str = "/aiserver.v1.InferenceService/RunInference";
 /// The calls around a conversation: recorded with their bodies and answered with an empty
 /// `application/proto` message (`x-fake-upstream: side-call`).
 pub const SIDE_CALLS: &[&str] = &[

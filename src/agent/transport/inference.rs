@@ -8,7 +8,9 @@
 //! models (our id prefix, configured or not) is refused with an error that says why and is
 //! never sent to Cursor; one we cannot read (another codec, an encoding we do not decode, bytes
 //! that do not scan, a first message that is not the run request) is refused too. Cursor's own
-//! pass through unchanged: the first frame is replayed, then the rest is streamed.
+//! pass through: on `RunInference` every client frame is read before it goes up, and a later
+//! one that names our model or cannot be read ends the stream with the refusal, nothing more
+//! of it sent to Cursor.
 //!
 //! Only the fields that name a model are read, by number from `inference.tsv`, with the wire
 //! scanner (the rest of the message is checked to scan, not decoded):
@@ -25,7 +27,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 
-use super::body::{error_response, read_bounded, replay, stream_error, FramePeek};
+use super::body::{end_frame, error_response, read_bounded, stream_error, FramePeek};
 use super::face::AgentTransports;
 use super::inference_ids::InferenceVerdict;
 use crate::config::MODEL_ID_PREFIX;
@@ -169,7 +171,8 @@ fn verdict_on(message: &[u8], first: bool) -> Option<String> {
     }
 }
 
-/// `/aiserver.v1.InferenceService/RunInference` (HTTP/2 bidi): decided by its first frame.
+/// `/aiserver.v1.InferenceService/RunInference` (HTTP/2 bidi): decided by its first frame,
+/// and every later frame read before it goes up (see [`inspected`]).
 pub(super) async fn run_inference(
     t: &AgentTransports,
     ctx: RequestContext,
@@ -195,8 +198,136 @@ pub(super) async fn run_inference(
         tracing::warn!(reason = %why, "RunInference refused");
         return stream_error(refusal(&why));
     }
-    let req = Request::from_parts(parts, replay(peek.consumed.freeze(), body));
-    t.upstream().forward(&ctx, req).await
+    let (refused_tx, mut refused) = tokio::sync::oneshot::channel();
+    let upward = Upward {
+        judged: Some(first),
+        peek,
+        body,
+        refused: Some(refused_tx),
+    };
+    let req = Request::from_parts(parts, inspected(upward));
+    let forward = t.upstream().forward(&ctx, req);
+    tokio::pin!(forward);
+    // A refusal before Cursor's answer began is the whole answer.
+    let (resp, refused) = tokio::select! {
+        resp = &mut forward => (resp, Some(refused)),
+        got = &mut refused => match got {
+            Ok(why) => return stream_error(refusal(&why)),
+            // Every client frame went up: Cursor's answer is all that is left.
+            Err(_) => (forward.await, None),
+        },
+    };
+    resp.map(|body| {
+        crate::http::boxed(Guarded {
+            body,
+            refused,
+            done: false,
+        })
+    })
+}
+
+/// A `RunInference` of Cursor's on its way up: the first frame (judged already), then the
+/// client's body, read frame by frame; `refused` learns why when a frame is refused.
+struct Upward {
+    judged: Option<Bytes>,
+    peek: FramePeek,
+    body: Incoming,
+    refused: Option<tokio::sync::oneshot::Sender<String>>,
+}
+
+/// The frames that go up: each client frame once [`verdict_on`] finds nothing against it,
+/// re-framed whole, so no byte of a frame goes up before the frame is read. A frame that
+/// names our model or cannot be read sends its reason on `refused` and fails the body, which
+/// resets the upstream stream: nothing more goes to Cursor.
+fn inspected(upward: Upward) -> Body {
+    let frames = futures_util::stream::unfold(upward, |mut u| async move {
+        let refused = u.refused.take()?;
+        let frame = match u.judged.take() {
+            Some(first) => first,
+            None => match u.peek.next(&mut u.body, false).await {
+                Ok(Some(frame)) => match verdict_on(&frame, false) {
+                    None => frame,
+                    Some(why) => return Some(refuse(why, refused, u)),
+                },
+                Ok(None) => return None,
+                // The client went away: the upstream stream ends with it.
+                Err(e) if e.code == Code::Canceled => {
+                    let gone: crate::http::BodyError = e.message.into();
+                    return Some((Err(gone), u));
+                }
+                Err(e) => {
+                    let why = format!(
+                        "a RunInference message cursor-byok cannot read ({})",
+                        e.message
+                    );
+                    return Some(refuse(why, refused, u));
+                }
+            },
+        };
+        match connect::FrameEncoder::new(Encoding::Identity).message(&frame) {
+            Ok(bytes) => {
+                u.refused = Some(refused);
+                Some((Ok(http_body::Frame::data(bytes)), u))
+            }
+            Err(e) => Some(refuse(
+                format!("a RunInference message cursor-byok cannot re-frame ({e})"),
+                refused,
+                u,
+            )),
+        }
+    });
+    crate::http::boxed(http_body_util::StreamBody::new(frames))
+}
+
+type Upgoing = (
+    Result<http_body::Frame<Bytes>, crate::http::BodyError>,
+    Upward,
+);
+
+/// Ends the upward stream on `why`, telling the answer's side first.
+fn refuse(why: String, refused: tokio::sync::oneshot::Sender<String>, u: Upward) -> Upgoing {
+    tracing::warn!(reason = %why, "RunInference refused mid-stream");
+    let _ = refused.send(why.clone());
+    (Err(why.into()), u)
+}
+
+/// Cursor's answer to a `RunInference` of its own, ended by our refusal (an end frame with the
+/// error and its `ErrorDetails`) when a later client frame is refused: the client reads why,
+/// not a reset.
+struct Guarded {
+    body: Body,
+    refused: Option<tokio::sync::oneshot::Receiver<String>>,
+    done: bool,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = crate::http::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(rx) = this.refused.as_mut() {
+            match std::pin::Pin::new(rx).poll(cx) {
+                Poll::Ready(Ok(why)) => {
+                    this.done = true;
+                    let enc = connect::FrameEncoder::new(Encoding::Identity);
+                    let end = connect::EndStream::from_error(refusal(&why));
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(end_frame(&enc, &end)))));
+                }
+                Poll::Ready(Err(_)) => this.refused = None,
+                Poll::Pending => {}
+            }
+        }
+        std::pin::Pin::new(&mut this.body).poll_frame(cx)
+    }
 }
 
 /// `/aiserver.v1.InferenceService/Stream` (server-streaming): its one request message, an
@@ -241,22 +372,9 @@ pub(super) async fn stream(
 }
 
 /// The encoding of a stream we can read: Connect's binary codec, identity or gzip. Anything
-/// else is refused (we could not tell whose it is).
+/// else is refused (we could not tell whose it is), as a `Run` is.
 fn readable_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !content_type.eq_ignore_ascii_case("application/connect+proto") {
-        return Err(format!(
-            "a RunInference stream with content type {content_type:?}, which cursor-byok \
-             cannot read"
-        ));
-    }
-    let named = headers
-        .get("connect-content-encoding")
-        .and_then(|v| v.to_str().ok());
-    Encoding::from_header(named).map_err(|e| format!("a RunInference stream in {e}"))
+    super::run::readable_encoding(headers, "a RunInference stream")
 }
 
 /// `RunInferenceSSE` / `RunInferencePoll` (HTTP/1.1): the body names the request id only; it

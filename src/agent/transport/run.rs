@@ -23,7 +23,7 @@ pub(super) async fn handle(
 ) -> Response<Body> {
     let (parts, mut body) = req.into_parts();
     // What we cannot read may be the user's: it is refused, never passed on unread.
-    let encoding = match readable_encoding(&parts.headers) {
+    let encoding = match readable_encoding(&parts.headers, "a Run") {
         Ok(e) => e,
         Err(why) => return stream_error(RunError::BadClientMessage(why).to_connect()),
     };
@@ -75,10 +75,10 @@ pub(super) async fn handle(
     }
 }
 
-/// The encoding of a `Run` whose frames we read. Only Connect's binary codec carries
-/// `AgentClientMessage` frames we can read; anything else (JSON codec, a wrong type, an
+/// The encoding of a bidi stream whose frames we read (`what`: "a Run", …). Only Connect's
+/// binary codec carries frames we can read; anything else (JSON codec, a wrong type, an
 /// encoding we cannot read) cannot be judged, so it is refused with why.
-fn readable_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
+pub(super) fn readable_encoding(headers: &HeaderMap, what: &str) -> Result<Encoding, String> {
     let text = |name| {
         headers
             .get(name)
@@ -88,14 +88,14 @@ fn readable_encoding(headers: &HeaderMap) -> Result<Encoding, String> {
     if !content_type.eq_ignore_ascii_case("application/connect+proto") {
         debug!(%content_type, "Run with a content type we do not decode: refused");
         return Err(format!(
-            "a Run with content type `{content_type}`, which this cursor-byok does not read \
+            "{what} with content type `{content_type}`, which this cursor-byok does not read \
              (it reads application/connect+proto)"
         ));
     }
     let encoding = text("connect-content-encoding");
     Encoding::from_header(encoding.as_deref()).map_err(|_| {
         format!(
-            "a Run with connect-content-encoding `{}`, which this cursor-byok does not read",
+            "{what} with connect-content-encoding `{}`, which this cursor-byok does not read",
             encoding.unwrap_or_default()
         )
     })
