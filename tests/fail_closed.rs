@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::agent_client::{
-    frame, play, resume_request, run_request, Bidi, H2Run, Received, ServerStream, Sink, Store,
+    chunked, connect_request, frame, play, resume_request, run_request, Bidi, H2Run, Received,
+    ServerStream, Sink, Store,
 };
+use common::client::Alpn;
 use common::cursor_upstream::{relay_reply_bytes, AGENT_RUN, BIDI_APPEND};
 use common::fake_cursor::FakeCursor;
 use common::fake_provider::{text_sse, tool_sse, After, Reply};
@@ -450,6 +452,75 @@ async fn an_undecodable_append_on_our_run_is_refused_never_relayed() {
     );
     assert!(h.upstream.recorded_on(BIDI_APPEND).is_empty());
     h.assert_nothing_relayed();
+    assert_canary_unseen(&h);
+}
+
+/// An append of another feature: its data is no agent message (a field 1 of the wrong type).
+fn feature_append(request_id: &str, seqno: i64) -> Bytes {
+    ai::BidiAppendRequest {
+        data: hex(b"\x0d\x01\x02\x03\x04"),
+        request_id: Some(ai::BidiRequestId {
+            request_id: request_id.into(),
+        }),
+        append_seqno: seqno,
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
+}
+
+/// An append we cannot read, on a request id no stream has named, waits for its stream: one of
+/// Cursor's own (a chat over SSE), before or just after it, makes it Cursor's and it is relayed;
+/// none, and it is refused naming why, and a RunSSE that comes for that id later ends with
+/// the refusal. Nothing of the canary goes to Cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_append_on_an_unknown_id_waits_for_its_stream() {
+    const CHAT_SSE: &str = "/aiserver.v1.ChatService/StreamUnifiedChatWithToolsSSE";
+    let h = harness(vec![]).await;
+    let door = h.connect_door();
+    let open_chat = |id: &'static str| {
+        let door = door.clone();
+        async move {
+            let mut conn = door.connect(Alpn::H1).await;
+            let body = frame(&ai::BidiRequestId {
+                request_id: id.into(),
+            });
+            let req = connect_request(CHAT_SSE, "application/connect+proto", id, chunked(body));
+            conn.send(&door.authority(), req).await.expect("answered");
+        }
+    };
+    // The stream first, then its append.
+    open_chat("chat-1").await;
+    Bidi::new(&door, "chat-1")
+        .append_body(feature_append("chat-1", 0))
+        .await;
+    // The append first, its stream just after.
+    let early = Bidi::new(&door, "chat-2");
+    let append = tokio::spawn(async move { early.append_body(feature_append("chat-2", 0)).await });
+    open_chat("chat-2").await;
+    append.await.unwrap();
+    let relayed = h.upstream.recorded_on(BIDI_APPEND);
+    assert_eq!(
+        relayed.len(),
+        2,
+        "both appends of Cursor's chats are relayed"
+    );
+
+    // Nothing names it: refused, and a late reader gets the refusal as its end.
+    let lost = Bidi::new(&door, "req-nobody");
+    let answer = lost.append_body(garbled_append("req-nobody", 0)).await;
+    assert_ours(&answer.headers);
+    let err = ConnectError::from_unary_response(answer.status.as_u16(), &answer.body);
+    assert_refused(&err, Code::InvalidArgument, Kind::BadRequest, "no stream");
+    let mut sse = lost.open_sse().await;
+    let end = only_end(&mut sse).await;
+    assert_refused(
+        &end_error(&end),
+        Code::InvalidArgument,
+        Kind::BadRequest,
+        "no stream",
+    );
+    assert_eq!(h.upstream.recorded_on(BIDI_APPEND).len(), 2);
     assert_canary_unseen(&h);
 }
 

@@ -108,6 +108,12 @@ impl Router {
             door = ?ctx.door,
         );
         match route(parts.uri.path()) {
+            Route::Upstream if transport::is_append_stream(parts.uri.path()) => {
+                let req = Request::from_parts(parts, body);
+                Box::pin(self.agent.relay_cursor_stream(link, ctx, req))
+                    .instrument(span)
+                    .await
+            }
             Route::Upstream => {
                 let req = Request::from_parts(parts, boxed(body));
                 let forward = self.upstream.forward_via(link, &ctx, req);

@@ -194,6 +194,29 @@ fn sse_response(reader: SseBody) -> Response<Body> {
     resp
 }
 
+/// One of Cursor's own `…SSE` / `…Poll` calls: its request id noted, then passed upstream
+/// whole (its body is one small frame).
+pub(super) async fn relay_cursor_stream(
+    t: &AgentTransports,
+    link: Option<&crate::upstream::Link>,
+    ctx: RequestContext,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let raw = match read_bounded(body, t.inner.limits.max_frame_bytes).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&unreadable(e)),
+    };
+    let poll = parts.uri.path().ends_with("Poll");
+    if let Some(id) =
+        super::inference::stream_request_id(&parts.headers, &raw, poll, t.inner.limits)
+    {
+        t.inner.streams.note(&id);
+    }
+    let req = Request::from_parts(parts, full(raw));
+    t.upstream().forward_via(link, &ctx, req).await
+}
+
 /// `/aiserver.v1.BidiService/BidiAppend`.
 pub(super) async fn append(
     t: &AgentTransports,
@@ -341,9 +364,14 @@ fn decode_append(
     }
 }
 
+/// How long an append we cannot read, on a request id nothing has named, waits for one of
+/// Cursor's streams to name it (an append may come just ahead of its stream).
+const STREAM_WAIT: Duration = Duration::from_secs(3);
+
 /// An append that does not decode, on `request_id`: when the id is one of our runs or has a
-/// live entry, it is refused (and ends that run, or its undecided reader), never relayed.
-/// `None`: the id is nothing of ours, so it is another feature's append.
+/// live entry, it is refused (and ends that run, or its undecided reader), never relayed; on
+/// an id nothing has named, it is relayed only once one of Cursor's own streams names it.
+/// `None`: the id is Cursor's, so it is another feature's append.
 async fn refuse_unreadable(
     t: &AgentTransports,
     request_id: &str,
@@ -358,6 +386,31 @@ async fn refuse_unreadable(
         Some(e) => e.decision().await,
         None => None,
     };
+    if entry.is_none() && !pinned_ours {
+        // No run of ours, but it may be the first message of one whose stream is on its way:
+        // relayed only when one of Cursor's own streams names its id.
+        if request_id.is_empty() || t.inner.streams.wait_for(request_id, STREAM_WAIT).await {
+            return None;
+        }
+        tracing::warn!(
+            request_id,
+            "{why}, on a request id no stream has named: refused"
+        );
+        let e = RunError::BadClientMessage(format!(
+            "{why}, on request id {request_id}, which no stream through cursor-byok has \
+             opened: it may be a message of a run on your own model, so it is not sent to \
+             Cursor"
+        ))
+        .to_connect();
+        // A reader that comes for this id later gets the refusal as its end.
+        if let Ok(entry) = t.inner.bidi.get_or_create(request_id) {
+            let mut st = entry.state.lock().await;
+            if st.decision.is_none() {
+                refuse(&entry, &mut st, &e);
+            }
+        }
+        return Some(e);
+    }
     let live = entry.is_some() && decided != Some(Decision::Relay);
     if !pinned_ours && !live {
         return None;

@@ -9,6 +9,7 @@ use super::pairing::Pairings;
 use super::pins::PinStore;
 use super::recent::RecentPrompts;
 use super::routing::{Decision, RoutingTable};
+use super::streams::CursorStreams;
 use crate::agent::cmdk::CmdK;
 use crate::agent::subagents::ParentLink;
 use crate::agent::{model, Agent, RunError};
@@ -44,6 +45,8 @@ pub(super) struct Inner {
     /// Request ids of `RunInferenceSSE` / `RunInferencePoll` streams (their appends are not
     /// agent messages).
     pub(super) inference: InferenceIds,
+    /// Request ids of Cursor's own `…SSE` / `…Poll` streams (their appends are Cursor's).
+    pub(super) streams: CursorStreams,
 }
 
 impl AgentTransports {
@@ -64,6 +67,7 @@ impl AgentTransports {
                 bidi: Pairings::default(),
                 limits,
                 inference: InferenceIds::default(),
+                streams: CursorStreams::default(),
             }),
         }
     }

@@ -406,7 +406,7 @@ pub(super) async fn open_stream(
 
 /// The request id a SSE (`BidiRequestId`: 1) or Poll (`BidiPollRequest`: 1 → 1) body names.
 /// The body may be one Connect frame (a server-stream request) or a bare message.
-fn stream_request_id(
+pub(super) fn stream_request_id(
     headers: &HeaderMap,
     raw: &Bytes,
     poll: bool,

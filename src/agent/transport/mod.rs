@@ -24,6 +24,7 @@ mod pins;
 pub(crate) mod recent;
 mod routing;
 mod run;
+mod streams;
 mod websocket;
 mod ws_frames;
 mod ws_relay;
@@ -33,6 +34,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::http::{Body, RequestContext};
+use crate::upstream::Link;
 
 pub use cmdk::{classify as classify_cmd_k, CmdKRpc};
 pub use face::{AgentTransports, Pairing};
@@ -115,4 +117,21 @@ impl AgentTransports {
     ) -> Response<Body> {
         cmdk::handle(self, rpc, ctx, req).await
     }
+
+    /// Pass one of Cursor's own `…SSE` / `…Poll` calls upstream (over `link`, the client
+    /// connection's own upstream connection, when it has one), its request id noted first so
+    /// that the `BidiAppend`s on it are known to be Cursor's.
+    pub async fn relay_cursor_stream(
+        &self,
+        link: Option<&Link>,
+        ctx: RequestContext,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        bidi::relay_cursor_stream(self, link, ctx, req).await
+    }
+}
+
+/// Whether `path` is an HTTP/1.1 server stream whose client half comes in `BidiAppend`s.
+pub fn is_append_stream(path: &str) -> bool {
+    path.ends_with("SSE") || path.ends_with("Poll")
 }
