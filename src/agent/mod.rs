@@ -36,6 +36,7 @@ use crate::provider::{ProviderClient, ProviderError, ProviderSettings, RetryPoli
 use crate::status::{RunStart, Status};
 
 pub use model::ResolvedModel;
+use run::Failure;
 pub use run::{RunError, RunSettings, RunSummary};
 pub use run_io::{RunOutput, RunRequest};
 
@@ -55,9 +56,6 @@ pub struct RunHandle {
     pub cancel: CancellationToken,
     failure: Failure,
 }
-
-/// Why a transport ended a run, when it did: read by the run when its cancellation fires.
-type Failure = Arc<std::sync::Mutex<Option<RunError>>>;
 
 impl RunHandle {
     /// A handle that can end the run because the client sent something unusable or left.
@@ -117,10 +115,10 @@ pub enum AgentError {
 /// Shared by every run: configuration and one pooled client per provider.
 #[derive(Clone)]
 pub struct Agent {
-    inner: Arc<Inner>,
+    inner: Arc<AgentShared>,
 }
 
-struct Inner {
+struct AgentShared {
     config: Arc<Config>,
     providers: HashMap<String, ProviderClient>,
     cache: state::BlobCache,
@@ -151,7 +149,7 @@ impl Agent {
             providers.insert(name.clone(), client);
         }
         Ok(Agent {
-            inner: Arc::new(Inner {
+            inner: Arc::new(AgentShared {
                 cache: state::BlobCache::new(&config.data_dir(), state::DEFAULT_CACHE_MAX_BYTES),
                 config,
                 providers,

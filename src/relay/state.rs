@@ -40,7 +40,7 @@ impl Held {
     }
 }
 
-pub(super) struct State {
+pub(super) struct ConnState {
     flow: Flow,
     opener: Opener,
     /// We told the client GOAWAY (shutdown): no new streams, close when the last one ends.
@@ -51,9 +51,9 @@ pub(super) struct State {
     closing: bool,
 }
 
-impl State {
+impl ConnState {
     pub(super) fn new(limits: Limits, opener: Opener) -> Self {
-        State {
+        ConnState {
             flow: Flow::new(limits),
             opener,
             draining: false,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::cursor;
+use super::os::Os;
 use super::trust::{self, CaFiles};
 use crate::config::{Config, ModelConfig, ProviderConfig};
 use crate::provider::{
@@ -697,7 +698,7 @@ pub fn check_trust(ca: &CertificateAuthority) -> Vec<Check> {
             .fix("run `cursor-byok ca trust --apply` (needs certutil: libnss3-tools)"),
         ),
         Some(Err(e)) => checks.push(Check::new(Level::Skip, "CA trust (NSS)", e)),
-        None if trust::Os::current() == Some(trust::Os::Linux) => checks.push(Check::new(
+        None if Os::current() == Some(Os::Linux) => checks.push(Check::new(
             Level::Skip,
             "CA trust (NSS)",
             "certutil not installed (libnss3-tools), cannot check ~/.pki/nssdb",
