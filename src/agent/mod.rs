@@ -427,17 +427,8 @@ impl Agent {
 
 /// Provider settings from the config; `None` when the provider has no key.
 fn provider_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
-    let key = p.resolve_api_key()?;
-    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
-    s.name = Some(display_provider(name, p));
-    s.auth = p.auth;
-    s.extra_headers = p
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut s = p.settings(display_provider(name, p), config.upstream.connect_timeout())?;
     s.idle_timeout = Duration::from_secs(config.agent.provider_idle_timeout_secs.max(1));
-    s.connect_timeout = config.upstream.connect_timeout();
     s.retry = RetryPolicy {
         max_retries: config.agent.provider_max_retries,
         ..RetryPolicy::default()

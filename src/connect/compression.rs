@@ -37,7 +37,6 @@ impl Encoding {
             Err(CodecError::UnsupportedEncoding(v.to_owned()))
         }
     }
-
 }
 
 /// Appends the gzip of `data` to `out` (so callers can reserve a frame header in front of it

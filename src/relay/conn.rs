@@ -199,6 +199,7 @@ impl Relay {
     }
 
     /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn check_limits(&self) -> Result<(), String> {
         self.state.check_limits()
     }

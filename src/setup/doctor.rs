@@ -233,20 +233,11 @@ impl Check {
     }
 }
 
-/// Provider settings from the config, as the agent builds them (see `agent::provider_settings`),
-/// with no retries so a probe fails fast. `None` when the provider has no key.
+/// Provider settings from the config ([`ProviderConfig::settings`], as the agent's), with no
+/// retries so a probe fails fast. `None` when the provider has no key.
 pub fn probe_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
-    let key = p.resolve_api_key()?;
-    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
-    s.name = Some(name.to_string());
-    s.auth = p.auth;
-    s.extra_headers = p
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut s = p.settings(name.to_string(), config.upstream.connect_timeout())?;
     s.idle_timeout = PROBE_TIMEOUT;
-    s.connect_timeout = config.upstream.connect_timeout();
     s.retry = RetryPolicy {
         max_retries: 0,
         ..RetryPolicy::default()

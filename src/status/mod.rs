@@ -92,7 +92,7 @@ struct StatusShared {
     started: Instant,
     started_unix_ms: u64,
     next_id: AtomicU64,
-    state: Mutex<Registry>,
+    state: Mutex<Tallies>,
     /// `run --capture`: the traffic trace, when one is being recorded.
     capture: Option<crate::capture::Capture>,
     /// Where finished runs are persisted, once the server set it.
@@ -103,13 +103,13 @@ struct StatusShared {
 
 impl StatusShared {
     /// A poisoned lock only means a panic elsewhere mid-update; the counters stay usable.
-    fn lock(&self) -> MutexGuard<'_, Registry> {
+    fn lock(&self) -> MutexGuard<'_, Tallies> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[derive(Default)]
-struct Registry {
+struct Tallies {
     active: BTreeMap<u64, Active>,
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
@@ -252,7 +252,7 @@ impl Status {
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
                 next_id: AtomicU64::new(1),
-                state: Mutex::new(Registry::default()),
+                state: Mutex::new(Tallies::default()),
                 capture,
                 usage_log: OnceLock::new(),
                 pac: OnceLock::new(),

@@ -25,7 +25,7 @@ use crate::status::{RunProgress, RunStart, RunTicket};
 /// What a Cmd+K stream sends: response messages, then one end.
 #[derive(Debug)]
 pub enum Step {
-    CmdKResponse(CmdKResponse),
+    Frame(CmdKResponse),
     End(EndStream),
 }
 
@@ -108,7 +108,7 @@ impl CmdK {
         let (items, statuses) = match self.resolve(session, call.context_items()) {
             Resolved::Missing(hashes) => {
                 // Fresh channel with room for both: cannot fail for lack of capacity.
-                let _ = tx.try_send(Step::CmdKResponse(CmdKResponse::missing(surface, hashes)));
+                let _ = tx.try_send(Step::Frame(CmdKResponse::missing(surface, hashes)));
                 let _ = tx.try_send(Step::End(EndStream::ok()));
                 return rx;
             }
@@ -129,7 +129,7 @@ impl CmdK {
             Err(e) => {
                 tracing::warn!("Cmd+K refused: {e}");
                 for f in opening {
-                    let _ = tx.try_send(Step::CmdKResponse(f));
+                    let _ = tx.try_send(Step::Frame(f));
                 }
                 let _ = tx.try_send(Step::End(EndStream::from_error(e.to_connect())));
             }
@@ -325,7 +325,7 @@ impl RunningCall<'_> {
     /// Send frames in order; `false` when the client is gone.
     async fn send(&self, frames: Vec<CmdKResponse>) -> bool {
         for f in frames {
-            if self.tx.send(Step::CmdKResponse(f)).await.is_err() {
+            if self.tx.send(Step::Frame(f)).await.is_err() {
                 return false;
             }
         }
