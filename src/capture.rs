@@ -28,7 +28,7 @@ const SHAPE_DEPTH: usize = 4;
 /// A capture in progress. Cheap to clone; every clone writes to the same file.
 #[derive(Clone)]
 pub struct Capture {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<CaptureFile>>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -37,7 +37,7 @@ impl std::fmt::Debug for Capture {
     }
 }
 
-struct Inner {
+struct CaptureFile {
     out: Option<BufWriter<File>>,
     started: Instant,
     until: Option<Instant>,
@@ -77,7 +77,7 @@ impl Capture {
         let file = private_file(path)?;
         let started = Instant::now();
         let capture = Capture {
-            inner: Arc::new(Mutex::new(Inner {
+            inner: Arc::new(Mutex::new(CaptureFile {
                 out: Some(BufWriter::new(file)),
                 started,
                 until: minutes.map(|m| started + Duration::from_secs(m.saturating_mul(60))),

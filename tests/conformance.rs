@@ -869,19 +869,14 @@ fn tool_result_text(provider: &FakeProvider, n: usize, id: &str) -> Option<Strin
         .map(content_text)
 }
 
-/// Waits (polling) until the provider's request `n` carries the result of `id`.
+/// Waits until the provider has its request `n`, and returns the result of `id` it carries.
 async fn wait_tool_result(provider: &FakeProvider, n: usize, id: &str) -> String {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(t) = tool_result_text(provider, n, id) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no request {n} with the result of {id}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    assert!(
+        provider.wait_requests(n + 1, TIMEOUT).await,
+        "no request {n} after {TIMEOUT:?}"
+    );
+    tool_result_text(provider, n, id)
+        .unwrap_or_else(|| panic!("request {n} carries no result of {id}"))
 }
 
 /// Background shells: a command started with `is_background` returns at once with

@@ -426,11 +426,11 @@ async fn a_provider_echoing_the_clients_secrets_is_scrubbed_while_the_run_lives(
     assert_status_and_files_clean(&h, &secrets).await;
     assert_logs_clean(&capture.text(), &secrets);
     // The run is over: its values are no longer held.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while cursor_byok::base::secret::scrub(CLIENT_BEARER) != CLIENT_BEARER {
-        assert!(std::time::Instant::now() < deadline, "still registered");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let released = common::wait_until(std::time::Duration::from_secs(5), || {
+        cursor_byok::base::secret::scrub(CLIENT_BEARER) == CLIENT_BEARER
+    })
+    .await;
+    assert!(released, "still registered");
     assert_eq!(
         cursor_byok::base::secret::scrub(CLIENT_MODEL_KEY),
         CLIENT_MODEL_KEY

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cursor_byok::setup::service::{self, Os, Spec};
+use cursor_byok::setup::os::Os;
+use cursor_byok::setup::service::{self, Spec};
 
 fn bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cursor-byok"));

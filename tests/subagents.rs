@@ -492,9 +492,8 @@ async fn with_a_stuck_child(
     let input = run.input.clone();
     let probe = child.clone();
     tokio::spawn(async move {
-        while probe.requests().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // Once the child's model call is under way (a timeout lets the asserts below say so).
+        probe.wait_requests(1, Duration::from_secs(60)).await;
         let msg = pb::AgentClientMessage {
             message: Some(pb::agent_client_message::Message::ConversationAction(
                 pb::ConversationAction {

@@ -36,6 +36,7 @@ use crate::provider::{ProviderClient, ProviderError, ProviderSettings, RetryPoli
 use crate::status::{RunStart, Status};
 
 pub use model::ResolvedModel;
+use run::Failure;
 pub use run::{RunError, RunSettings, RunSummary};
 pub use run_io::{RunOutput, RunRequest};
 
@@ -55,9 +56,6 @@ pub struct RunHandle {
     pub cancel: CancellationToken,
     failure: Failure,
 }
-
-/// Why a transport ended a run, when it did: read by the run when its cancellation fires.
-type Failure = Arc<std::sync::Mutex<Option<RunError>>>;
 
 impl RunHandle {
     /// A handle that can end the run because the client sent something unusable or left.
@@ -117,10 +115,10 @@ pub enum AgentError {
 /// Shared by every run: configuration and one pooled client per provider.
 #[derive(Clone)]
 pub struct Agent {
-    inner: Arc<Inner>,
+    inner: Arc<AgentShared>,
 }
 
-struct Inner {
+struct AgentShared {
     config: Arc<Config>,
     providers: HashMap<String, ProviderClient>,
     cache: state::BlobCache,
@@ -151,7 +149,7 @@ impl Agent {
             providers.insert(name.clone(), client);
         }
         Ok(Agent {
-            inner: Arc::new(Inner {
+            inner: Arc::new(AgentShared {
                 cache: state::BlobCache::new(&config.data_dir(), state::DEFAULT_CACHE_MAX_BYTES),
                 config,
                 providers,
@@ -429,17 +427,8 @@ impl Agent {
 
 /// Provider settings from the config; `None` when the provider has no key.
 fn provider_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
-    let key = p.resolve_api_key()?;
-    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
-    s.name = Some(display_provider(name, p));
-    s.auth = p.auth;
-    s.extra_headers = p
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut s = p.settings(display_provider(name, p), config.upstream.connect_timeout())?;
     s.idle_timeout = Duration::from_secs(config.agent.provider_idle_timeout_secs.max(1));
-    s.connect_timeout = config.upstream.connect_timeout();
     s.retry = RetryPolicy {
         max_retries: config.agent.provider_max_retries,
         ..RetryPolicy::default()

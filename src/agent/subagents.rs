@@ -146,7 +146,7 @@ pub fn is_readonly_kind(kind: &str) -> bool {
 }
 
 #[derive(Debug)]
-struct Pending {
+struct WaitingCall {
     prompt: String,
     model_id: String,
     /// `resume_agent_id`: the child continues that subagent's conversation.
@@ -159,7 +159,7 @@ struct Pending {
 /// of the agent.
 #[derive(Debug, Clone, Default)]
 pub struct SubagentCalls {
-    pending: Arc<Mutex<VecDeque<Pending>>>,
+    pending: Arc<Mutex<VecDeque<WaitingCall>>>,
     /// Child runs by their own request id (two runs may share a subagent id: a resumed
     /// subagent, a client that reuses a conversation), with their subagent id to cancel them
     /// by. A run removes itself when it ends, so this holds no more than the runs alive.
@@ -197,7 +197,7 @@ impl SubagentCalls {
             tracing::warn!("too many subagent calls waiting for their runs; forgetting the oldest");
             p.pop_front();
         }
-        p.push_back(Pending {
+        p.push_back(WaitingCall {
             prompt: args.prompt.trim().to_string(),
             model_id: args.model_id.clone(),
             resume: args.resume_agent_id.clone().filter(|r| !r.is_empty()),
@@ -250,7 +250,7 @@ impl SubagentCalls {
             }
         }
         let parent = link.request_id.as_deref()?;
-        let of_parent = |e: &Pending| e.child.parent_run == parent;
+        let of_parent = |e: &WaitingCall| e.child.parent_run == parent;
         let prompt = prompt.map(str::trim);
         if let Some(c) = self.take_first(|e| of_parent(e) && Some(e.prompt.as_str()) == prompt) {
             return Some(c);
@@ -321,7 +321,7 @@ impl SubagentCalls {
     }
 
     /// The oldest live entry that `matches`, removed.
-    fn take_first(&self, matches: impl Fn(&Pending) -> bool) -> Option<Child> {
+    fn take_first(&self, matches: impl Fn(&WaitingCall) -> bool) -> Option<Child> {
         let mut p = self.lock();
         prune(&mut p);
         let i = p.iter().position(matches)?;
@@ -431,13 +431,13 @@ impl SubagentCalls {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<WaitingCall>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Entries are in arrival order: the expired ones are at the front.
-fn prune(p: &mut VecDeque<Pending>) {
+fn prune(p: &mut VecDeque<WaitingCall>) {
     while p.front().is_some_and(|e| e.at.elapsed() >= PENDING_TTL) {
         p.pop_front();
     }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::args::{CaAction, CertFormat};
-use crate::setup::trust::{self, Applied, CaFiles, Group, Os};
+use crate::setup::os::Os;
+use crate::setup::trust::{self, Applied, CaFiles, Group};
 use crate::tls::{CaOrigin, CertificateAuthority};
 
 pub fn run(data_dir: &Path, action: Option<CaAction>) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@ pub fn run(
     cursor_settings: Option<&Path>,
     skip_providers: bool,
 ) -> anyhow::Result<()> {
-    let mut report = Report::default();
+    let mut report = Checklist::default();
     let mut config = load_config(args.config.as_deref(), &mut report)?;
 
     let data_dir: PathBuf = args.data_dir.clone().unwrap_or_else(|| config.data_dir());
@@ -46,11 +46,11 @@ pub fn run(
 
 /// The checklist so far; each check is printed as it is added.
 #[derive(Default)]
-struct Report {
+struct Checklist {
     checks: Vec<Check>,
 }
 
-impl Report {
+impl Checklist {
     fn add(&mut self, c: Check) {
         println!("{c}");
         self.checks.push(c);
@@ -81,7 +81,7 @@ impl Report {
 
 /// The config named by `--config`, or the embedded default; the other checks need it, so an
 /// invalid one ends the run after its check.
-fn load_config(path: Option<&Path>, report: &mut Report) -> anyhow::Result<Config> {
+fn load_config(path: Option<&Path>, report: &mut Checklist) -> anyhow::Result<Config> {
     let Some(path) = path else {
         let config = Config::embedded_default();
         report.add(config_ok("embedded default (no --config)", &config));

@@ -9,8 +9,9 @@ use anyhow::{bail, Context};
 use super::args::{Args, ServiceAction};
 use crate::config::Config;
 use crate::setup::logfile;
+use crate::setup::os::Os;
 use crate::setup::pac::Cmd;
-use crate::setup::service::{self, Manifest, Os, Spec};
+use crate::setup::service::{self, Manifest, Spec};
 
 pub fn run(args: &Args, config: &Config, action: ServiceAction) -> anyhow::Result<()> {
     let os = Os::current().context("no login service is known for this OS")?;

@@ -366,6 +366,27 @@ impl ProviderConfig {
             .filter(|v| !v.is_empty())
             .map(Secret::new)
     }
+
+    /// The client settings this entry gives, shown as `name`; `None` without a key. Callers
+    /// set their own idle timeout and retries on top.
+    pub fn settings(
+        &self,
+        name: String,
+        connect_timeout: Duration,
+    ) -> Option<crate::provider::ProviderSettings> {
+        let key = self.resolve_api_key()?;
+        let base_url = self.base_url.clone().unwrap_or_default();
+        let mut s = crate::provider::ProviderSettings::new(self.kind, base_url, key);
+        s.name = Some(name);
+        s.auth = self.auth;
+        s.extra_headers = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        s.connect_timeout = connect_timeout;
+        Some(s)
+    }
 }
 
 /// A proxy URL's user info, as written, the password, and `user:password`, percent-decoded.

@@ -37,27 +37,6 @@ impl Encoding {
             Err(CodecError::UnsupportedEncoding(v.to_owned()))
         }
     }
-
-    /// Picks the codec for our response from the peer's `connect-accept-encoding` /
-    /// `accept-encoding` list: gzip when offered (and not refused with `q=0`), else identity.
-    pub fn negotiate(accept: Option<&str>) -> Encoding {
-        let offered = accept.unwrap_or("").split(',').any(|item| {
-            let mut parts = item.split(';');
-            let name = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| {
-                let p = p.trim();
-                p.strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    .is_some_and(|q| q <= 0.0)
-            });
-            name.eq_ignore_ascii_case("gzip") && !refused
-        });
-        if offered {
-            Encoding::Gzip
-        } else {
-            Encoding::Identity
-        }
-    }
 }
 
 /// Appends the gzip of `data` to `out` (so callers can reserve a frame header in front of it
@@ -154,18 +133,6 @@ mod tests {
             Encoding::from_header(Some("br")),
             Err(CodecError::UnsupportedEncoding(e)) if e == "br"
         ));
-    }
-
-    #[test]
-    fn negotiation() {
-        assert_eq!(Encoding::negotiate(None), Encoding::Identity);
-        assert_eq!(Encoding::negotiate(Some("gzip")), Encoding::Gzip);
-        assert_eq!(Encoding::negotiate(Some("br, gzip;q=0.5")), Encoding::Gzip);
-        assert_eq!(
-            Encoding::negotiate(Some("gzip;q=0, br")),
-            Encoding::Identity
-        );
-        assert_eq!(Encoding::negotiate(Some("identity")), Encoding::Identity);
     }
 
     #[test]

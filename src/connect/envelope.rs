@@ -87,7 +87,8 @@ impl FrameEncoder {
         }
     }
 
-    pub fn with_compress_min_bytes(mut self, n: usize) -> Self {
+    #[cfg(test)]
+    fn with_compress_min_bytes(mut self, n: usize) -> Self {
         self.compress_min_bytes = n;
         self
     }
@@ -119,7 +120,7 @@ impl FrameEncoder {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum DecodeState {
     Open,
     Ended,
     Failed,
@@ -141,7 +142,7 @@ pub struct FrameDecoder {
     limits: Limits,
     /// `(flags, len)` of the frame whose payload is being buffered.
     header: Option<(u8, usize)>,
-    state: State,
+    state: DecodeState,
 }
 
 impl FrameDecoder {
@@ -153,13 +154,13 @@ impl FrameDecoder {
             encoding,
             limits,
             header: None,
-            state: State::Open,
+            state: DecodeState::Open,
         }
     }
 
     /// Appends a chunk (copied into the buffer).
     pub fn push(&mut self, chunk: &[u8]) {
-        if self.state != State::Failed {
+        if self.state != DecodeState::Failed {
             self.buf.extend_from_slice(chunk);
         }
     }
@@ -167,7 +168,7 @@ impl FrameDecoder {
     /// Appends a chunk, taking it over without a copy when the buffer is empty and the chunk is
     /// uniquely owned (the common case for a body chunk straight off hyper).
     pub fn feed(&mut self, chunk: Bytes) {
-        if self.state == State::Failed {
+        if self.state == DecodeState::Failed {
             return;
         }
         if self.buf.is_empty() {
@@ -178,8 +179,9 @@ impl FrameDecoder {
     }
 
     /// True once the end-of-stream frame has been returned.
-    pub fn is_ended(&self) -> bool {
-        self.state == State::Ended
+    #[cfg(test)]
+    fn is_ended(&self) -> bool {
+        self.state == DecodeState::Ended
     }
 
     /// Bytes received but not yet returned as frames (excluding a consumed header).
@@ -189,12 +191,12 @@ impl FrameDecoder {
 
     /// The next complete frame, `Ok(None)` if more input is needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, CodecError> {
-        if self.state == State::Failed {
+        if self.state == DecodeState::Failed {
             return Err(CodecError::DecoderFailed);
         }
         let result = self.decode_one();
         if result.is_err() {
-            self.state = State::Failed;
+            self.state = DecodeState::Failed;
             self.buf = BytesMut::new();
             self.header = None;
         }
@@ -202,7 +204,7 @@ impl FrameDecoder {
     }
 
     fn decode_one(&mut self) -> Result<Option<Frame>, CodecError> {
-        if self.state == State::Ended {
+        if self.state == DecodeState::Ended {
             // Even one stray byte after the end frame is a protocol error.
             return if self.buf.is_empty() {
                 Ok(None)
@@ -240,7 +242,7 @@ impl FrameDecoder {
         };
         if flags & FLAG_END_STREAM != 0 {
             let end = EndStream::from_json(&payload)?;
-            self.state = State::Ended;
+            self.state = DecodeState::Ended;
             Ok(Some(Frame::End(end)))
         } else {
             Ok(Some(Frame::Message(payload)))
@@ -273,8 +275,8 @@ impl FrameDecoder {
     /// failure, not a success). A request body may simply end.
     pub fn finish(&mut self) -> Result<(), CodecError> {
         match self.state {
-            State::Failed => return Err(CodecError::DecoderFailed),
-            State::Ended if !self.buf.is_empty() => return Err(CodecError::FrameAfterEnd),
+            DecodeState::Failed => return Err(CodecError::DecoderFailed),
+            DecodeState::Ended if !self.buf.is_empty() => return Err(CodecError::FrameAfterEnd),
             _ => {}
         }
         let buffered = to_u64(self.buf.len());
@@ -287,14 +289,14 @@ impl FrameDecoder {
         } else if received > 0 {
             // A whole frame is still buffered: the caller did not drain `next_frame`.
             Some(CodecError::UnreadFrames)
-        } else if self.kind == StreamKind::Response && self.state != State::Ended {
+        } else if self.kind == StreamKind::Response && self.state != DecodeState::Ended {
             Some(CodecError::MissingEndStream)
         } else {
             None
         };
         match err {
             Some(e) => {
-                self.state = State::Failed;
+                self.state = DecodeState::Failed;
                 Err(e)
             }
             None => Ok(()),

@@ -178,8 +178,9 @@ impl SseParser {
     }
 }
 
-/// Parse a whole body in one go (tests, non-streamed bodies).
-pub fn parse_all(body: &[u8]) -> Vec<SseEvent> {
+/// Parse a whole body in one go.
+#[cfg(test)]
+fn parse_all(body: &[u8]) -> Vec<SseEvent> {
     let mut p = SseParser::new();
     let mut out = p.feed(body);
     out.extend(p.finish());

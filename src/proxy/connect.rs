@@ -20,7 +20,7 @@ use super::plain_error;
 use super::rewind::Rewind;
 use super::serve;
 use super::sni::{self, Peek};
-use super::state::State;
+use super::state::ProxyState;
 use super::watch::Watch;
 use crate::config::host_matches;
 use crate::http::{empty, Body, Door, RequestContext};
@@ -40,7 +40,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// a clear 502, and then tunnelled without looking at a byte. What follows the answer goes in
 /// `session`, for the connection's own task to run.
 pub(crate) async fn handle(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     peer: SocketAddr,
     mut req: Request<Incoming>,
     watch: Arc<Watch>,
@@ -142,7 +142,7 @@ fn decide(peek: &Peek, connect_host: &str, patterns: &[String]) -> Decision {
 
 #[instrument(skip_all, name = "connect", fields(%peer, %host, port = port))]
 async fn intercept_or_tunnel(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     on_upgrade: OnUpgrade,
     host: String,
     port: u16,

@@ -11,7 +11,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use tracing::instrument;
 
 use super::serve;
-use super::state::State;
+use super::state::ProxyState;
 use super::watch::{Watch, Watched};
 use crate::config::host_matches;
 use crate::http::{Door, RequestContext};
@@ -20,7 +20,7 @@ use crate::http::{Door, RequestContext};
 /// loopback address — then HTTP (h2 or h1 per ALPN). Other names get no handshake.
 #[instrument(skip_all, name = "direct_tls_conn", fields(%peer))]
 pub(crate) async fn serve_tls(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     stream: Watched<TcpStream>,
     peer: SocketAddr,
     watch: Arc<Watch>,
@@ -66,7 +66,7 @@ pub(crate) async fn serve_tls(
 /// Plain-HTTP door (HTTP/1.1, or HTTP/2 with prior knowledge).
 #[instrument(skip_all, name = "direct_http_conn", fields(%peer))]
 pub(crate) async fn serve_http(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     stream: Watched<TcpStream>,
     peer: SocketAddr,
     watch: Arc<Watch>,
@@ -75,7 +75,7 @@ pub(crate) async fn serve_http(
     serve::serve_http(state, TokioIo::new(stream), None, base, Some(watch)).await;
 }
 
-fn origin_context(state: &State, door: Door, peer: SocketAddr) -> RequestContext {
+fn origin_context(state: &ProxyState, door: Door, peer: SocketAddr) -> RequestContext {
     RequestContext {
         scheme: state.origin.scheme.clone(),
         host: state.origin.host.clone(),

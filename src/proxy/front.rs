@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tracing::instrument;
 
 use super::connect::Session;
-use super::state::State;
+use super::state::ProxyState;
 use super::watch::{Watch, Watched};
 use super::{auth, connect, plain_error, serve};
 use crate::base::conn_tasks::LocalExec;
@@ -23,7 +23,7 @@ use crate::http::{boxed, Body, Door, RequestContext};
 /// Serve proxy-protocol requests on one client connection.
 #[instrument(skip_all, name = "proxy_conn", fields(%peer))]
 pub(crate) async fn serve(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     stream: Watched<TcpStream>,
     peer: SocketAddr,
     watch: Arc<Watch>,
@@ -51,7 +51,7 @@ pub(crate) async fn serve(
 }
 
 async fn handle(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     peer: SocketAddr,
     req: Request<Incoming>,
     watch: Arc<Watch>,
@@ -83,7 +83,7 @@ async fn handle(
 /// The status page, for loopback clients; with `proxy_auth` set, the same credentials are
 /// asked for (as `Authorization: Basic`, which browsers prompt for). With the per-install
 /// secret they are not: the page is read-only and names no request id.
-fn own_page(state: &State, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
+fn own_page(state: &ProxyState, peer: SocketAddr, req: &Request<Incoming>) -> Response<Body> {
     // The PAC script holds no secret, and the OS fetches it without credentials.
     let pac = req.uri().path() == crate::status::pac::PAC_PATH;
     if let Some(check) = state.auth.as_ref().filter(|_| !pac && !state.pages_open) {
@@ -112,7 +112,7 @@ fn absolute_target(req: &Request<Incoming>) -> Option<(Scheme, String, u16)> {
 
 /// Plain HTTP through the proxy: Cursor hosts go through the router, others straight through.
 async fn forward_absolute(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     peer: SocketAddr,
     req: Request<Incoming>,
     (scheme, host, port): (Scheme, String, u16),

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use http::{Request, Response, StatusCode};
 
 use super::auth::DoorCheck;
-use super::state::State;
+use super::state::ProxyState;
 use crate::config::host_matches;
 use crate::http::Body;
 
@@ -27,7 +27,7 @@ pub(crate) enum Refused {
 }
 
 /// Admits one direct-door request (`None`), or answers why not.
-pub(crate) fn direct_door<B>(state: &State, req: &mut Request<B>) -> Option<Response<Body>> {
+pub(crate) fn direct_door<B>(state: &ProxyState, req: &mut Request<B>) -> Option<Response<Body>> {
     let host = request_host(req);
     if let Err(refused) = host_allowed(host.as_deref(), &state.intercept) {
         tracing::info!(%refused, "direct door request refused");

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::state::State;
+use super::state::ProxyState;
 use super::watch::{Stalled, Watch, MIN_BODY_RATE};
 use crate::base::conn_tasks::LocalExec;
 use crate::http::{BodyRead, Door, RequestContext};
@@ -30,7 +30,7 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Terminate TLS with `config`, then serve HTTP on it.
 pub(crate) async fn serve_tls<IO>(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     io: IO,
     config: Arc<ServerConfig>,
     base: RequestContext,
@@ -55,7 +55,7 @@ pub(crate) async fn serve_tls<IO>(
 
 /// Serve HTTP on an established TLS stream, speaking what ALPN picked.
 pub(crate) async fn serve_tls_stream<IO>(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     tls: TlsStream<IO>,
     base: RequestContext,
     watch: Arc<Watch>,
@@ -78,8 +78,12 @@ pub(crate) async fn serve_tls_stream<IO>(
 /// Run the HTTP/2 relay on a decrypted client connection: plain passthrough streams go to the
 /// origin frame by frame; every other stream goes to [`serve_http`] (router, agent, Cursor
 /// services) over an in-memory connection.
-async fn relay<IO>(state: Arc<State>, tls: TlsStream<IO>, base: RequestContext, watch: Arc<Watch>)
-where
+async fn relay<IO>(
+    state: Arc<ProxyState>,
+    tls: TlsStream<IO>,
+    base: RequestContext,
+    watch: Arc<Watch>,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut ctx = base;
@@ -131,7 +135,7 @@ struct Shared {
     link: Link,
     base: RequestContext,
     /// On a direct door, what every request is checked against ([`super::guard`]).
-    direct: Option<Arc<State>>,
+    direct: Option<Arc<ProxyState>>,
     /// The client connection's time bounds.
     watch: Option<Arc<Watch>>,
 }
@@ -143,7 +147,7 @@ type ServiceFuture =
 /// With `watch` (the client connection's), a request marks its head as arrived, HTTP/1.1 heads
 /// are bounded by the head timeout, and a body read whole is bounded by the body timeout.
 pub(crate) async fn serve_http<I>(
-    state: Arc<State>,
+    state: Arc<ProxyState>,
     io: I,
     alpn: Option<&[u8]>,
     base: RequestContext,

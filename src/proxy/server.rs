@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::auth::{DoorCheck, ProxyAuthCheck};
 use super::shutdown::Shutdown;
-use super::state::{CapWarning, Origin, State, Tunnels};
+use super::state::{CapWarning, Origin, ProxyState, Tunnels};
 use super::watch::{Bounds, Watch, Watched};
 use super::{direct, front, ProxyError};
 use crate::agent::transport::AgentTransports;
@@ -99,7 +99,7 @@ impl ServerBuilder {
         status.record_usage_in(&config.data_dir());
         status.serve_pac(crate::status::pac::script(proxy_addr, &config.intercept));
         let (router, agent) = router(&config, upstream, &status)?;
-        let state = Arc::new(State {
+        let state = Arc::new(ProxyState {
             intercept: config.intercept.clone(),
             certs: CertStore::new(self.ca)?,
             router,
@@ -268,7 +268,7 @@ impl Doors {
     }
 
     /// One accept loop per door, each allowing `cap` connections at once.
-    fn accept(self, state: &Arc<State>, cap: usize) -> Vec<JoinHandle<()>> {
+    fn accept(self, state: &Arc<ProxyState>, cap: usize) -> Vec<JoinHandle<()>> {
         let mut accept_loops = vec![tokio::spawn(accept_loop(
             self.proxy,
             state.clone(),
@@ -337,7 +337,7 @@ enum Kind {
     DirectHttp,
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, kind: Kind, cap: usize) {
+async fn accept_loop(listener: TcpListener, state: Arc<ProxyState>, kind: Kind, cap: usize) {
     let open = Arc::new(Semaphore::new(cap));
     let mut cap_warning = CapWarning::new();
     loop {

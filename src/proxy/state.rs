@@ -17,7 +17,7 @@ use crate::tls::CertStore;
 use crate::upstream::SpliceLimits;
 
 /// What every connection task shares.
-pub(crate) struct State {
+pub(crate) struct ProxyState {
     pub(crate) intercept: Vec<String>,
     pub(crate) certs: CertStore,
     pub(crate) router: Router,

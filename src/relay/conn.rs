@@ -18,7 +18,7 @@ use super::common::Conn;
 use super::frame::{self, ConnError, FrameReader};
 use super::headers::{Opener, Wants};
 use super::limits::Limits;
-use super::state::State;
+use super::state::ConnState;
 use crate::base::cancel::WhenWoken;
 use crate::http::H2_KEEP_ALIVE;
 use crate::upstream::UpstreamError;
@@ -139,7 +139,7 @@ impl Sockets {
 }
 
 pub(crate) struct Relay {
-    state: State,
+    state: ConnState,
     sockets: Sockets,
     /// The origin's host, for error messages.
     host: String,
@@ -168,7 +168,7 @@ impl Relay {
             setup.passthrough,
         );
         Relay {
-            state: State::new(limits, opener),
+            state: ConnState::new(limits, opener),
             sockets: Sockets {
                 client: Socket::new(Some(client)),
                 upstream: Socket::new(None),
@@ -199,6 +199,7 @@ impl Relay {
     }
 
     /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn check_limits(&self) -> Result<(), String> {
         self.state.check_limits()
     }

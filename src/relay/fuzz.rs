@@ -1,6 +1,8 @@
-//! Fuzzing the relay's state machine (`fuzz/fuzz_targets/h2_relay.rs`): arbitrary bytes or
-//! frames from the client and the origin, in memory, in any order, some peers never reading.
-//! After every step the relay must not have panicked and its limits must hold.
+//! The relay's fuzzing entries. `fuzz_relay` (`fuzz/fuzz_targets/h2_relay.rs`) drives the
+//! relay's state machine with arbitrary bytes or frames from the client and the origin, in
+//! memory, in any order, some peers never reading: after every step the relay must not have
+//! panicked and its limits must hold. `fuzz_frames_and_headers` checks the frame reader and the
+//! HPACK coders.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -11,7 +13,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 
 use super::conn::{BoxFuture, BoxIo, Relay, Setup};
-use super::frame;
+use super::{frame, hpack};
 use crate::upstream::UpstreamError;
 
 const PIPE: usize = 64 * 1024;
@@ -20,7 +22,8 @@ const PIPE: usize = 64 * 1024;
 /// first, 4: the client never reads, 8: the origin never reads), then steps of
 /// `[head, len, len bytes]`: bit 0 of `head` picks the origin over the client; bit 4 makes
 /// the bytes one frame (`kind, flags, stream, payload`); bits 5-7 are extra polls.
-pub(super) fn run(data: &[u8]) {
+#[doc(hidden)]
+pub fn fuzz_relay(data: &[u8]) {
     let Some((&flags, mut rest)) = data.split_first() else {
         return;
     };
@@ -151,4 +154,83 @@ async fn drain(pipe: &mut DuplexStream) {
         }
     })
     .await;
+}
+
+/// Fuzzing entry (`fuzz/fuzz_targets/h2_frames.rs`): any bytes, cut at any chunk size, split
+/// into the same frames as in one piece; every header block either fails to decode or, once
+/// decoded, survives our encoders (own table and stateless) unchanged. Panics on a mismatch.
+#[doc(hidden)]
+pub fn fuzz_frames_and_headers(data: &[u8]) {
+    use bytes::BytesMut;
+    let Some((&ctl, body)) = data.split_first() else {
+        return;
+    };
+    let reader = frame::FrameReader::new(frame::DEFAULT_MAX_FRAME);
+    let frames = |chunk: usize| {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in body.chunks(chunk) {
+            buf.extend_from_slice(piece);
+            loop {
+                match reader.next(&mut buf) {
+                    Ok(Some(f)) => out.push((f.kind, f.flags, f.stream, f.raw)),
+                    Ok(None) => break,
+                    Err(e) => {
+                        out.push((0xff, 0, e.reason.0, bytes::Bytes::new()));
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    };
+    let whole = frames(body.len().max(1));
+    assert_eq!(
+        whole,
+        frames(usize::from(ctl) + 1),
+        "chunking changed the frames"
+    );
+
+    let mut decoder = hpack::Decoder::new();
+    let mut own = hpack::BlockEncoding::own(hpack::TABLE_SIZE);
+    let mut follower = hpack::Decoder::new();
+    for (kind, flags, stream, raw) in whole {
+        if kind != frame::kind::HEADERS {
+            continue;
+        }
+        let f = frame::Frame {
+            kind,
+            flags,
+            stream,
+            raw,
+        };
+        let Ok(block) = f.header_fragment() else {
+            continue;
+        };
+        let Ok(headers) = decoder.decode(&block) else {
+            continue;
+        };
+        // Names, values, and whether each stays "never indexed".
+        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+            h.iter_flagged()
+                .map(|(n, v, never)| (n.to_vec(), v.to_vec(), never))
+                .collect()
+        };
+        let own_block = own.encode(&headers);
+        let again = follower.decode(&own_block).expect("our own block decodes");
+        assert_eq!(
+            pairs(&headers),
+            pairs(&again),
+            "own encoding changed the headers"
+        );
+        let stateless = hpack::BlockEncoding::Raw.encode(&headers);
+        let again = follower
+            .decode(&stateless)
+            .expect("a stateless block decodes");
+        assert_eq!(
+            pairs(&headers),
+            pairs(&again),
+            "stateless encoding changed the headers"
+        );
+    }
 }

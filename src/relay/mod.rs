@@ -20,6 +20,8 @@ mod control;
 mod failure;
 mod flow;
 mod frame;
+// The fuzz harnesses (fuzz/fuzz_targets), with their asserts, stay out of the binary.
+#[cfg(any(test, fuzzing))]
 mod fuzz;
 mod headers;
 mod hpack;
@@ -29,92 +31,8 @@ mod state;
 mod stream;
 
 pub(crate) use conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};
-
-/// Fuzzing entry (`fuzz/fuzz_targets/h2_frames.rs`): any bytes, cut at any chunk size, split
-/// into the same frames as in one piece; every header block either fails to decode or, once
-/// decoded, survives our encoders (own table and stateless) unchanged. Panics on a mismatch.
-#[doc(hidden)]
-pub fn fuzz_frames_and_headers(data: &[u8]) {
-    use bytes::BytesMut;
-    let Some((&ctl, body)) = data.split_first() else {
-        return;
-    };
-    let reader = frame::FrameReader::new(frame::DEFAULT_MAX_FRAME);
-    let frames = |chunk: usize| {
-        let mut buf = BytesMut::new();
-        let mut out = Vec::new();
-        for piece in body.chunks(chunk) {
-            buf.extend_from_slice(piece);
-            loop {
-                match reader.next(&mut buf) {
-                    Ok(Some(f)) => out.push((f.kind, f.flags, f.stream, f.raw)),
-                    Ok(None) => break,
-                    Err(e) => {
-                        out.push((0xff, 0, e.reason.0, bytes::Bytes::new()));
-                        return out;
-                    }
-                }
-            }
-        }
-        out
-    };
-    let whole = frames(body.len().max(1));
-    assert_eq!(
-        whole,
-        frames(usize::from(ctl) + 1),
-        "chunking changed the frames"
-    );
-
-    let mut decoder = hpack::Decoder::new();
-    let mut own = hpack::BlockEncoding::own(hpack::TABLE_SIZE);
-    let mut follower = hpack::Decoder::new();
-    for (kind, flags, stream, raw) in whole {
-        if kind != frame::kind::HEADERS {
-            continue;
-        }
-        let f = frame::Frame {
-            kind,
-            flags,
-            stream,
-            raw,
-        };
-        let Ok(block) = f.header_fragment() else {
-            continue;
-        };
-        let Ok(headers) = decoder.decode(&block) else {
-            continue;
-        };
-        // Names, values, and whether each stays "never indexed".
-        let pairs = |h: &hpack::Headers| -> Vec<(Vec<u8>, Vec<u8>, bool)> {
-            h.iter_flagged()
-                .map(|(n, v, never)| (n.to_vec(), v.to_vec(), never))
-                .collect()
-        };
-        let own_block = own.encode(&headers);
-        let again = follower.decode(&own_block).expect("our own block decodes");
-        assert_eq!(
-            pairs(&headers),
-            pairs(&again),
-            "own encoding changed the headers"
-        );
-        let stateless = hpack::BlockEncoding::Raw.encode(&headers);
-        let again = follower
-            .decode(&stateless)
-            .expect("a stateless block decodes");
-        assert_eq!(
-            pairs(&headers),
-            pairs(&again),
-            "stateless encoding changed the headers"
-        );
-    }
-}
-
-/// Fuzzing entry (`fuzz/fuzz_targets/h2_relay.rs`): the relay's state machine driven by
-/// arbitrary frames from the client and the origin; panics if a limit does not hold.
-#[doc(hidden)]
-pub fn fuzz_relay(data: &[u8]) {
-    fuzz::run(data);
-}
+#[cfg(any(test, fuzzing))]
+pub use fuzz::{fuzz_frames_and_headers, fuzz_relay};
 
 #[cfg(test)]
 mod abuse_tests;

@@ -13,10 +13,12 @@ use super::frame::{self, kind, ConnError, Frame, Reason};
 use super::headers::{self, Block, Opener, Wants};
 use super::limits::Limits;
 use super::peer::Peer;
+#[cfg(any(test, fuzzing))]
 use super::stream::{Data, Item};
 use crate::upstream::UpstreamError;
 
 /// What a relay holds at one moment (largest of its peers).
+#[cfg(any(test, fuzzing))]
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Held {
     /// Output waiting for one peer, in bytes.
@@ -28,6 +30,7 @@ pub(crate) struct Held {
     pub(crate) queued_items: usize,
 }
 
+#[cfg(any(test, fuzzing))]
 impl Held {
     #[cfg(test)]
     pub(crate) fn max(self, other: Held) -> Held {
@@ -40,7 +43,7 @@ impl Held {
     }
 }
 
-pub(super) struct State {
+pub(super) struct ConnState {
     flow: Flow,
     opener: Opener,
     /// We told the client GOAWAY (shutdown): no new streams, close when the last one ends.
@@ -51,9 +54,9 @@ pub(super) struct State {
     closing: bool,
 }
 
-impl State {
+impl ConnState {
     pub(super) fn new(limits: Limits, opener: Opener) -> Self {
-        State {
+        ConnState {
             flow: Flow::new(limits),
             opener,
             draining: false,
@@ -246,6 +249,7 @@ impl State {
     }
 
     /// What the connection holds now, for tests and fuzzing to check against the limits.
+    #[cfg(any(test, fuzzing))]
     pub(super) fn usage(&self) -> Held {
         let mut usage = Held {
             streams: self.flow.streams.len(),
@@ -262,6 +266,7 @@ impl State {
     }
 
     /// Fuzzing and tests: the limits hold, and the held-DATA accounting matches the queues.
+    #[cfg(any(test, fuzzing))]
     pub(super) fn check_limits(&self) -> Result<(), String> {
         let limits = &self.flow.limits;
         let usage = self.usage();
@@ -293,6 +298,7 @@ impl State {
     }
 
     /// DATA from `side` in the stream queues, in accounted bytes.
+    #[cfg(any(test, fuzzing))]
     fn held_from(&self, side: Conn) -> usize {
         let overhead = self.flow.limits.frame_overhead;
         let queues = self.flow.streams.values();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::cursor;
+use super::os::Os;
 use super::service::Held;
 use super::trust::{self, CaFiles};
 use crate::config::{Config, ModelConfig, ProviderConfig};
@@ -233,20 +234,11 @@ impl Check {
     }
 }
 
-/// Provider settings from the config, as the agent builds them (see `agent::provider_settings`),
-/// with no retries so a probe fails fast. `None` when the provider has no key.
+/// Provider settings from the config ([`ProviderConfig::settings`], as the agent's), with no
+/// retries so a probe fails fast. `None` when the provider has no key.
 pub fn probe_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
-    let key = p.resolve_api_key()?;
-    let mut s = ProviderSettings::new(p.kind, p.base_url.clone().unwrap_or_default(), key);
-    s.name = Some(name.to_string());
-    s.auth = p.auth;
-    s.extra_headers = p
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut s = p.settings(name.to_string(), config.upstream.connect_timeout())?;
     s.idle_timeout = PROBE_TIMEOUT;
-    s.connect_timeout = config.upstream.connect_timeout();
     s.retry = RetryPolicy {
         max_retries: 0,
         ..RetryPolicy::default()
@@ -767,7 +759,7 @@ pub fn check_trust(ca: &CertificateAuthority) -> Vec<Check> {
             .fix("run `cursor-byok ca trust --apply` (needs certutil: libnss3-tools)"),
         ),
         Some(Err(e)) => checks.push(Check::new(Level::Skip, "CA trust (NSS)", e)),
-        None if trust::Os::current() == Some(trust::Os::Linux) => checks.push(Check::new(
+        None if Os::current() == Some(Os::Linux) => checks.push(Check::new(
             Level::Skip,
             "CA trust (NSS)",
             "certutil not installed (libnss3-tools), cannot check ~/.pki/nssdb",

@@ -7,6 +7,7 @@ pub mod diff;
 pub mod doctor;
 pub mod jsonc;
 pub mod logfile;
+pub mod os;
 pub mod pac;
 pub mod service;
 pub mod trust;

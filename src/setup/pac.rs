@@ -330,21 +330,26 @@ pub fn apply_commands(previous: &Previous, url: &str) -> Vec<Cmd> {
             // 2: "use proxy auto configuration URL".
             kde_write("ProxyType", Some("2")),
         ],
-        Previous::Windows { .. } => vec![Cmd::new(
-            "reg",
-            &[
-                "add",
-                WINDOWS_KEY,
-                "/v",
-                "AutoConfigURL",
-                "/t",
-                "REG_SZ",
-                "/d",
-                url,
-                "/f",
-            ],
-        )],
+        Previous::Windows { .. } => vec![windows_set_url(url)],
     }
+}
+
+/// Sets the Windows user's automatic proxy script URL.
+fn windows_set_url(url: &str) -> Cmd {
+    Cmd::new(
+        "reg",
+        &[
+            "add",
+            WINDOWS_KEY,
+            "/v",
+            "AutoConfigURL",
+            "/t",
+            "REG_SZ",
+            "/d",
+            url,
+            "/f",
+        ],
+    )
 }
 
 /// The commands that put back exactly what was read.
@@ -378,20 +383,7 @@ pub fn undo_commands(previous: &Previous) -> Vec<Cmd> {
             kde_write("Proxy Config Script", script.as_deref()),
         ],
         Previous::Windows { auto_config_url } => match auto_config_url {
-            Some(v) => vec![Cmd::new(
-                "reg",
-                &[
-                    "add",
-                    WINDOWS_KEY,
-                    "/v",
-                    "AutoConfigURL",
-                    "/t",
-                    "REG_SZ",
-                    "/d",
-                    v,
-                    "/f",
-                ],
-            )],
+            Some(v) => vec![windows_set_url(v)],
             None => vec![Cmd::new(
                 "reg",
                 &["delete", WINDOWS_KEY, "/v", "AutoConfigURL", "/f"],

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::os::Os;
 use super::pac::Cmd;
 pub use crate::base::activation::LAUNCHD_SOCKET;
 
@@ -29,8 +30,6 @@ pub const LAUNCHD_PREFIX: &str = "dev.cursor-byok.";
 pub const LOG_FILE: &str = "cursor-byok.log";
 /// Rotated when the next line would take it past this.
 pub const MAX_LOG_BYTES: u64 = 4 << 20;
-/// What `install` wrote, so `uninstall` removes exactly that.
-pub const MANIFEST_FILE: &str = "service-install.json";
 /// Variables besides the providers' keys that the service needs the same as the shell:
 /// the outbound proxy.
 pub const PASSED_VARS: &[&str] = &[
@@ -64,27 +63,6 @@ pub fn private_acl_command(path: &Path, user: &str) -> Cmd {
     let path = path.display().to_string();
     let grant = format!("{user}:F");
     Cmd::new("icacls", &[&path, "/inheritance:r", "/grant:r", &grant])
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Os {
-    Linux,
-    MacOs,
-    Windows,
-}
-
-impl Os {
-    pub fn current() -> Option<Os> {
-        if cfg!(target_os = "linux") {
-            Some(Os::Linux)
-        } else if cfg!(target_os = "macos") {
-            Some(Os::MacOs)
-        } else if cfg!(windows) {
-            Some(Os::Windows)
-        } else {
-            None
-        }
-    }
 }
 
 /// Everything a definition is generated from.

@@ -4,38 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::os::Os;
 use crate::tls::CertificateAuthority;
 
 /// Nickname in the NSS database and file name in the system anchors.
 pub const NICKNAME: &str = "cursor-byok";
 /// The CA's common name (as it appears in keychains and certificate stores).
 pub const COMMON_NAME: &str = "cursor-byok local CA";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Os {
-    MacOs,
-    Windows,
-    Linux,
-}
-
-impl Os {
-    pub fn current() -> Option<Os> {
-        match std::env::consts::OS {
-            "macos" => Some(Os::MacOs),
-            "windows" => Some(Os::Windows),
-            "linux" => Some(Os::Linux),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Os::MacOs => "macOS",
-            Os::Windows => "Windows",
-            Os::Linux => "Linux",
-        }
-    }
-}
 
 /// One command, as argv (run directly, no shell) and as text to paste.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -69,7 +69,7 @@ pub struct RunStart {
 /// The live registry. Cheap to clone; every clone sees the same runs.
 #[derive(Clone)]
 pub struct Status {
-    inner: Arc<Inner>,
+    inner: Arc<StatusShared>,
 }
 
 impl Default for Status {
@@ -88,11 +88,11 @@ impl std::fmt::Debug for Status {
     }
 }
 
-struct Inner {
+struct StatusShared {
     started: Instant,
     started_unix_ms: u64,
     next_id: AtomicU64,
-    state: Mutex<State>,
+    state: Mutex<Tallies>,
     /// `run --capture`: the traffic trace, when one is being recorded.
     capture: Option<crate::capture::Capture>,
     /// Where finished runs are persisted, once the server set it.
@@ -101,15 +101,15 @@ struct Inner {
     pac: OnceLock<String>,
 }
 
-impl Inner {
+impl StatusShared {
     /// A poisoned lock only means a panic elsewhere mid-update; the counters stay usable.
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Tallies> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[derive(Default)]
-struct State {
+struct Tallies {
     active: BTreeMap<u64, Active>,
     recent: VecDeque<RunRecord>,
     providers: HashMap<String, LatencyStats>,
@@ -248,11 +248,11 @@ impl Status {
     /// A registry whose holders also record the agent traffic into `capture`.
     pub fn with_capture(capture: Option<crate::capture::Capture>) -> Status {
         Status {
-            inner: Arc::new(Inner {
+            inner: Arc::new(StatusShared {
                 started: Instant::now(),
                 started_unix_ms: unix_ms(),
                 next_id: AtomicU64::new(1),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(Tallies::default()),
                 capture,
                 usage_log: OnceLock::new(),
                 pac: OnceLock::new(),

@@ -45,10 +45,10 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 /// The passthrough client. Cheap to clone.
 #[derive(Clone)]
 pub struct Upstream {
-    inner: Arc<Inner>,
+    inner: Arc<UpstreamShared>,
 }
 
-struct Inner {
+struct UpstreamShared {
     dialer: Arc<Dialer>,
     h1: Client<Connector, Body>,
     h2: Client<Connector, Body>,
@@ -99,7 +99,7 @@ impl Upstream {
             .http2_keep_alive_interval(H2_KEEP_ALIVE)
             .build(h2_connector.clone());
         Ok(Upstream {
-            inner: Arc::new(Inner {
+            inner: Arc::new(UpstreamShared {
                 dialer,
                 h1,
                 h2,

@@ -137,7 +137,8 @@ struct State {
 pub struct FakeProvider {
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
-    hangup: Arc<Notify>,
+    /// Rung at every recorded request and every hang-up.
+    changed: Arc<Notify>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -155,8 +156,8 @@ impl FakeProvider {
             replies: replies.into(),
             ..Default::default()
         }));
-        let hangup = Arc::new(Notify::new());
-        let (st, hu) = (state.clone(), hangup.clone());
+        let changed = Arc::new(Notify::new());
+        let (st, hu) = (state.clone(), changed.clone());
         let accept = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (st, hu) = (st.clone(), hu.clone());
@@ -171,7 +172,7 @@ impl FakeProvider {
         FakeProvider {
             addr,
             state,
-            hangup,
+            changed,
             accept,
         }
     }
@@ -206,14 +207,26 @@ impl FakeProvider {
 
     /// Wait until at least `n` hang-ups were seen; false on timeout.
     pub async fn wait_hangups(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_for(timeout, || self.hangups() >= n).await
+    }
+
+    /// Wait until at least `n` requests were recorded; false on timeout.
+    pub async fn wait_requests(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_for(timeout, || self.state.lock().unwrap().requests.len() >= n)
+            .await
+    }
+
+    /// Wait until `done` holds, looking again at each recorded request and hang-up.
+    async fn wait_for(&self, timeout: Duration, done: impl Fn() -> bool) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let notified = self.hangup.notified();
-            if self.hangups() >= n {
+            // Made before the look, so a change between the two still wakes it.
+            let notified = self.changed.notified();
+            if done() {
                 return true;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.hangups() >= n;
+                return done();
             }
         }
     }
@@ -224,7 +237,7 @@ type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 async fn handle(
     req: Request<Incoming>,
     state: Arc<Mutex<State>>,
-    hangup: Arc<Notify>,
+    changed: Arc<Notify>,
 ) -> Result<Response<Body>, Infallible> {
     let method = req.method().to_string();
     let path = req
@@ -258,6 +271,7 @@ async fn handle(
         let made = responder.and_then(|f| f(&recorded));
         let mut st = state.lock().unwrap();
         st.requests.push(recorded);
+        changed.notify_waiters();
         made.or_else(|| st.replies.pop_front())
     }
     .unwrap_or_else(|| {
@@ -277,7 +291,7 @@ async fn handle(
     tokio::spawn(async move {
         let hung_up = || {
             state.lock().unwrap().hangups += 1;
-            hangup.notify_waiters();
+            changed.notify_waiters();
         };
         for p in pieces {
             if tx.send(Ok(Frame::data(p))).await.is_err() {

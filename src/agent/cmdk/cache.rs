@@ -52,13 +52,13 @@ pub struct ContextCache {
 
 #[derive(Debug, Default)]
 struct Sessions {
-    map: HashMap<String, Session>,
+    map: HashMap<String, CachedSession>,
     /// Least recently used first.
     order: VecDeque<String>,
 }
 
 #[derive(Debug, Default)]
-struct Session {
+struct CachedSession {
     items: HashMap<String, pb::ContextItem>,
     order: VecDeque<(String, usize)>,
     bytes: usize,
@@ -139,7 +139,7 @@ fn acknowledged(hash: String) -> pb::ContextItemStatus {
 
 impl Sessions {
     /// `key`'s session, made the most recently used; the least recently used goes past `max`.
-    fn session(&mut self, key: &str, max: usize) -> &mut Session {
+    fn session(&mut self, key: &str, max: usize) -> &mut CachedSession {
         if let Some(pos) = self.order.iter().position(|k| k == key) {
             self.order.remove(pos);
         }
@@ -153,7 +153,7 @@ impl Sessions {
     }
 }
 
-impl Session {
+impl CachedSession {
     /// Keep `item` under `hash`, evicting the oldest items past the limits. An item larger
     /// than a whole session is not kept (and so never acknowledged).
     fn keep(&mut self, hash: &str, item: &pb::ContextItem, limits: CacheLimits) -> bool {

@@ -19,5 +19,5 @@ pub use cache::{item_hash, CacheLimits, Resolved};
 pub use call::{CmdKCall, Surface};
 pub use decide::{could_be_ours, refused, Whose, DEFAULT_MODEL};
 pub use prompt::LineRange;
-pub use reply::{Frame, Reply, Shape};
+pub use reply::{CmdKResponse, Reply, Shape};
 pub use serve::{CmdK, Step};

@@ -21,29 +21,29 @@ const EDIT_ID: i32 = 1;
 
 /// One response message of either surface.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum CmdKResponse {
     Editor(pb::StreamCmdKResponseContextWrapped),
     Terminal(pb::StreamTerminalCmdKResponseContextWrapped),
 }
 
-impl Frame {
+impl CmdKResponse {
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            Frame::Editor(m) => m.encode_to_vec(),
-            Frame::Terminal(m) => m.encode_to_vec(),
+            CmdKResponse::Editor(m) => m.encode_to_vec(),
+            CmdKResponse::Terminal(m) => m.encode_to_vec(),
         }
     }
 
-    fn editor(r: EditorOut) -> Frame {
-        Frame::Editor(pb::StreamCmdKResponseContextWrapped {
+    fn editor(r: EditorOut) -> CmdKResponse {
+        CmdKResponse::Editor(pb::StreamCmdKResponseContextWrapped {
             response: Some(EditorWrapped::RealResponse(pb::StreamCmdKResponse {
                 response: Some(r),
             })),
         })
     }
 
-    fn terminal(r: TerminalOut) -> Frame {
-        Frame::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
+    fn terminal(r: TerminalOut) -> CmdKResponse {
+        CmdKResponse::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
             response: Some(TerminalWrapped::RealResponse(
                 pb::StreamTerminalCmdKResponse { response: Some(r) },
             )),
@@ -51,32 +51,36 @@ impl Frame {
     }
 
     /// Ask for the items behind `hashes` again (before any real response).
-    pub fn missing(surface: Surface, hashes: Vec<String>) -> Frame {
+    pub fn missing(surface: Surface, hashes: Vec<String>) -> CmdKResponse {
         let m = pb::MissingContextItems {
             missing_context_item_hashes: hashes,
         };
         match surface {
-            Surface::Editor => Frame::Editor(pb::StreamCmdKResponseContextWrapped {
+            Surface::Editor => CmdKResponse::Editor(pb::StreamCmdKResponseContextWrapped {
                 response: Some(EditorWrapped::MissingContextItems(m)),
             }),
-            Surface::Terminal => Frame::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
-                response: Some(TerminalWrapped::MissingContextItems(m)),
-            }),
+            Surface::Terminal => {
+                CmdKResponse::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
+                    response: Some(TerminalWrapped::MissingContextItems(m)),
+                })
+            }
         }
     }
 
     /// Acknowledge items, so the client may send them as hashes next time.
-    pub fn statuses(surface: Surface, statuses: Vec<pb::ContextItemStatus>) -> Frame {
+    pub fn statuses(surface: Surface, statuses: Vec<pb::ContextItemStatus>) -> CmdKResponse {
         let u = pb::ContextStatusUpdate {
             context_item_statuses: statuses,
         };
         match surface {
-            Surface::Editor => Frame::Editor(pb::StreamCmdKResponseContextWrapped {
+            Surface::Editor => CmdKResponse::Editor(pb::StreamCmdKResponseContextWrapped {
                 response: Some(EditorWrapped::ContextStatusUpdate(u)),
             }),
-            Surface::Terminal => Frame::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
-                response: Some(TerminalWrapped::ContextStatusUpdate(u)),
-            }),
+            Surface::Terminal => {
+                CmdKResponse::Terminal(pb::StreamTerminalCmdKResponseContextWrapped {
+                    response: Some(TerminalWrapped::ContextStatusUpdate(u)),
+                })
+            }
         }
     }
 }
@@ -125,25 +129,25 @@ impl Reply {
 
     /// The first messages, before the model says anything: a status (the client drops a
     /// stream silent for about 10 s), and for an edit its start.
-    pub fn opening(&mut self, status: &str) -> Vec<Frame> {
+    pub fn opening(&mut self, status: &str) -> Vec<CmdKResponse> {
         let messages = vec![status.to_string()];
         match self.shape {
             Shape::Edit(r) => vec![
-                Frame::editor(EditorOut::StatusUpdate(
+                CmdKResponse::editor(EditorOut::StatusUpdate(
                     pb::stream_cmd_k_response::StatusUpdate { messages },
                 )),
-                Frame::editor(EditorOut::EditStart(pb::stream_cmd_k_response::EditStart {
+                CmdKResponse::editor(EditorOut::EditStart(pb::stream_cmd_k_response::EditStart {
                     start_line_number: r.start,
                     edit_id: EDIT_ID,
                     max_end_line_number_exclusive: Some(r.end),
                     file_path: None,
                 })),
             ],
-            Shape::EditorChat => vec![Frame::editor(EditorOut::StatusUpdate(
+            Shape::EditorChat => vec![CmdKResponse::editor(EditorOut::StatusUpdate(
                 pb::stream_cmd_k_response::StatusUpdate { messages },
             ))],
             Shape::Command | Shape::TerminalChat => {
-                vec![Frame::terminal(TerminalOut::StatusUpdate(
+                vec![CmdKResponse::terminal(TerminalOut::StatusUpdate(
                     pb::stream_terminal_cmd_k_response::StatusUpdate { messages },
                 ))]
             }
@@ -151,7 +155,7 @@ impl Reply {
     }
 
     /// A piece of the model's text.
-    pub fn text(&mut self, delta: &str) -> Vec<Frame> {
+    pub fn text(&mut self, delta: &str) -> Vec<CmdKResponse> {
         let out = match self.shape {
             Shape::EditorChat | Shape::TerminalChat => delta.to_string(),
             Shape::Edit(_) | Shape::Command => self.lines.push(delta),
@@ -160,14 +164,14 @@ impl Reply {
     }
 
     /// The model finished: the rest of the text, and for an edit its end.
-    pub fn finish(&mut self) -> Vec<Frame> {
+    pub fn finish(&mut self) -> Vec<CmdKResponse> {
         let rest = match self.shape {
             Shape::Edit(_) | Shape::Command => self.lines.finish(),
             Shape::EditorChat | Shape::TerminalChat => String::new(),
         };
         let mut out = self.emit(rest);
         if let Shape::Edit(r) = self.shape {
-            out.push(Frame::editor(EditorOut::EditEnd(
+            out.push(CmdKResponse::editor(EditorOut::EditEnd(
                 pb::stream_cmd_k_response::EditEnd {
                     end_line_number_exclusive: r.end,
                     edit_id: EDIT_ID,
@@ -178,13 +182,13 @@ impl Reply {
         out
     }
 
-    fn emit(&mut self, text: String) -> Vec<Frame> {
+    fn emit(&mut self, text: String) -> Vec<CmdKResponse> {
         if text.is_empty() {
             return Vec::new();
         }
         self.streamed = true;
         vec![match self.shape {
-            Shape::Edit(_) => Frame::editor(EditorOut::EditStream(
+            Shape::Edit(_) => CmdKResponse::editor(EditorOut::EditStream(
                 pb::stream_cmd_k_response::EditStream {
                     text,
                     edit_id: EDIT_ID,
@@ -192,14 +196,14 @@ impl Reply {
                 },
             )),
             Shape::EditorChat => {
-                Frame::editor(EditorOut::Chat(pb::stream_cmd_k_response::Chat { text }))
+                CmdKResponse::editor(EditorOut::Chat(pb::stream_cmd_k_response::Chat { text }))
             }
-            Shape::Command => Frame::terminal(TerminalOut::TerminalCommand(
+            Shape::Command => CmdKResponse::terminal(TerminalOut::TerminalCommand(
                 pb::stream_terminal_cmd_k_response::TerminalCommand {
                     partial_command: text,
                 },
             )),
-            Shape::TerminalChat => Frame::terminal(TerminalOut::Chat(
+            Shape::TerminalChat => CmdKResponse::terminal(TerminalOut::Chat(
                 pb::stream_terminal_cmd_k_response::Chat { text },
             )),
         }]
@@ -285,11 +289,11 @@ fn is_fence(line: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn texts(frames: &[Frame]) -> String {
+    fn texts(frames: &[CmdKResponse]) -> String {
         frames
             .iter()
             .filter_map(|f| match f {
-                Frame::Editor(w) => match &w.response {
+                CmdKResponse::Editor(w) => match &w.response {
                     Some(EditorWrapped::RealResponse(r)) => match &r.response {
                         Some(EditorOut::EditStream(s)) => Some(s.text.clone()),
                         Some(EditorOut::Chat(c)) => Some(c.text.clone()),
@@ -297,7 +301,7 @@ mod tests {
                     },
                     _ => None,
                 },
-                Frame::Terminal(w) => match &w.response {
+                CmdKResponse::Terminal(w) => match &w.response {
                     Some(TerminalWrapped::RealResponse(r)) => match &r.response {
                         Some(TerminalOut::TerminalCommand(c)) => Some(c.partial_command.clone()),
                         Some(TerminalOut::Chat(c)) => Some(c.text.clone()),
@@ -349,7 +353,9 @@ mod tests {
     fn an_edit_opens_with_a_status_and_the_selection_range_and_ends_on_it() {
         let mut r = Reply::new(Shape::Edit(LineRange { start: 2, end: 5 }));
         let open = r.opening("Generating");
-        let Frame::Editor(w) = &open[1] else { panic!() };
+        let CmdKResponse::Editor(w) = &open[1] else {
+            panic!()
+        };
         let Some(EditorWrapped::RealResponse(pb::StreamCmdKResponse {
             response: Some(EditorOut::EditStart(s)),
         })) = &w.response
@@ -376,7 +382,7 @@ mod tests {
         assert_eq!(texts(&end), "\nlet");
         assert!(matches!(
             &end[1],
-            Frame::Editor(pb::StreamCmdKResponseContextWrapped {
+            CmdKResponse::Editor(pb::StreamCmdKResponseContextWrapped {
                 response: Some(EditorWrapped::RealResponse(pb::StreamCmdKResponse {
                     response: Some(EditorOut::EditEnd(pb::stream_cmd_k_response::EditEnd {
                         end_line_number_exclusive: 5,

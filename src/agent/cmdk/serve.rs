@@ -13,7 +13,7 @@ use super::cache::{CacheLimits, ContextCache, Resolved};
 use super::call::{CmdKCall, Surface};
 use super::decide::{whose, Whose};
 use super::prompt::{self, PromptInput};
-use super::reply::{Frame, Reply, Shape};
+use super::reply::{CmdKResponse, Reply, Shape};
 use crate::agent::fallback::Chain;
 use crate::agent::{model, Agent, ResolvedModel, RunError};
 use crate::connect::{ConnectError, EndStream};
@@ -25,7 +25,7 @@ use crate::status::{RunProgress, RunStart, RunTicket};
 /// What a Cmd+K stream sends: response messages, then one end.
 #[derive(Debug)]
 pub enum Step {
-    Frame(Frame),
+    Frame(CmdKResponse),
     End(EndStream),
 }
 
@@ -37,10 +37,10 @@ const SERVED_IDS: usize = 1_024;
 /// Cmd+K on the user's models. Cheap to clone.
 #[derive(Clone)]
 pub struct CmdK {
-    inner: Arc<Inner>,
+    inner: Arc<CmdKShared>,
 }
 
-struct Inner {
+struct CmdKShared {
     agent: Agent,
     cache: ContextCache,
     served: Mutex<VecDeque<String>>,
@@ -53,7 +53,7 @@ impl CmdK {
 
     pub fn with_cache(agent: Agent, limits: CacheLimits) -> CmdK {
         CmdK {
-            inner: Arc::new(Inner {
+            inner: Arc::new(CmdKShared {
                 agent,
                 cache: ContextCache::new(limits),
                 served: Mutex::default(),
@@ -108,7 +108,7 @@ impl CmdK {
         let (items, statuses) = match self.resolve(session, call.context_items()) {
             Resolved::Missing(hashes) => {
                 // Fresh channel with room for both: cannot fail for lack of capacity.
-                let _ = tx.try_send(Step::Frame(Frame::missing(surface, hashes)));
+                let _ = tx.try_send(Step::Frame(CmdKResponse::missing(surface, hashes)));
                 let _ = tx.try_send(Step::End(EndStream::ok()));
                 return rx;
             }
@@ -116,7 +116,7 @@ impl CmdK {
         };
         let mut opening = Vec::new();
         if !statuses.is_empty() {
-            opening.push(Frame::statuses(surface, statuses));
+            opening.push(CmdKResponse::statuses(surface, statuses));
         }
         if call.for_caching() {
             let _ = tx.try_send(Step::End(EndStream::ok()));
@@ -209,7 +209,7 @@ enum Outcome {
     Left,
 }
 
-async fn drive(job: Job, call: CmdKCall, opening: Vec<Frame>, tx: mpsc::Sender<Step>) {
+async fn drive(job: Job, call: CmdKCall, opening: Vec<CmdKResponse>, tx: mpsc::Sender<Step>) {
     // The credentials Cursor's own key setting may carry never show in what leaves.
     let values = call.credential_values();
     let _secrets = crate::base::secret::register_while(values.iter().map(String::as_str));
@@ -221,7 +221,7 @@ async fn drive(job: Job, call: CmdKCall, opening: Vec<Frame>, tx: mpsc::Sender<S
         ticket,
     } = job;
     let progress = ticket.progress();
-    let mut call = Call {
+    let mut call = RunningCall {
         reply: Reply::new(shape),
         usage: Usage::default(),
         progress,
@@ -243,20 +243,20 @@ async fn drive(job: Job, call: CmdKCall, opening: Vec<Frame>, tx: mpsc::Sender<S
 }
 
 /// A running call: the reply machine and what it reports.
-struct Call<'a> {
+struct RunningCall<'a> {
     reply: Reply,
     usage: Usage,
     progress: RunProgress,
     tx: &'a mpsc::Sender<Step>,
 }
 
-impl Call<'_> {
+impl RunningCall<'_> {
     async fn run(
         &mut self,
         model: &ResolvedModel,
         chain: &Chain,
         request: crate::provider::ProviderRequest,
-        opening: Vec<Frame>,
+        opening: Vec<CmdKResponse>,
         status: &str,
     ) -> Outcome {
         let mut first = opening;
@@ -323,7 +323,7 @@ impl Call<'_> {
     }
 
     /// Send frames in order; `false` when the client is gone.
-    async fn send(&self, frames: Vec<Frame>) -> bool {
+    async fn send(&self, frames: Vec<CmdKResponse>) -> bool {
         for f in frames {
             if self.tx.send(Step::Frame(f)).await.is_err() {
                 return false;

@@ -10,7 +10,7 @@
 //! What cannot be read with certainty (an open quote, a subshell, a program named by a
 //! substitution, nesting too deep) is a doubt: Auto-review then asks the user.
 
-use crate::agent::tools::command_words;
+use crate::agent::tools::{command_words, is_assignment};
 
 /// How deep scripts inside scripts are followed before it is a doubt.
 const MAX_DEPTH: usize = 4;
@@ -170,17 +170,6 @@ fn inline_script(name: &str, words: &[String]) -> Option<Option<String>> {
         .find(|w| !w.starts_with('-'))
         .cloned();
     Some(script)
-}
-
-fn is_assignment(w: &str) -> bool {
-    match w.split_once('=') {
-        Some((name, _)) => {
-            !name.is_empty()
-                && !name.starts_with(|c: char| c.is_ascii_digit())
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        }
-        None => false,
-    }
 }
 
 /// The scripts inside `$(…)`, `<(…)`, `>(…)` and backticks (not inside single quotes);

@@ -92,7 +92,7 @@ pub(super) fn spawn(
     );
     let route = Arc::new(Mutex::new(FallbackRoute::default()));
     track_subagent(&run, &first, &cancel);
-    let ending = Ending {
+    let ending = RunEnding {
         registry: run.subagents.clone(),
         parent_key: run.request_id.clone(),
         stopped: cancel.clone(),
@@ -148,7 +148,7 @@ fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationT
 }
 
 /// What the end of a run needs: to untrack it, judge its result, report it, and send its end.
-struct Ending {
+struct RunEnding {
     registry: crate::agent::subagents::SubagentCalls,
     /// The run's request id: it is tracked by it, and its children know their parent by it.
     parent_key: String,
@@ -166,7 +166,7 @@ struct Ending {
     secrets: crate::base::secret::Registration,
 }
 
-impl Ending {
+impl RunEnding {
     async fn end(
         self,
         work: Result<Result<RunSummary, RunError>, tokio::task::JoinError>,

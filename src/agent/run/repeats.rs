@@ -18,7 +18,7 @@ pub const STOP_AT: u32 = 5;
 
 /// What to do after a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum RepeatCheck {
     /// Nothing repeats (or not often enough to matter).
     Go,
     /// Append this note to the call's result: the model repeats itself.
@@ -64,9 +64,9 @@ impl RepeatDetector {
 
     /// Feeds one finished call; `args` is its arguments as JSON text, `failed` whether its
     /// result is an error.
-    pub fn observe(&mut self, name: &str, args: &str, result: &str, failed: bool) -> Verdict {
+    pub fn observe(&mut self, name: &str, args: &str, result: &str, failed: bool) -> RepeatCheck {
         if !self.enabled || self.is_polling(name, args) {
-            return Verdict::Go;
+            return RepeatCheck::Go;
         }
         self.recent.push(Seen {
             name: hash(name),
@@ -79,7 +79,7 @@ impl RepeatDetector {
         }
         let (count, what) = self.longest_streak();
         if count >= STOP_AT {
-            return Verdict::Stop(format!(
+            return RepeatCheck::Stop(format!(
                 "(Stopped: the model made {what} {count} times in a row (`{name}`) and was not getting anywhere. \
                  Send a message to continue, perhaps with a hint on what to try instead.)"
             ));
@@ -87,17 +87,17 @@ impl RepeatDetector {
         if count >= WARN_AT {
             if !self.warned {
                 self.warned = true;
-                return Verdict::Warn(format!(
+                return RepeatCheck::Warn(format!(
                     "\n\n[cursor-byok: you have made {what} {count} times in a row. Repeating it will not \
                      give a different outcome. Change approach: use what you already have, try a different \
                      tool or different arguments, or explain to the user what is blocking you. At {STOP_AT} \
                      repeats the turn ends.]"
                 ));
             }
-            return Verdict::Go;
+            return RepeatCheck::Go;
         }
         self.warned = false;
-        Verdict::Go
+        RepeatCheck::Go
     }
 
     /// The longest repeat streak ending at the last call, and what repeats.
@@ -172,21 +172,21 @@ mod tests {
     use super::*;
 
     /// A call as fed: name, arguments, result, failed.
-    type Call<'a> = (&'a str, &'a str, &'a str, bool);
+    type FedCall<'a> = (&'a str, &'a str, &'a str, bool);
 
-    fn feed(d: &mut RepeatDetector, calls: &[Call]) -> Vec<Verdict> {
+    fn feed(d: &mut RepeatDetector, calls: &[FedCall]) -> Vec<RepeatCheck> {
         calls
             .iter()
             .map(|(n, a, r, e)| d.observe(n, a, r, *e))
             .collect()
     }
 
-    fn kinds(v: &[Verdict]) -> String {
+    fn kinds(v: &[RepeatCheck]) -> String {
         v.iter()
             .map(|v| match v {
-                Verdict::Go => '.',
-                Verdict::Warn(_) => 'W',
-                Verdict::Stop(_) => 'S',
+                RepeatCheck::Go => '.',
+                RepeatCheck::Warn(_) => 'W',
+                RepeatCheck::Stop(_) => 'S',
             })
             .collect()
     }
@@ -197,11 +197,11 @@ mod tests {
         let call = ("read_file", r#"{"path":"a.rs"}"#, "fn main() {}", false);
         let v = feed(&mut d, &[call; 6]);
         assert_eq!(kinds(&v), "..W.SS");
-        let Verdict::Warn(note) = &v[2] else {
+        let RepeatCheck::Warn(note) = &v[2] else {
             unreachable!()
         };
         assert!(note.contains("3 times") && note.contains("Change approach"));
-        let Verdict::Stop(msg) = &v[4] else {
+        let RepeatCheck::Stop(msg) = &v[4] else {
             unreachable!()
         };
         assert!(
@@ -240,7 +240,7 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds(&v), "..W.S");
-        let Verdict::Stop(msg) = &v[4] else {
+        let RepeatCheck::Stop(msg) = &v[4] else {
             unreachable!()
         };
         assert!(msg.contains("same error"), "{msg}");
@@ -254,7 +254,7 @@ mod tests {
         let v = feed(&mut d, &[a, b, a, b, a, b, a, b, a, b]);
         // Cycles complete at the 2nd, 4th, 6th… call: the third full cycle ends at call 6.
         assert_eq!(kinds(&v), ".....W...S");
-        let Verdict::Stop(msg) = &v[9] else {
+        let RepeatCheck::Stop(msg) = &v[9] else {
             unreachable!()
         };
         assert!(msg.contains("two calls in turn"), "{msg}");
@@ -273,13 +273,13 @@ mod tests {
                 )
             })
             .collect();
-        assert!(v.iter().all(|v| *v == Verdict::Go));
+        assert!(v.iter().all(|v| *v == RepeatCheck::Go));
         // A repeat broken by other work starts over.
         let mut d = RepeatDetector::new(true, None);
         let same = ("read_file", r#"{"path":"a"}"#, "A", false);
         let other = ("write", r#"{"path":"a"}"#, "ok", false);
         let v = feed(&mut d, &[same, same, other, same, same, other, same, same]);
-        assert!(v.iter().all(|v| *v == Verdict::Go), "{v:?}");
+        assert!(v.iter().all(|v| *v == RepeatCheck::Go), "{v:?}");
     }
 
     /// The cases of the loop-detection table in `docs/agent.md`: each sequence, fed call by
@@ -390,16 +390,18 @@ mod tests {
             false,
         );
         let v = feed(&mut d, &[wait; 8]);
-        assert!(v.iter().all(|v| *v == Verdict::Go));
+        assert!(v.iter().all(|v| *v == RepeatCheck::Go));
         let v = feed(&mut d, &[poll; 8]);
-        assert!(v.iter().all(|v| *v == Verdict::Go));
+        assert!(v.iter().all(|v| *v == RepeatCheck::Go));
     }
 
     #[test]
     fn off_means_off() {
         let mut d = RepeatDetector::new(false, None);
         let call = ("read_file", "{}", "x", true);
-        assert!(feed(&mut d, &[call; 10]).iter().all(|v| *v == Verdict::Go));
+        assert!(feed(&mut d, &[call; 10])
+            .iter()
+            .all(|v| *v == RepeatCheck::Go));
     }
 
     #[test]

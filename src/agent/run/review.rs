@@ -55,7 +55,7 @@ pub enum Plan {
 
 /// The decision written into the exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Approval {
     Allow,
     Ask(String),
 }
@@ -208,12 +208,12 @@ pub fn describe_fetch(f: &pb::FetchArgs) -> Option<String> {
 /// (`request_id` names the review for the client's card): approved at once, or the card.
 pub fn fetch_query(
     f: &pb::FetchArgs,
-    decision: Verdict,
+    decision: Approval,
     request_id: &str,
 ) -> pb::interaction_query::Query {
     let (skip_approval, smart_mode_approval) = match decision {
-        Verdict::Allow => (true, None),
-        Verdict::Ask(reason) => (
+        Approval::Allow => (true, None),
+        Approval::Ask(reason) => (
             false,
             Some(pb::SmartModeApproval {
                 request_id: request_id.to_string(),
@@ -306,7 +306,7 @@ struct ReviewAnswer {
 }
 
 /// The model's answer as a decision; `None` when it is not the JSON asked for.
-pub fn parse(text: &str) -> Option<Verdict> {
+pub fn parse(text: &str) -> Option<Approval> {
     let t = text.trim();
     let t = t
         .strip_prefix("```json")
@@ -317,8 +317,8 @@ pub fn parse(text: &str) -> Option<Verdict> {
     let v: ReviewAnswer = serde_json::from_str(t).ok()?;
     let reason = v.reason.trim().to_string();
     match v.decision.trim().to_ascii_lowercase().as_str() {
-        "allow" => Some(Verdict::Allow),
-        "ask" | "deny" => Some(Verdict::Ask(if reason.is_empty() {
+        "allow" => Some(Approval::Allow),
+        "ask" | "deny" => Some(Approval::Ask(if reason.is_empty() {
             "Auto-review asks you to approve this call".to_string()
         } else {
             reason
@@ -328,10 +328,10 @@ pub fn parse(text: &str) -> Option<Verdict> {
 }
 
 /// Writes `decision` into the exec (`request_id` names the review for the client's card).
-pub fn apply(exec: &mut X, decision: Verdict, request_id: &str) {
+pub fn apply(exec: &mut X, decision: Approval, request_id: &str) {
     let (skip, approval) = match decision {
-        Verdict::Allow => (true, None),
-        Verdict::Ask(reason) => (
+        Approval::Allow => (true, None),
+        Approval::Ask(reason) => (
             false,
             Some(pb::SmartModeApproval {
                 request_id: request_id.to_string(),
@@ -492,16 +492,16 @@ mod tests {
 
     /// One command through Auto-review as the run does it (plan, then the model's verdict
     /// read strictly), with `model` as the provider: it sees the prompt and answers.
-    fn review_with(command: &str, model: &mut dyn FnMut(&str, &str) -> String) -> (By, Verdict) {
+    fn review_with(command: &str, model: &mut dyn FnMut(&str, &str) -> String) -> (By, Approval) {
         let deny: Vec<String> = TABLE_DENYLIST.iter().map(|e| e.to_string()).collect();
         match plan(&shell(command), false, &deny) {
             Plan::Leave => panic!("an unsandboxed shell is always decided"),
-            Plan::Ask(r) if r.contains("deny list") => (By::Deny, Verdict::Ask(r)),
-            Plan::Ask(r) => (By::Doubt, Verdict::Ask(r)),
+            Plan::Ask(r) if r.contains("deny list") => (By::Deny, Approval::Ask(r)),
+            Plan::Ask(r) => (By::Doubt, Approval::Ask(r)),
             Plan::Judge(action) => {
                 let (system, user) = prompt(&action);
                 let answer = model(&system, &user);
-                let verdict = parse(&answer).unwrap_or(Verdict::Ask("no clear verdict".into()));
+                let verdict = parse(&answer).unwrap_or(Approval::Ask("no clear verdict".into()));
                 (By::Model, verdict)
             }
         }
@@ -586,7 +586,7 @@ mod tests {
             assert_eq!(user.matches("</action>").count(), 1, "{user}");
             r#"{"decision":"allow","reason":"fake provider"}"#.to_string()
         };
-        println!("| # | Kind | Command | Decided by | Verdict |\n|---|---|---|---|---|");
+        println!("| # | Kind | Command | Decided by | Approval |\n|---|---|---|---|---|");
         let mut model_rows = 0;
         for (n, (kind, command, expected)) in rows.iter().enumerate() {
             let before = calls.get();
@@ -598,8 +598,8 @@ mod tests {
                 M => "model",
             };
             let verdict_text = match &verdict {
-                Verdict::Allow => "allow".to_string(),
-                Verdict::Ask(_) => "ask".to_string(),
+                Approval::Allow => "allow".to_string(),
+                Approval::Ask(_) => "ask".to_string(),
             };
             println!(
                 "| {} | {kind} | `{shown}` | {by_text} | {verdict_text} |",
@@ -611,7 +611,7 @@ mod tests {
                 assert_eq!(calls.get(), before + 1, "{command}");
             } else {
                 assert_eq!(calls.get(), before, "no model call for {command}");
-                assert!(matches!(verdict, Verdict::Ask(_)), "{command}");
+                assert!(matches!(verdict, Approval::Ask(_)), "{command}");
             }
         }
         assert!(rows.len() >= 40);
@@ -631,7 +631,7 @@ mod tests {
         ] {
             let (by, verdict) = review_with("cargo test", &mut |_, _| answer.to_string());
             assert_eq!(by, By::Model);
-            assert!(matches!(verdict, Verdict::Ask(_)), "{answer:?}");
+            assert!(matches!(verdict, Approval::Ask(_)), "{answer:?}");
         }
     }
 
@@ -676,7 +676,7 @@ mod tests {
         };
         assert!(describe_fetch(&f).is_some_and(|d| d.contains("https://example.com/x")));
         let pb::interaction_query::Query::WebFetchRequestQuery(q) =
-            fetch_query(&f, Verdict::Ask("sends data".into()), "r1")
+            fetch_query(&f, Approval::Ask("sends data".into()), "r1")
         else {
             panic!("a web fetch query")
         };
@@ -687,7 +687,7 @@ mod tests {
         );
         assert_eq!(q.args.map(|a| a.tool_call_id).as_deref(), Some("t1"));
         let pb::interaction_query::Query::WebFetchRequestQuery(q) =
-            fetch_query(&f, Verdict::Allow, "r2")
+            fetch_query(&f, Approval::Allow, "r2")
         else {
             panic!("a web fetch query")
         };
@@ -715,15 +715,15 @@ mod tests {
     fn verdicts_parse_strictly() {
         assert_eq!(
             parse(r#"{"decision":"allow","reason":"runs tests"}"#),
-            Some(Verdict::Allow)
+            Some(Approval::Allow)
         );
         assert_eq!(
             parse("```json\n{\"decision\": \"ask\", \"reason\": \"deletes files\"}\n```"),
-            Some(Verdict::Ask("deletes files".into()))
+            Some(Approval::Ask("deletes files".into()))
         );
         assert!(matches!(
             parse(r#"{"decision":"deny"}"#),
-            Some(Verdict::Ask(_))
+            Some(Approval::Ask(_))
         ));
         assert_eq!(parse("Sure, allow it."), None);
         assert_eq!(
@@ -738,13 +738,13 @@ mod tests {
     #[test]
     fn decisions_land_in_the_exec() {
         let mut s = shell("ls");
-        apply(&mut s, Verdict::Allow, "r1");
+        apply(&mut s, Approval::Allow, "r1");
         let X::ShellStreamArgs(a) = &s else {
             unreachable!()
         };
         assert!(a.skip_approval && a.smart_mode_approval.is_none());
         let mut m = X::McpArgs(Default::default());
-        apply(&mut m, Verdict::Ask("sends mail".into()), "r2");
+        apply(&mut m, Approval::Ask("sends mail".into()), "r2");
         let X::McpArgs(a) = &m else { unreachable!() };
         assert!(!a.skip_approval);
         assert_eq!(

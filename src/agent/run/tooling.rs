@@ -217,11 +217,11 @@ impl ToolRound<'_> {
         for (n, (exec, _)) in execs.iter_mut().enumerate() {
             let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
                 review::Plan::Leave => continue,
-                review::Plan::Ask(reason) => review::Verdict::Ask(reason),
+                review::Plan::Ask(reason) => review::Approval::Ask(reason),
                 // The user's and project's allow lists win over the model's verdict.
                 review::Plan::Judge(description) => {
                     if self.allowlisted(exec).await? {
-                        review::Verdict::Allow
+                        review::Approval::Allow
                     } else {
                         self.verdict(&description).await?
                     }
@@ -249,13 +249,13 @@ impl ToolRound<'_> {
             pb::exec_server_message::Message::FetchArgs(_) => self.review_fetch(plan).await,
             pb::exec_server_message::Message::WriteShellStdinArgs(_) => {
                 let decision = match review::plan(exec, ctx.sandboxed, &ctx.command_denylist) {
-                    review::Plan::Leave => review::Verdict::Allow,
-                    review::Plan::Ask(reason) => review::Verdict::Ask(reason),
+                    review::Plan::Leave => review::Approval::Allow,
+                    review::Plan::Ask(reason) => review::Approval::Ask(reason),
                     review::Plan::Judge(action) => self.verdict(&action).await?,
                 };
                 Ok(match decision {
-                    review::Verdict::Allow => None,
-                    review::Verdict::Ask(reason) => Some(review::stdin_refusal(&reason)),
+                    review::Approval::Allow => None,
+                    review::Approval::Ask(reason) => Some(review::stdin_refusal(&reason)),
                 })
             }
             _ => Ok(None),
@@ -276,11 +276,11 @@ impl ToolRound<'_> {
         };
         let exec = pb::exec_server_message::Message::FetchArgs(f.clone());
         let decision = if self.allowlisted(&exec).await? {
-            review::Verdict::Allow
+            review::Approval::Allow
         } else {
             match review::describe_fetch(f) {
                 Some(action) => self.verdict(&action).await?,
-                None => review::Verdict::Ask("Auto-review cannot judge a URL this long".into()),
+                None => review::Approval::Ask("Auto-review cannot judge a URL this long".into()),
             }
         };
         let request_id = format!(
@@ -317,7 +317,7 @@ impl ToolRound<'_> {
 
     /// The run's model judges one call, within [`review::VERDICT_TIMEOUT`]; anything but a
     /// clear verdict asks the user. Its tokens count in the run's usage.
-    async fn verdict(&mut self, description: &str) -> Result<review::Verdict, RunError> {
+    async fn verdict(&mut self, description: &str) -> Result<review::Approval, RunError> {
         let cfg = &self.run.model.config;
         let (system, user) = review::prompt(description);
         let request = ProviderRequest {
@@ -329,7 +329,7 @@ impl ToolRound<'_> {
             tools: Vec::new(),
             options: review::verdict_options(cfg),
         };
-        let ask = |why: &str| review::Verdict::Ask(format!("Auto-review {why}; please decide"));
+        let ask = |why: &str| review::Approval::Ask(format!("Auto-review {why}; please decide"));
         let judged = self.model.complete(self.run, request);
         Ok(
             match tokio::time::timeout(review::VERDICT_TIMEOUT, judged).await {

@@ -10,7 +10,7 @@ use super::client::Client;
 use super::error::RunError;
 use super::model_calls::{provider_error, request_options, ModelCalls};
 use super::pending::{self, CancelResolutions};
-use super::repeats::{RepeatDetector, Verdict};
+use super::repeats::{RepeatCheck, RepeatDetector};
 use super::setup::{Run, RunSummary};
 use super::steer;
 use super::tooling::{Call, ToolRound};
@@ -131,9 +131,9 @@ impl TurnWork {
                 &outcome.content,
                 outcome.is_error,
             ) {
-                Verdict::Go => {}
-                Verdict::Warn(note) => outcome.content.push_str(&note),
-                Verdict::Stop(why) => stuck = stuck.or(Some(why)),
+                RepeatCheck::Go => {}
+                RepeatCheck::Warn(note) => outcome.content.push_str(&note),
+                RepeatCheck::Stop(why) => stuck = stuck.or(Some(why)),
             }
             self.messages.push(Message::ToolResult {
                 call_id: id.clone(),

@@ -42,7 +42,7 @@ impl Codec {
 
 /// Which request message a side call carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Shape {
+pub(super) enum RequestKind {
     NameAgent,
     TranscriptOverview,
     ConversationMetadata,
@@ -81,7 +81,7 @@ pub(super) enum AskError {
 }
 
 /// Read `message` (the unary body, decompressed) as `shape` in `codec`.
-pub(super) fn read(shape: Shape, codec: Codec, message: &[u8]) -> Result<Ask, AskError> {
+pub(super) fn read(shape: RequestKind, codec: Codec, message: &[u8]) -> Result<Ask, AskError> {
     match codec {
         Codec::Proto => read_proto(shape, message),
         Codec::Json => read_json(shape, message),
@@ -92,13 +92,13 @@ fn proto<M: Message + Default>(message: &'static str, bytes: &[u8]) -> Result<M,
     M::decode(bytes).map_err(|source| AskError::Proto { message, source })
 }
 
-fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
+fn read_proto(shape: RequestKind, b: &[u8]) -> Result<Ask, AskError> {
     let ask = match shape {
-        Shape::NameAgent => Ask {
+        RequestKind::NameAgent => Ask {
             text: proto::<pb::NameAgentRequest>("NameAgentRequest", b)?.user_message,
             ..Ask::default()
         },
-        Shape::TranscriptOverview => Ask {
+        RequestKind::TranscriptOverview => Ask {
             text: proto::<pb::CreateTranscriptOverviewRequest>(
                 "CreateTranscriptOverviewRequest",
                 b,
@@ -106,7 +106,7 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
             .formatted_conversation,
             ..Ask::default()
         },
-        Shape::ConversationMetadata => Ask {
+        RequestKind::ConversationMetadata => Ask {
             conversation: proto::<pb::UpdateConversationMetadataRequest>(
                 "UpdateConversationMetadataRequest",
                 b,
@@ -114,7 +114,7 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
             .conversation_id,
             ..Ask::default()
         },
-        Shape::ConversationClone => {
+        RequestKind::ConversationClone => {
             let m: pb::NotifyConversationCloneRequest = proto("NotifyConversationCloneRequest", b)?;
             Ask {
                 conversation: m.conversation_id,
@@ -122,7 +122,7 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
                 ..Ask::default()
             }
         }
-        Shape::ConversationBlobs => Ask {
+        RequestKind::ConversationBlobs => Ask {
             conversation: proto::<pb::UploadConversationBlobsRequest>(
                 "UploadConversationBlobsRequest",
                 b,
@@ -130,7 +130,7 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
             .conversation_id,
             ..Ask::default()
         },
-        Shape::PromptQuality => Ask {
+        RequestKind::PromptQuality => Ask {
             conversation: proto::<pb::UploadLocalAgentRunToPromptQualityRequest>(
                 "UploadLocalAgentRunToPromptQualityRequest",
                 b,
@@ -138,7 +138,7 @@ fn read_proto(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
             .conversation_id,
             ..Ask::default()
         },
-        Shape::Opaque => Ask {
+        RequestKind::Opaque => Ask {
             strings: wire_strings(b)?,
             ..Ask::default()
         },
@@ -160,7 +160,7 @@ fn wire_strings(b: &[u8]) -> Result<Vec<String>, AskError> {
     Ok(out)
 }
 
-fn read_json(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
+fn read_json(shape: RequestKind, b: &[u8]) -> Result<Ask, AskError> {
     // An empty body is the empty message, as in the proto codec.
     let v: Value = if b.is_empty() {
         json!({})
@@ -176,24 +176,26 @@ fn read_json(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
     };
     let conversation = text("conversationId", "conversation_id");
     let ask = match shape {
-        Shape::NameAgent => Ask {
+        RequestKind::NameAgent => Ask {
             text: text("userMessage", "user_message"),
             ..Ask::default()
         },
-        Shape::TranscriptOverview => Ask {
+        RequestKind::TranscriptOverview => Ask {
             text: text("formattedConversation", "formatted_conversation"),
             ..Ask::default()
         },
-        Shape::ConversationMetadata | Shape::ConversationBlobs | Shape::PromptQuality => Ask {
+        RequestKind::ConversationMetadata
+        | RequestKind::ConversationBlobs
+        | RequestKind::PromptQuality => Ask {
             conversation,
             ..Ask::default()
         },
-        Shape::ConversationClone => Ask {
+        RequestKind::ConversationClone => Ask {
             conversation,
             source: text("sourceConversationId", "source_conversation_id"),
             ..Ask::default()
         },
-        Shape::Opaque => Ask {
+        RequestKind::Opaque => Ask {
             strings: v
                 .as_object()
                 .map(|o| {
@@ -212,19 +214,21 @@ fn read_json(shape: Shape, b: &[u8]) -> Result<Ask, AskError> {
 /// The answer's body for `shape`: `text` goes in the field the UI shows (`name` of
 /// `NameAgentResponse`, `overview` of `CreateTranscriptOverviewResponse`); every other answer
 /// is the empty message.
-pub(super) fn answer(shape: Shape, codec: Codec, text: String) -> Bytes {
+pub(super) fn answer(shape: RequestKind, codec: Codec, text: String) -> Bytes {
     match (codec, shape) {
-        (Codec::Proto, Shape::NameAgent) => {
+        (Codec::Proto, RequestKind::NameAgent) => {
             pb::NameAgentResponse { name: text }.encode_to_vec().into()
         }
-        (Codec::Proto, Shape::TranscriptOverview) => {
+        (Codec::Proto, RequestKind::TranscriptOverview) => {
             pb::CreateTranscriptOverviewResponse { overview: text }
                 .encode_to_vec()
                 .into()
         }
         (Codec::Proto, _) => Bytes::new(),
-        (Codec::Json, Shape::NameAgent) => json!({ "name": text }).to_string().into(),
-        (Codec::Json, Shape::TranscriptOverview) => json!({ "overview": text }).to_string().into(),
+        (Codec::Json, RequestKind::NameAgent) => json!({ "name": text }).to_string().into(),
+        (Codec::Json, RequestKind::TranscriptOverview) => {
+            json!({ "overview": text }).to_string().into()
+        }
         (Codec::Json, _) => Bytes::from_static(b"{}"),
     }
 }
@@ -240,9 +244,14 @@ mod tests {
             source_conversation_id: "src".into(),
             source_request_id: "r".into(),
         };
-        let from_proto = read(Shape::ConversationClone, Codec::Proto, &m.encode_to_vec()).unwrap();
+        let from_proto = read(
+            RequestKind::ConversationClone,
+            Codec::Proto,
+            &m.encode_to_vec(),
+        )
+        .unwrap();
         let from_json = read(
-            Shape::ConversationClone,
+            RequestKind::ConversationClone,
             Codec::Json,
             br#"{"conversationId":"fork","sourceConversationId":"src","sourceRequestId":"r"}"#,
         )
@@ -260,10 +269,10 @@ mod tests {
         prost::encoding::string::encode(1, &"conv-1".to_string(), &mut b);
         prost::encoding::int32::encode(2, &7, &mut b);
         prost::encoding::string::encode(5, &"byok-m".to_string(), &mut b);
-        let ask = read(Shape::Opaque, Codec::Proto, &b).unwrap();
+        let ask = read(RequestKind::Opaque, Codec::Proto, &b).unwrap();
         assert_eq!(ask.strings, ["conv-1", "byok-m"]);
         let ask = read(
-            Shape::Opaque,
+            RequestKind::Opaque,
             Codec::Json,
             br#"{"conversationId":"c","n":3}"#,
         )
@@ -273,22 +282,22 @@ mod tests {
 
     #[test]
     fn bad_bodies_are_errors_not_panics() {
-        assert!(read(Shape::NameAgent, Codec::Proto, b"\x0a\xff").is_err());
-        assert!(read(Shape::NameAgent, Codec::Json, b"{nope").is_err());
-        assert!(read(Shape::Opaque, Codec::Proto, b"\x0a\x05ab").is_err());
+        assert!(read(RequestKind::NameAgent, Codec::Proto, b"\x0a\xff").is_err());
+        assert!(read(RequestKind::NameAgent, Codec::Json, b"{nope").is_err());
+        assert!(read(RequestKind::Opaque, Codec::Proto, b"\x0a\x05ab").is_err());
     }
 
     #[test]
     fn answers_decode_in_their_codec() {
-        let b = answer(Shape::NameAgent, Codec::Proto, "Title".into());
+        let b = answer(RequestKind::NameAgent, Codec::Proto, "Title".into());
         assert_eq!(pb::NameAgentResponse::decode(b).unwrap().name, "Title");
-        let b = answer(Shape::TranscriptOverview, Codec::Json, "Sum".into());
+        let b = answer(RequestKind::TranscriptOverview, Codec::Json, "Sum".into());
         let v: Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["overview"], "Sum");
-        let b = answer(Shape::ConversationBlobs, Codec::Proto, String::new());
+        let b = answer(RequestKind::ConversationBlobs, Codec::Proto, String::new());
         assert!(pb::UploadConversationBlobsResponse::decode(b).is_ok());
         assert_eq!(
-            &answer(Shape::Opaque, Codec::Json, String::new())[..],
+            &answer(RequestKind::Opaque, Codec::Json, String::new())[..],
             b"{}"
         );
     }

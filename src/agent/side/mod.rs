@@ -26,7 +26,7 @@ use crate::agent::transport::recent::RunOwner;
 use crate::agent::transport::AgentTransports;
 use crate::connect::{decode_unary, Code, ConnectError, Limits};
 use crate::http::{full, Body, RequestContext};
-use codec::{Ask, Codec, Shape};
+use codec::{Ask, Codec, RequestKind};
 use owner::Owner;
 
 /// How long a call about a conversation (or a prompt) no run has decided yet waits for one.
@@ -100,16 +100,16 @@ pub fn classify(path: &str) -> Option<SideRpc> {
 }
 
 impl SideRpc {
-    fn shape(self) -> Shape {
+    fn shape(self) -> RequestKind {
         match self {
-            SideRpc::NameAgent => Shape::NameAgent,
-            SideRpc::CreateTranscriptOverview => Shape::TranscriptOverview,
-            SideRpc::UpdateConversationMetadata => Shape::ConversationMetadata,
-            SideRpc::NotifyConversationClone => Shape::ConversationClone,
-            SideRpc::UploadConversationBlobs => Shape::ConversationBlobs,
-            SideRpc::UploadLocalAgentRunToPromptQuality => Shape::PromptQuality,
+            SideRpc::NameAgent => RequestKind::NameAgent,
+            SideRpc::CreateTranscriptOverview => RequestKind::TranscriptOverview,
+            SideRpc::UpdateConversationMetadata => RequestKind::ConversationMetadata,
+            SideRpc::NotifyConversationClone => RequestKind::ConversationClone,
+            SideRpc::UploadConversationBlobs => RequestKind::ConversationBlobs,
+            SideRpc::UploadLocalAgentRunToPromptQuality => RequestKind::PromptQuality,
             SideRpc::IngestConversation | SideRpc::NameTab | SideRpc::PotentiallyGenerateMemory => {
-                Shape::Opaque
+                RequestKind::Opaque
             }
         }
     }
@@ -117,7 +117,7 @@ impl SideRpc {
 
 /// Where a side call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Verdict {
+enum SideRoute {
     /// Cursor's conversation: upstream, unchanged.
     Pass,
     /// Answered here; titles and overviews on this model when there is one.
@@ -161,16 +161,18 @@ pub async fn handle(
         Err(why) => return refuse(rpc, &format!("its body could not be read: {why}")),
     };
     match decide(t, rpc, &ask).await {
-        Verdict::Pass => {
+        SideRoute::Pass => {
             tracing::debug!(?rpc, "side call of a Cursor conversation: passed upstream");
             let req = Request::from_parts(parts, full(wire));
             t.upstream().forward(&ctx, req).await
         }
-        Verdict::Here { model_id } => {
+        SideRoute::Here { model_id } => {
             tracing::debug!(?rpc, ?model_id, "side call answered here");
             let text = match rpc.shape() {
-                Shape::NameAgent => title::title(t.agent(), model_id.as_deref(), &ask.text).await,
-                Shape::TranscriptOverview => {
+                RequestKind::NameAgent => {
+                    title::title(t.agent(), model_id.as_deref(), &ask.text).await
+                }
+                RequestKind::TranscriptOverview => {
                     title::overview(t.agent(), model_id.as_deref(), &ask.text).await
                 }
                 _ => String::new(),
@@ -197,7 +199,7 @@ async fn read_body(body: Incoming, max: usize) -> Result<Bytes, String> {
 
 /// Ours, Cursor's or undecidable (answered here), waiting [`DECIDE_WAIT`] for a run's
 /// decision where one may still come.
-async fn decide(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Verdict {
+async fn decide(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> SideRoute {
     settle(t.recent_prompts().watch(), DECIDE_WAIT, || {
         decide_now(t, rpc, ask)
     })
@@ -208,8 +210,8 @@ async fn decide(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Verdict {
 async fn settle(
     mut decided: tokio::sync::watch::Receiver<u64>,
     wait: Duration,
-    now: impl Fn() -> Option<Verdict>,
-) -> Verdict {
+    now: impl Fn() -> Option<SideRoute>,
+) -> SideRoute {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(v) = now() {
@@ -218,73 +220,73 @@ async fn settle(
         match tokio::time::timeout_at(deadline, decided.changed()).await {
             Ok(Ok(())) => continue,
             // Nothing decided it in time: content we cannot place is never sent.
-            _ => return Verdict::Here { model_id: None },
+            _ => return SideRoute::Here { model_id: None },
         }
     }
 }
 
 /// The verdict from what is known now; `None` while a run's decision may still settle it.
-fn decide_now(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Option<Verdict> {
+fn decide_now(t: &AgentTransports, rpc: SideRpc, ask: &Ask) -> Option<SideRoute> {
     let recent = t.recent_prompts();
     let by_run = |o: Option<RunOwner>| match o? {
-        RunOwner::Ours { model_id } => Some(Verdict::Here {
+        RunOwner::Ours { model_id } => Some(SideRoute::Here {
             model_id: Some(model_id),
         }),
-        RunOwner::Cursor => Some(Verdict::Pass),
+        RunOwner::Cursor => Some(SideRoute::Pass),
     };
     match rpc.shape() {
-        Shape::NameAgent => by_run(recent.match_prompt(&ask.text)),
+        RequestKind::NameAgent => by_run(recent.match_prompt(&ask.text)),
         // Sent long after the chat's runs: no run is coming to decide it.
-        Shape::TranscriptOverview => {
-            by_run(recent.match_transcript(&ask.text)).or(Some(Verdict::Here { model_id: None }))
+        RequestKind::TranscriptOverview => {
+            by_run(recent.match_transcript(&ask.text)).or(Some(SideRoute::Here { model_id: None }))
         }
-        Shape::ConversationClone => decide_clone(t, ask),
-        Shape::ConversationMetadata | Shape::ConversationBlobs | Shape::PromptQuality => {
-            by_owner(owner::owner_of(t, &ask.conversation))
-        }
-        Shape::Opaque => decide_opaque(t, ask),
+        RequestKind::ConversationClone => decide_clone(t, ask),
+        RequestKind::ConversationMetadata
+        | RequestKind::ConversationBlobs
+        | RequestKind::PromptQuality => by_owner(owner::owner_of(t, &ask.conversation)),
+        RequestKind::Opaque => decide_opaque(t, ask),
     }
 }
 
-fn by_owner(owner: Owner) -> Option<Verdict> {
+fn by_owner(owner: Owner) -> Option<SideRoute> {
     match owner {
-        Owner::Ours { model_id } => Some(Verdict::Here {
+        Owner::Ours { model_id } => Some(SideRoute::Here {
             model_id: Some(model_id),
         }),
-        Owner::Cursor => Some(Verdict::Pass),
+        Owner::Cursor => Some(SideRoute::Pass),
         Owner::Unknown => None,
     }
 }
 
 /// A fork follows its source, and is pinned so before its blobs arrive.
-fn decide_clone(t: &AgentTransports, ask: &Ask) -> Option<Verdict> {
-    if let Some(v @ Verdict::Here { .. }) = by_owner(owner::owner_of(t, &ask.conversation)) {
+fn decide_clone(t: &AgentTransports, ask: &Ask) -> Option<SideRoute> {
+    if let Some(v @ SideRoute::Here { .. }) = by_owner(owner::owner_of(t, &ask.conversation)) {
         return Some(v);
     }
     let verdict = by_owner(owner::owner_of(t, &ask.source))?;
     match &verdict {
-        Verdict::Here {
+        SideRoute::Here {
             model_id: Some(model_id),
         } => owner::mark_ours(t, &ask.conversation, model_id),
-        Verdict::Pass => owner::mark_cursor(t, &ask.conversation),
-        Verdict::Here { model_id: None } => {}
+        SideRoute::Pass => owner::mark_cursor(t, &ask.conversation),
+        SideRoute::Here { model_id: None } => {}
     }
     Some(verdict)
 }
 
 /// A message without a schema here: ours when any top-level string names one of our models
 /// or conversations; Cursor's when one names a conversation of Cursor's and none is ours.
-fn decide_opaque(t: &AgentTransports, ask: &Ask) -> Option<Verdict> {
+fn decide_opaque(t: &AgentTransports, ask: &Ask) -> Option<SideRoute> {
     let mut cursors = false;
     for s in ask.strings.iter().filter(|s| s.len() <= MAX_ID_LEN) {
         if t.agent().is_our_model(s) {
-            return Some(Verdict::Here {
+            return Some(SideRoute::Here {
                 model_id: Some(s.clone()),
             });
         }
         match owner::owner_of(t, s) {
             Owner::Ours { model_id } => {
-                return Some(Verdict::Here {
+                return Some(SideRoute::Here {
                     model_id: Some(model_id),
                 })
             }
@@ -292,7 +294,7 @@ fn decide_opaque(t: &AgentTransports, ask: &Ask) -> Option<Verdict> {
             Owner::Unknown => {}
         }
     }
-    cursors.then_some(Verdict::Pass)
+    cursors.then_some(SideRoute::Pass)
 }
 
 fn ok_response(codec: Codec, body: Bytes) -> Response<Body> {
@@ -350,7 +352,7 @@ mod tests {
         let recent = RecentPrompts::default();
         let start = tokio::time::Instant::now();
         let v = settle(recent.watch(), DECIDE_WAIT, || None).await;
-        assert_eq!(v, Verdict::Here { model_id: None });
+        assert_eq!(v, SideRoute::Here { model_id: None });
         assert_eq!(start.elapsed(), DECIDE_WAIT);
     }
 
@@ -370,7 +372,7 @@ mod tests {
             );
         });
         let v = settle(rx, DECIDE_WAIT, || match recent.match_prompt("name me") {
-            Some(RunOwner::Ours { model_id }) => Some(Verdict::Here {
+            Some(RunOwner::Ours { model_id }) => Some(SideRoute::Here {
                 model_id: Some(model_id),
             }),
             _ => None,
@@ -379,7 +381,7 @@ mod tests {
         record.await.unwrap();
         assert_eq!(
             v,
-            Verdict::Here {
+            SideRoute::Here {
                 model_id: Some("byok-a".into())
             }
         );

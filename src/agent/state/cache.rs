@@ -37,11 +37,11 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// The on-disk blob cache. Cheap to clone (shared state).
 #[derive(Debug, Clone)]
 pub struct BlobCache {
-    inner: Arc<Inner>,
+    inner: Arc<BlobCacheShared>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct BlobCacheShared {
     root: PathBuf,
     max_bytes: u64,
     /// Bytes on disk, once scanned (`None` until the first write). Also serialises eviction.
@@ -53,7 +53,7 @@ impl BlobCache {
     /// nothing on disk until used.
     pub fn new(data_dir: &Path, max_bytes: u64) -> BlobCache {
         BlobCache {
-            inner: Arc::new(Inner {
+            inner: Arc::new(BlobCacheShared {
                 root: data_dir.join("blobs"),
                 max_bytes,
                 size: Mutex::new(None),

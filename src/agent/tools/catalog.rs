@@ -194,13 +194,13 @@ impl Builtin {
 
 /// One tool in `catalog.json`: what models read about it, and its JSON Schema parameters.
 #[derive(Deserialize)]
-struct Entry {
+struct CatalogEntry {
     description: String,
     parameters: Value,
 }
 
 /// The descriptions and schemas, as data next to the tools; parsed on first use.
-static CATALOG: LazyLock<HashMap<String, Entry>> = LazyLock::new(|| {
+static CATALOG: LazyLock<HashMap<String, CatalogEntry>> = LazyLock::new(|| {
     // Compiled in, and parsed by every test that asks for a spec: a broken file fails the
     // tests, never a user.
     serde_json::from_str(include_str!("catalog.json"))

@@ -55,6 +55,7 @@ pub use edit::EditWrite;
 pub use mcp::merge_definitions as merge_mcp_tools;
 pub(crate) use mcp::to_json as value_to_json;
 pub use render::{error_outcome, history_from_tool_call};
+pub(crate) use shell::is_assignment;
 pub use shell::{command_words, result_is_final, shell_delta};
 
 /// The tool list to offer the model. Ask mode gets read-only tools only; Plan mode adds
@@ -74,14 +75,14 @@ fn catalog_names(ctx: &ToolContext) -> Vec<String> {
     catalog(ctx).into_iter().map(|s| s.name).collect()
 }
 
-enum Target<'a> {
+enum ToolRef<'a> {
     Builtin(Builtin),
     Mcp(String, &'a pb::McpToolDefinition),
 }
 
 /// Which tool a model's tool name means: our MCP names exactly, then built-in names and their
 /// aliases, then looser MCP spellings.
-fn resolve<'a>(ctx: &'a ToolContext, name: &str) -> Option<Target<'a>> {
+fn resolve<'a>(ctx: &'a ToolContext, name: &str) -> Option<ToolRef<'a>> {
     let name = name.trim();
     // Some models prefix tool names with their namespace.
     let name = ["functions.", "default_api.", "default_api:", "tools."]
@@ -90,12 +91,12 @@ fn resolve<'a>(ctx: &'a ToolContext, name: &str) -> Option<Target<'a>> {
         .unwrap_or(name);
     let named = mcp::named(&ctx.mcp_tools);
     if let Some((n, def)) = named.iter().find(|(n, _)| n == name) {
-        return Some(Target::Mcp(n.clone(), def));
+        return Some(ToolRef::Mcp(n.clone(), def));
     }
     if let Some(b) = Builtin::from_alias(name) {
-        return Some(Target::Builtin(b));
+        return Some(ToolRef::Builtin(b));
     }
-    mcp::find_loose(&named, name).map(|(n, def)| Target::Mcp(n, def))
+    mcp::find_loose(&named, name).map(|(n, def)| ToolRef::Mcp(n, def))
 }
 
 /// Plan one model tool call. An unknown tool or invalid arguments give a [`ToolError`] whose
@@ -113,7 +114,7 @@ pub fn plan(
         });
     };
     match target {
-        Target::Builtin(b) => {
+        ToolRef::Builtin(b) => {
             if let Some(reason) = b.unavailable(ctx) {
                 return Err(ToolError::NotAvailable {
                     tool: b.name().to_string(),
@@ -141,7 +142,7 @@ pub fn plan(
                 Builtin::AwaitSubagent => task::plan_await(call_id, &a),
             }
         }
-        Target::Mcp(our_name, def) => {
+        ToolRef::Mcp(our_name, def) => {
             if ctx.readonly && !mcp::read_only(def) {
                 return Err(ToolError::NotAvailable {
                     tool: our_name,
@@ -168,11 +169,11 @@ pub fn plan(
 /// model is still streaming the arguments. `None` for names we do not know.
 pub fn placeholder(ctx: &ToolContext, call_id: &str, name: &str) -> Option<pb::ToolCall> {
     let tool = match resolve(ctx, name)? {
-        Target::Mcp(_, def) => Tool::McpToolCall(pb::McpToolCall {
+        ToolRef::Mcp(_, def) => Tool::McpToolCall(pb::McpToolCall {
             args: Some(mcp::args_for(def, Default::default(), call_id)),
             ..Default::default()
         }),
-        Target::Builtin(b) => match b {
+        ToolRef::Builtin(b) => match b {
             Builtin::ReadFile => Tool::ReadToolCall(Default::default()),
             Builtin::ListDir => Tool::LsToolCall(Default::default()),
             Builtin::GlobFileSearch => Tool::GlobToolCall(Default::default()),

@@ -427,7 +427,8 @@ fn commands(segs: Vec<Segment>) -> (Vec<String>, Vec<ExecutableCommand>) {
     (simple_commands, executable_commands)
 }
 
-fn is_assignment(w: &str) -> bool {
+/// A `NAME=value` word: an environment assignment before a command, not the command.
+pub(crate) fn is_assignment(w: &str) -> bool {
     match w.split_once('=') {
         Some((name, _)) => {
             !name.is_empty()

@@ -35,7 +35,7 @@ use super::body::{
 };
 use super::caller::{parent_link, request_id, Caller, ClientMessage};
 use super::face::{unreadable, AgentTransports};
-use super::pairing::{digest, Entry, Inbound, Pairings};
+use super::pairing::{digest, Inbound, Pairings, RequestPairing};
 use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
 use crate::agent::{RunError, RunOutput};
 use crate::capture::Capture;
@@ -144,7 +144,7 @@ fn entry_for_reader(
     t: &AgentTransports,
     request_id: &str,
     pinned: &Option<Decision>,
-) -> Result<Arc<Entry>, ConnectError> {
+) -> Result<Arc<RequestPairing>, ConnectError> {
     let held = t.inner.bidi.get(request_id);
     match (pinned, held) {
         (Some(Decision::Ours { .. }), Some(e)) if !e.read_out() => Ok(e),
@@ -159,7 +159,7 @@ fn entry_for_reader(
 
 /// Whose run a RunSSE reads: pinned already, or decided by an append 0 it waits for.
 async fn reader_decision(
-    entry: &Entry,
+    entry: &RequestPairing,
     pinned: Option<Decision>,
     request_id: &str,
 ) -> Result<Decision, ConnectError> {
@@ -470,7 +470,7 @@ async fn entry_for_append(
     request_id: &str,
     seqno: i64,
     sent: &ClientMessage,
-) -> Result<Arc<Entry>, ConnectError> {
+) -> Result<Arc<RequestPairing>, ConnectError> {
     use pb::agent_client_message::Message as In;
     let pinned_ours = matches!(
         t.inner.routes.request(request_id),
@@ -496,7 +496,11 @@ async fn entry_for_append(
 
 /// Merge what one request of `entry`'s run says of its parent. Desktop clients may name the
 /// parent on any request of the child, even after its run started: then it is linked now.
-fn note_parent(t: &AgentTransports, entry: &Entry, link: &crate::agent::subagents::ParentLink) {
+fn note_parent(
+    t: &AgentTransports,
+    entry: &RequestPairing,
+    link: &crate::agent::subagents::ParentLink,
+) {
     if link.is_empty() {
         return;
     }
@@ -510,7 +514,7 @@ fn note_parent(t: &AgentTransports, entry: &Entry, link: &crate::agent::subagent
 }
 
 /// Whether `wire` is the append 0 that started `entry`'s run, sent again.
-async fn resent(entry: &Entry, wire: &[u8]) -> bool {
+async fn resent(entry: &RequestPairing, wire: &[u8]) -> bool {
     entry.state.lock().await.first_append == Some(digest(wire))
 }
 
@@ -521,7 +525,7 @@ enum Accepted {
 
 async fn accept(
     t: &AgentTransports,
-    entry: &Arc<Entry>,
+    entry: &Arc<RequestPairing>,
     seqno: i64,
     sent: ClientMessage,
     caller: Caller,
@@ -564,7 +568,7 @@ async fn accept(
 /// starts ours); any other has come without it.
 fn decide_first(
     t: &AgentTransports,
-    entry: &Arc<Entry>,
+    entry: &Arc<RequestPairing>,
     st: &mut Inbound,
     seqno: i64,
     sent: ClientMessage,
@@ -622,7 +626,7 @@ fn decide_first(
 /// The messages now ready for the run, in seqno order, with `message` (append `seqno`) held
 /// when it came ahead of its turn.
 fn in_order(
-    entry: &Entry,
+    entry: &RequestPairing,
     st: &mut Inbound,
     seqno: i64,
     message: pb::AgentClientMessage,
@@ -662,13 +666,13 @@ fn in_order(
 /// dropped, since the stream tells the client how the run ended; an error here would make the
 /// client report the append's failure instead of the run's own end. With no reader, it is
 /// refused with a reason.
-fn end_on_its_way(entry: &Entry) -> bool {
+fn end_on_its_way(entry: &RequestPairing) -> bool {
     entry.backlog().reader_active
 }
 
 /// Hand `ready` to the run's inbox, in order.
 async fn deliver(
-    entry: &Entry,
+    entry: &RequestPairing,
     input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
     ready: Vec<Box<pb::AgentClientMessage>>,
     seqno: i64,
@@ -695,7 +699,7 @@ async fn deliver(
 
 /// Append 0 could not be routed: the request id is answered by us with `e` (its reader gets
 /// it as the stream's end), and sent nowhere.
-fn refuse(entry: &Entry, st: &mut Inbound, e: &ConnectError) {
+fn refuse(entry: &RequestPairing, st: &mut Inbound, e: &ConnectError) {
     let enc = FrameEncoder::new(Encoding::Identity);
     st.decision = Some(Decision::Ours {
         model_id: String::new(),
@@ -710,7 +714,7 @@ fn refuse(entry: &Entry, st: &mut Inbound, e: &ConnectError) {
 /// Start our run for append 0 and pump its output into the backlog.
 fn start(
     t: &AgentTransports,
-    entry: &Arc<Entry>,
+    entry: &Arc<RequestPairing>,
     st: &mut Inbound,
     first: ClientMessage,
     decision: &Decision,
@@ -755,7 +759,7 @@ fn start(
 /// It ends with the run's end, or when the client has left for good: then the run's output has
 /// nowhere to go, and dropping `output` ends every send of the run at once.
 fn pump(
-    entry: &Entry,
+    entry: &RequestPairing,
     mut output: mpsc::Receiver<RunOutput>,
     enc: FrameEncoder,
     capture: Option<Capture>,
@@ -809,14 +813,14 @@ fn ok_response() -> Response<Body> {
 /// takes over; when the last reader goes away and none returns within a grace period, the
 /// run is ended (the client left).
 struct SseBody {
-    entry: Arc<Entry>,
+    entry: Arc<RequestPairing>,
     registry: Pairings,
     generation: u64,
     finished: bool,
 }
 
 impl SseBody {
-    fn attach(entry: Arc<Entry>, registry: Pairings) -> Self {
+    fn attach(entry: Arc<RequestPairing>, registry: Pairings) -> Self {
         let generation = {
             let mut b = entry.backlog();
             b.reader += 1;

@@ -28,10 +28,10 @@ pub struct Pairing {
 /// The agent's HTTP face. Cheap to clone.
 #[derive(Clone)]
 pub struct AgentTransports {
-    pub(super) inner: Arc<Inner>,
+    pub(super) inner: Arc<TransportsShared>,
 }
 
-pub(super) struct Inner {
+pub(super) struct TransportsShared {
     agent: Agent,
     upstream: Upstream,
     pub(super) routes: RoutingTable,
@@ -57,7 +57,7 @@ impl AgentTransports {
         };
         let pins = PinStore::open(&agent.config().data_dir());
         AgentTransports {
-            inner: Arc::new(Inner {
+            inner: Arc::new(TransportsShared {
                 cmdk: CmdK::new(agent.clone()),
                 agent,
                 upstream,

@@ -15,15 +15,15 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use super::pairing::Entry;
+use super::pairing::RequestPairing;
 use crate::connect::{Code, ConnectError};
 
 /// A digest of the credential a client showed; never the credential itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Identity([u8; 32]);
+struct CredentialDigest([u8; 32]);
 
-impl Identity {
-    fn of(headers: &HeaderMap) -> Identity {
+impl CredentialDigest {
+    fn of(headers: &HeaderMap) -> CredentialDigest {
         let mut hash = Sha256::new();
         hash.update(b"cursor-byok run owner\0");
         let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
@@ -47,7 +47,7 @@ impl Identity {
                 }
             }
         }
-        Identity(hash.finalize().into())
+        CredentialDigest(hash.finalize().into())
     }
 }
 
@@ -75,11 +75,11 @@ fn account(value: &[u8]) -> Option<String> {
 }
 
 struct Binding {
-    entry: Weak<Entry>,
-    owner: Identity,
+    entry: Weak<RequestPairing>,
+    owner: CredentialDigest,
 }
 
-/// Entry address → its owner. An address is reused only after its entry is gone, which the
+/// Pairing address → its owner. An address is reused only after its entry is gone, which the
 /// `Weak` tells.
 fn bindings() -> &'static Mutex<HashMap<usize, Binding>> {
     static BINDINGS: OnceLock<Mutex<HashMap<usize, Binding>>> = OnceLock::new();
@@ -88,8 +88,8 @@ fn bindings() -> &'static Mutex<HashMap<usize, Binding>> {
 
 /// Binds `entry`'s run to the client of `headers` when it is the first to come, or checks
 /// that it is the same client. The error is what the other client is answered.
-pub(super) fn claim(entry: &Arc<Entry>, headers: &HeaderMap) -> Result<(), ConnectError> {
-    let who = Identity::of(headers);
+pub(super) fn claim(entry: &Arc<RequestPairing>, headers: &HeaderMap) -> Result<(), ConnectError> {
+    let who = CredentialDigest::of(headers);
     let key = Arc::as_ptr(entry) as usize;
     let mut map = bindings().lock().unwrap_or_else(|p| p.into_inner());
     match map.get(&key) {

@@ -1,5 +1,5 @@
-//! BidiSse pairing state: one [`Entry`] per request id, shared by its `RunSSE` readers and its
-//! `BidiAppend`s, and the [`Pairings`] that holds them.
+//! BidiSse pairing state: one [`RequestPairing`] per request id, shared by its `RunSSE`
+//! readers and its `BidiAppend`s, and the [`Pairings`] that holds them.
 //!
 //! An entry lives exactly as long as it is needed:
 //! - while its run lives, however long (a turn with a three-hour build is one run), unless the
@@ -92,7 +92,7 @@ struct Shared {
 }
 
 struct Map {
-    entries: HashMap<String, Arc<Entry>>,
+    entries: HashMap<String, Arc<RequestPairing>>,
     /// When the last sweep ran (bounds the sweeps a full registry does).
     last_sweep: Instant,
     sweeper: bool,
@@ -124,22 +124,32 @@ impl Pairings {
     }
 
     /// The entry of `request_id`, if one is held.
-    pub(super) fn get(&self, request_id: &str) -> Option<Arc<Entry>> {
+    pub(super) fn get(&self, request_id: &str) -> Option<Arc<RequestPairing>> {
         self.map().entries.get(request_id).cloned()
     }
 
     /// The entry of `request_id`, made if missing; refused when the registry is full.
-    pub(super) fn get_or_create(&self, request_id: &str) -> Result<Arc<Entry>, ConnectError> {
+    pub(super) fn get_or_create(
+        &self,
+        request_id: &str,
+    ) -> Result<Arc<RequestPairing>, ConnectError> {
         self.entry_for(request_id, false)
     }
 
     /// The entry for a new run on `request_id`, whose earlier run of ours ended: the held entry
     /// unless its run ended (then a successor takes its place), else a new successor.
-    pub(super) fn for_new_run(&self, request_id: &str) -> Result<Arc<Entry>, ConnectError> {
+    pub(super) fn for_new_run(
+        &self,
+        request_id: &str,
+    ) -> Result<Arc<RequestPairing>, ConnectError> {
         self.entry_for(request_id, true)
     }
 
-    fn entry_for(&self, request_id: &str, new_run: bool) -> Result<Arc<Entry>, ConnectError> {
+    fn entry_for(
+        &self,
+        request_id: &str,
+        new_run: bool,
+    ) -> Result<Arc<RequestPairing>, ConnectError> {
         let mut map = self.map();
         if let Some(e) = map.entries.get(request_id) {
             if !(new_run && e.backlog().ended()) {
@@ -180,8 +190,8 @@ impl Pairings {
         Ok(entry)
     }
 
-    fn new_entry(&self, request_id: &str, successor: bool) -> Arc<Entry> {
-        Arc::new(Entry::new(
+    fn new_entry(&self, request_id: &str, successor: bool) -> Arc<RequestPairing> {
+        Arc::new(RequestPairing::new(
             request_id.to_string(),
             self.shared.held.clone(),
             self.shared.limits,
@@ -216,8 +226,8 @@ impl Pairings {
 
     /// Drop `entry` now if it is done with (its run ended and every frame was read), so a
     /// finished run's state goes with its last reader instead of waiting for the sweep.
-    pub(super) fn forget_if_done(&self, entry: &Arc<Entry>) {
-        if entry.verdict(Instant::now(), &self.shared.limits) != Verdict::Forget {
+    pub(super) fn forget_if_done(&self, entry: &Arc<RequestPairing>) {
+        if entry.fate(Instant::now(), &self.shared.limits) != PairingFate::Forget {
             return;
         }
         let mut map = self.map();
@@ -242,7 +252,7 @@ impl Pairings {
 
     /// Bytes of run output held for readers, over every entry.
     pub(super) fn backlog_bytes(&self) -> usize {
-        let entries: Vec<Arc<Entry>> = self.map().entries.values().cloned().collect();
+        let entries: Vec<Arc<RequestPairing>> = self.map().entries.values().cloned().collect();
         entries
             .iter()
             .map(|e| e.backlog().frames.iter().map(Bytes::len).sum::<usize>())
@@ -250,15 +260,15 @@ impl Pairings {
     }
 }
 
-fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<Entry>, String)> {
+fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<RequestPairing>, String)> {
     let now = Instant::now();
     map.last_sweep = now;
     let mut abandoned = Vec::new();
-    map.entries.retain(|_, e| match e.verdict(now, limits) {
-        Verdict::Keep => true,
-        Verdict::Forget => false,
+    map.entries.retain(|_, e| match e.fate(now, limits) {
+        PairingFate::Keep => true,
+        PairingFate::Forget => false,
         // Kept: the run's end frame waits for a reader that comes back, up to the linger.
-        Verdict::Abandoned(how) => {
+        PairingFate::Abandoned(how) => {
             abandoned.push((e.clone(), how));
             true
         }
@@ -267,7 +277,7 @@ fn sweep_locked(map: &mut Map, limits: &PairingLimits) -> Vec<(Arc<Entry>, Strin
 }
 
 /// End the runs of entries forgotten while their run still lived (outside the map's lock).
-fn end_abandoned(entries: Vec<(Arc<Entry>, String)>) {
+fn end_abandoned(entries: Vec<(Arc<RequestPairing>, String)>) {
     for (e, how) in entries {
         tracing::debug!(request_id = %e.request_id, "BidiSse entry abandoned: {how}");
         e.abandon(how);
@@ -275,7 +285,7 @@ fn end_abandoned(entries: Vec<(Arc<Entry>, String)>) {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-enum Verdict {
+enum PairingFate {
     Keep,
     Forget,
     /// Forget, and end the run that still lives (why, in words).
@@ -283,7 +293,7 @@ enum Verdict {
 }
 
 /// One request id's pairing state.
-pub(super) struct Entry {
+pub(super) struct RequestPairing {
     pub request_id: String,
     /// Fires when append 0 (or a timeout) decides whose run this is.
     pub decided: Notify,
@@ -302,7 +312,7 @@ pub(super) struct Entry {
     /// What the run's requests said of its parent so far (see [`ParentNote`]).
     pub parent: Mutex<ParentNote>,
     /// Bytes of this entry's appends in hand and waiting for their turn (see
-    /// [`Entry::wait_room`]), and the registry's total they also count in.
+    /// [`RequestPairing::wait_room`]), and the registry's total they also count in.
     in_hand: Arc<AtomicUsize>,
     held_total: Arc<AtomicUsize>,
     limits: PairingLimits,
@@ -332,14 +342,14 @@ pub(super) struct ParentNote {
     pub started: bool,
 }
 
-impl Entry {
+impl RequestPairing {
     fn new(
         request_id: String,
         held: Arc<AtomicUsize>,
         limits: PairingLimits,
         successor: bool,
     ) -> Self {
-        Entry {
+        RequestPairing {
             request_id,
             successor,
             decided: Notify::new(),
@@ -437,16 +447,16 @@ impl Entry {
         self.backlog().last_seen = Instant::now();
     }
 
-    fn verdict(&self, now: Instant, limits: &PairingLimits) -> Verdict {
+    fn fate(&self, now: Instant, limits: &PairingLimits) -> PairingFate {
         // The client left for good: its end frame waits for a reader like any ended run's.
         let b = self.backlog();
         let idle = now.saturating_duration_since(b.last_seen);
         if let Some(ended_at) = b.ended_at {
             let read_all = b.delivered == b.total() && !b.reader_active;
             return if read_all || now.saturating_duration_since(ended_at) >= limits.linger {
-                Verdict::Forget
+                PairingFate::Forget
             } else {
-                Verdict::Keep
+                PairingFate::Keep
             };
         }
         match (self.run.get(), b.run_started) {
@@ -454,18 +464,18 @@ impl Entry {
                 if b.reader == 0
                     && now.saturating_duration_since(started) >= limits.reader_wait =>
             {
-                Verdict::Abandoned(format!(
+                PairingFate::Abandoned(format!(
                     "no RunSSE stream came for this run within {} s",
                     limits.reader_wait.as_secs()
                 ))
             }
-            (Some(_), _) if idle >= limits.run_idle => Verdict::Abandoned(format!(
+            (Some(_), _) if idle >= limits.run_idle => PairingFate::Abandoned(format!(
                 "it sent and read nothing on this run for {} s",
                 limits.run_idle.as_secs()
             )),
-            (Some(_), _) => Verdict::Keep,
-            (None, _) if idle >= limits.pending_idle => Verdict::Forget,
-            (None, _) => Verdict::Keep,
+            (Some(_), _) => PairingFate::Keep,
+            (None, _) if idle >= limits.pending_idle => PairingFate::Forget,
+            (None, _) => PairingFate::Keep,
         }
     }
 
@@ -681,7 +691,7 @@ mod tests {
         Box::default()
     }
 
-    fn start_run(e: &Entry) -> CancelProbe {
+    fn start_run(e: &RequestPairing) -> CancelProbe {
         let cancel = tokio_util::sync::CancellationToken::new();
         e.run_started(RunFailer::new(cancel.clone()));
         e.backlog().reader = 1; // a reader came

@@ -57,13 +57,13 @@ struct Pin {
 /// Conversation id → where its runs go, in memory and in the data dir. Cheap to share.
 pub struct PinStore {
     max: usize,
-    pins: Arc<Mutex<Pins>>,
-    /// Rings the writer thread; `None` when the pins live in memory only.
-    writer: Option<SyncSender<Job>>,
+    pins: Arc<Mutex<StoredPins>>,
+    /// Rings the writer thread; `None` when it could not start (the pins live in memory only).
+    writer: Option<SyncSender<WriterJob>>,
 }
 
 #[derive(Default)]
-struct Pins {
+struct StoredPins {
     map: HashMap<String, Pin>,
     /// Use order → id, for eviction.
     order: BTreeMap<u64, String>,
@@ -77,7 +77,7 @@ struct Pins {
     lines: usize,
 }
 
-enum Job {
+enum WriterJob {
     /// Write what is queued.
     Write,
     /// Write what is queued, then say so.
@@ -85,15 +85,6 @@ enum Job {
 }
 
 impl PinStore {
-    /// Pins kept in memory only (no data dir).
-    pub fn in_memory() -> Self {
-        PinStore {
-            max: MAX_PINS,
-            pins: Arc::default(),
-            writer: None,
-        }
-    }
-
     /// The pins in `dir`, loaded now. A missing or unreadable file starts empty (logged): the
     /// conversations it knew then end with an error that says why, never as a relay.
     pub fn open(dir: &Path) -> Self {
@@ -107,7 +98,7 @@ impl PinStore {
         PinStore { max, pins, writer }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pins> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StoredPins> {
         self.pins.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -165,7 +156,7 @@ impl PinStore {
     pub fn flush(&self) {
         let Some(writer) = &self.writer else { return };
         let (tx, rx) = std::sync::mpsc::channel();
-        if writer.send(Job::Flush(tx)).is_ok() {
+        if writer.send(WriterJob::Flush(tx)).is_ok() {
             let _ = rx.recv();
         }
     }
@@ -193,13 +184,13 @@ impl PinStore {
         }
         drop(pins);
         // Full: a write is already due, and it takes everything queued.
-        if let Err(TrySendError::Disconnected(_)) = writer.try_send(Job::Write) {
+        if let Err(TrySendError::Disconnected(_)) = writer.try_send(WriterJob::Write) {
             tracing::warn!("conversation pin writer stopped; pins hold in memory only");
         }
     }
 }
 
-impl Pins {
+impl StoredPins {
     fn touch(&mut self, id: &str) {
         self.clock += 1;
         let now = self.clock;
@@ -239,8 +230,8 @@ impl Pins {
 
 /// The pins of the file at `path`. Lines that are torn or not UTF-8 are skipped (the rest
 /// still loads), and make the next write rewrite the file.
-fn load(path: &Path, max: usize) -> Pins {
-    let mut pins = Pins::default();
+fn load(path: &Path, max: usize) -> StoredPins {
+    let mut pins = StoredPins::default();
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return pins,
@@ -296,7 +287,11 @@ fn line(conversation_id: &str, pin: &Pin) -> Result<String, serde_json::Error> {
 }
 
 /// The writer thread: it owns every write to the file.
-fn start_writer(path: PathBuf, pins: Arc<Mutex<Pins>>, max: usize) -> Option<SyncSender<Job>> {
+fn start_writer(
+    path: PathBuf,
+    pins: Arc<Mutex<StoredPins>>,
+    max: usize,
+) -> Option<SyncSender<WriterJob>> {
     let (tx, rx) = sync_channel(1);
     let spawned = std::thread::Builder::new()
         .name("cursor-byok-pins".into())
@@ -310,11 +305,11 @@ fn start_writer(path: PathBuf, pins: Arc<Mutex<Pins>>, max: usize) -> Option<Syn
     }
 }
 
-fn write_loop(path: &Path, pins: &Mutex<Pins>, max: usize, jobs: &Receiver<Job>) {
+fn write_loop(path: &Path, pins: &Mutex<StoredPins>, max: usize, jobs: &Receiver<WriterJob>) {
     // Ends when the store is dropped.
     while let Ok(job) = jobs.recv() {
         write_queued(path, pins, max);
-        if let Job::Flush(done) = job {
+        if let WriterJob::Flush(done) = job {
             let _ = done.send(());
         }
     }
@@ -322,7 +317,7 @@ fn write_loop(path: &Path, pins: &Mutex<Pins>, max: usize, jobs: &Receiver<Job>)
 
 /// Write what is queued: appended, or the whole file when it is due for a rewrite. The lock
 /// is only held to take the work, never during IO.
-fn write_queued(path: &Path, pins: &Mutex<Pins>, max: usize) {
+fn write_queued(path: &Path, pins: &Mutex<StoredPins>, max: usize) {
     enum Work {
         Append(String),
         Rewrite(String),
@@ -522,6 +517,5 @@ mod tests {
         }
         s.flush();
         assert_eq!(s.get("conv-999"), Some(ours("byok-x")));
-        assert!(PinStore::in_memory().get("conv-1").is_none());
     }
 }

@@ -34,7 +34,7 @@ pub enum RunOwner {
 
 type Hash = [u8; 32];
 
-struct Entry {
+struct RecentRun {
     whole: Hash,
     first_line: Option<Hash>,
     owner: RunOwner,
@@ -43,7 +43,7 @@ struct Entry {
 
 /// The recent runs' prompt hashes. Cheap to share behind the transports.
 pub struct RecentPrompts {
-    entries: Mutex<VecDeque<Entry>>,
+    entries: Mutex<VecDeque<RecentRun>>,
     decided: watch::Sender<u64>,
     ttl: Duration,
     max: usize,
@@ -83,7 +83,7 @@ impl RecentPrompts {
     /// Remember `prompt` as seen on a run of `owner`.
     pub fn record(&self, prompt: &str, owner: RunOwner) {
         let now = Instant::now();
-        let entry = Entry {
+        let entry = RecentRun {
             whole: hash(&normalize(prompt)),
             first_line: first_line(prompt).map(|l| hash(&l)),
             owner,
@@ -116,7 +116,7 @@ impl RecentPrompts {
         self.best(|e| e.first_line.is_some_and(|h| hashes.contains(&h)))
     }
 
-    fn best(&self, hit: impl Fn(&Entry) -> bool) -> Option<RunOwner> {
+    fn best(&self, hit: impl Fn(&RecentRun) -> bool) -> Option<RunOwner> {
         let now = Instant::now();
         let entries = self.lock();
         let mut found = None;
@@ -132,7 +132,7 @@ impl RecentPrompts {
         found
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<RecentRun>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 

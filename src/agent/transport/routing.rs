@@ -21,16 +21,16 @@ pub enum Decision {
     Relay,
 }
 
-/// Pins decisions by request id. Bounded and expiring, so it cannot grow without limit on a
+/// Remembers decisions by request id. Bounded and expiring, so it cannot grow without limit on a
 /// long-running proxy.
 pub struct RoutingTable {
-    inner: Mutex<Pins>,
+    inner: Mutex<RequestDecisions>,
     ttl: Duration,
     max: usize,
 }
 
 #[derive(Default)]
-struct Pins {
+struct RequestDecisions {
     map: HashMap<String, (Decision, Instant)>,
     order: VecDeque<String>,
 }
@@ -44,7 +44,7 @@ impl Default for RoutingTable {
 impl RoutingTable {
     pub fn new(ttl: Duration, max: usize) -> Self {
         RoutingTable {
-            inner: Mutex::new(Pins::default()),
+            inner: Mutex::new(RequestDecisions::default()),
             ttl,
             max,
         }

@@ -85,9 +85,9 @@ fn second_turn() -> TurnRecord {
 
 /// What the client holds: every blob by id.
 #[derive(Default)]
-struct Client(HashMap<BlobId, Bytes>);
+struct FakeClient(HashMap<BlobId, Bytes>);
 
-impl Client {
+impl FakeClient {
     fn add(&mut self, blobs: &[Blob]) {
         for b in blobs {
             self.0.insert(b.id, b.data.clone());
@@ -137,7 +137,7 @@ fn user_text(m: &Message) -> &str {
 fn rebuilds_our_turns_exactly() {
     let t1 = encode_turn(&first_turn());
     let t2 = encode_turn(&second_turn());
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&t1.blobs);
     client.add(&t2.blobs);
     let mut b = HistoryBuilder::new(&state_of(&[&t1, &t2]), OPTS);
@@ -233,7 +233,7 @@ fn foreign_turns_use_the_fallback() {
             ),
         ),
     });
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&[um, think, call, unknown, answer, turn.clone()]);
     let state = pb::ConversationStateStructure {
         turns: vec![turn.id_bytes()],
@@ -309,7 +309,7 @@ fn unavailable_blobs_are_skipped() {
         steps: vec![text("ok")],
         request_id: "r3".into(),
     });
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     // Turn 1 lost its ls step, turn 2 its user message, turn 3 is gone entirely.
     client.add(&t1.blobs);
     client.0.remove(&t1.blobs[2].id);
@@ -339,7 +339,7 @@ fn oldest_turns_are_dropped_over_max_bytes() {
         .iter()
         .map(|n| encode_turn(&big(n)))
         .collect();
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     for t in &turns {
         client.add(&t.blobs);
     }
@@ -375,7 +375,7 @@ fn our_summary_replaces_the_turns_it_covers() {
     let t1 = encode_turn(&first_turn());
     let t2 = encode_turn(&second_turn());
     let summary = summary_blob("They listed files.", &t1.turn_id);
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&t1.blobs);
     client.add(&t2.blobs);
     client.add(std::slice::from_ref(&summary));
@@ -429,7 +429,7 @@ fn todos_come_back_from_the_checkpoint() {
         100,
         None,
     );
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&t1.blobs);
     client.add(&cp.blobs);
     let mut state = cp.state.clone();
@@ -450,7 +450,7 @@ fn repeated_call_ids_are_made_unique() {
         request_id: u.into(),
     };
     let (a, b_) = (encode_turn(&t("one")), encode_turn(&t("two")));
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&a.blobs);
     client.add(&b_.blobs);
     let mut b = HistoryBuilder::new(&state_of(&[&a, &b_]), OPTS);
@@ -481,7 +481,7 @@ fn shell_turns_become_user_notes() {
     let (blobs, turn_id) = crate::agent::state::encode_shell_turn("ls", &output);
     let turn = blobs.last().cloned().unwrap();
     assert_eq!(turn.id, turn_id);
-    let mut client = Client::default();
+    let mut client = FakeClient::default();
     client.add(&blobs);
     let state = pb::ConversationStateStructure {
         turns: vec![turn.id_bytes(), Bytes::from_static(b"bad id")],
