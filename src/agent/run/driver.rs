@@ -71,7 +71,7 @@ async fn perform(
         Action::Send(m) => parts
             .client
             .out
-            .send(m)
+            .send(*m)
             .await
             .err()
             .map(|e| failed(parts.resolutions, e)),

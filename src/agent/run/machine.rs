@@ -94,7 +94,7 @@ pub(super) enum Event {
 /// What the driver is asked to do.
 pub(super) enum Action {
     /// Send this message to the client.
-    Send(pb::AgentServerMessage),
+    Send(Box<pb::AgentServerMessage>),
     /// Take the steering queued for step `step` (answered with [`Event::Steering`]).
     TakeSteering { step: u64 },
     /// Open a provider call for step `step` (its stream comes back as [`Event::Provider`]).
@@ -411,7 +411,7 @@ impl<'a> Machine<'a> {
 
     fn send(&mut self, m: pb::AgentServerMessage, out: &mut Vec<Action>) {
         self.shown |= is_visible(&m);
-        out.push(Action::Send(m));
+        out.push(Action::Send(Box::new(m)));
     }
 }
 
