@@ -1008,6 +1008,55 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_before_the_call_answers_marks_the_answer_interrupted() {
+        let mut m = machine(10, false);
+        m.start();
+        feed(&mut m, vec![steering()]);
+        let cancel = Event::Canceled {
+            by_user: true,
+            resolutions: Vec::new(),
+        };
+        assert_eq!(
+            feed(&mut m, vec![cancel]),
+            ["close", "end canceled store=true"]
+        );
+        let work = m.into_work();
+        assert!(matches!(
+            &work.steps[..],
+            [StepRecord::Assistant { text }] if text == INTERRUPTED_ANSWER
+        ));
+    }
+
+    #[test]
+    fn streamed_arguments_show_as_partial_calls_and_a_cut_answer_says_why() {
+        let mut m = machine(10, false);
+        m.start();
+        let started = Event::Provider(ProviderEvent::ToolCallStarted {
+            id: "c1".into(),
+            name: "read_file".into(),
+        });
+        let delta = Event::Provider(ProviderEvent::ToolCallArgsDelta {
+            id: "c1".into(),
+            delta: "{\"path\"".into(),
+        });
+        let unknown = Event::Provider(ProviderEvent::ToolCallStarted {
+            id: "c2".into(),
+            name: "no_such_tool".into(),
+        });
+        let actions = feed(&mut m, vec![steering(), started, delta, unknown]);
+        assert_eq!(
+            actions[2..],
+            ["send partial call c1#s1", "send partial call c1#s1"],
+            "an unknown tool shows nothing until it fails"
+        );
+        let length = Event::Provider(ProviderEvent::Finished {
+            reason: FinishReason::Length,
+        });
+        let actions = feed(&mut m, vec![length]);
+        assert!(actions[0].contains("output token limit"), "{actions:?}");
+    }
+
+    #[test]
     fn thinking_is_timed_by_the_events_clock() {
         let mut m = machine(10, false);
         m.start();
