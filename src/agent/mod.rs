@@ -36,7 +36,7 @@ use crate::provider::{ProviderClient, ProviderError, ProviderSettings, RetryPoli
 use crate::status::{RunStart, Status};
 
 pub use model::ResolvedModel;
-use run::Failure;
+use run::TransportFailure;
 pub use run::{RunError, RunSettings, RunSummary};
 pub use run_io::{RunOutput, RunRequest};
 
@@ -54,7 +54,7 @@ pub struct RunHandle {
     pub output: mpsc::Receiver<RunOutput>,
     /// Cancel the run (the client went away for good): ends with `canceled`.
     pub cancel: CancellationToken,
-    failure: Failure,
+    failure: TransportFailure,
 }
 
 impl RunHandle {
@@ -71,7 +71,7 @@ impl RunHandle {
 #[derive(Clone)]
 pub struct RunFailer {
     cancel: CancellationToken,
-    failure: Failure,
+    failure: TransportFailure,
 }
 
 impl RunFailer {
@@ -79,7 +79,7 @@ impl RunFailer {
     pub fn new(cancel: CancellationToken) -> Self {
         RunFailer {
             cancel,
-            failure: Failure::default(),
+            failure: TransportFailure::default(),
         }
     }
 

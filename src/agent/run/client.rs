@@ -431,20 +431,6 @@ impl Client {
         }
     }
 
-    /// Move the queued injections into the conversation for the model call about to start (as
-    /// step `step`), acknowledging each `delivered`. Returns the texts to record in the turn.
-    pub(super) async fn deliver_injections(
-        &mut self,
-        messages: &mut Vec<Message>,
-        step: u64,
-    ) -> Result<Vec<String>, RunError> {
-        let (texts, acks) = self.steering.deliver(messages, step);
-        for ack in acks {
-            self.out.send(ack).await?;
-        }
-        Ok(texts)
-    }
-
     /// The turn is being recorded: the injections carried to the next turn, as texts to store
     /// at its end (see [`Steering::take_carried`]).
     pub(super) async fn take_carried(&mut self) -> Result<Vec<String>, RunError> {

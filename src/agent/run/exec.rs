@@ -21,7 +21,7 @@ pub struct ExecOutcome {
 const MAX_HOOKS: usize = 16;
 
 #[derive(Debug, Default)]
-struct Pending {
+struct PendingExec {
     outcome: ExecOutcome,
     closed: bool,
 }
@@ -30,7 +30,7 @@ struct Pending {
 #[derive(Debug)]
 pub struct ExecBridge {
     next_id: u32,
-    pending: HashMap<u32, Pending>,
+    pending: HashMap<u32, PendingExec>,
     /// The client's own exec id for the next exec (a user command it already started).
     adopt: Option<String>,
 }
@@ -51,7 +51,7 @@ impl ExecBridge {
     pub fn open(&mut self) -> (u32, String) {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.pending.insert(id, Pending::default());
+        self.pending.insert(id, PendingExec::default());
         let exec_id = self
             .adopt
             .take()

@@ -6,20 +6,27 @@
 //! cancellation, forwards everything else) and a heartbeat that speaks when the run has been
 //! silent, because clients abort a stream after 30 s without server output.
 //!
-//! The files below compose one run: `turn` drives it (a model turn, or what else the request
-//! asks for), `tooling` carries out a round of tool calls, `model_calls` streams the model's
-//! answers, `client` holds every exchange that waits on the client, and `outbox` / `inbox` are
-//! the two channels. This file only starts the tasks and reports the end.
+//! The files below compose one run: `turn` carries out what the request asks for (a model
+//! turn, or what else); a model turn opens with `opening` and `history`, runs its model rounds
+//! as the sans-IO `machine` (events in, actions out) performed by its one `driver`, and is
+//! stored by `store`. `tooling` carries out a round of tool calls, `model_calls` opens and
+//! counts the model's calls, `client` holds every exchange that waits on the client, and
+//! `outbox` / `inbox` are the two channels. This file only starts the tasks and reports the
+//! end.
 
 mod action;
 mod background;
 mod client;
 mod command_check;
+mod driver;
 mod error;
 mod exec;
+mod history;
 mod inbox;
 mod kv;
+mod machine;
 mod model_calls;
+mod opening;
 mod outbox;
 mod pending;
 mod repeats;
@@ -27,6 +34,7 @@ mod review;
 mod setup;
 mod shown;
 mod steer;
+mod store;
 mod tooling;
 mod turn;
 
@@ -52,7 +60,7 @@ pub(crate) use setup::Run;
 pub use setup::{RunSettings, RunSummary};
 
 /// Why a transport ended a run, when it did: read by the run when its cancellation fires.
-pub(super) type Failure = Arc<Mutex<Option<RunError>>>;
+pub(super) type TransportFailure = Arc<Mutex<Option<RunError>>>;
 
 /// Drive `run` to its end. Always sends exactly one `RunOutput::End` (unless the receiver is
 /// gone), whatever happens inside — including a panic.
@@ -62,7 +70,7 @@ pub(super) fn spawn(
     inbox: mpsc::Receiver<Box<pb::AgentClientMessage>>,
     out: mpsc::Sender<RunOutput>,
     cancel: CancellationToken,
-    failure: Failure,
+    failure: TransportFailure,
     ticket: RunTicket,
 ) {
     let span = tracing::info_span!(
@@ -92,7 +100,7 @@ pub(super) fn spawn(
     );
     let route = Arc::new(Mutex::new(FallbackRoute::default()));
     track_subagent(&run, &first, &cancel);
-    let ending = RunEnding {
+    let close = RunClose {
         registry: run.subagents.clone(),
         parent_key: run.request_id.clone(),
         stopped: cancel.clone(),
@@ -120,7 +128,7 @@ pub(super) fn spawn(
     tokio::spawn(
         async move {
             let result = work.await;
-            ending.end(result, ticket).await;
+            close.end(result, ticket).await;
         }
         .instrument(span),
     );
@@ -148,7 +156,7 @@ fn track_subagent(run: &Run, first: &pb::AgentRunRequest, cancel: &CancellationT
 }
 
 /// What the end of a run needs: to untrack it, judge its result, report it, and send its end.
-struct RunEnding {
+struct RunClose {
     registry: crate::agent::subagents::SubagentCalls,
     /// The run's request id: it is tracked by it, and its children know their parent by it.
     parent_key: String,
@@ -156,7 +164,7 @@ struct RunEnding {
     stopped: CancellationToken,
     /// Ends the helper tasks.
     done: CancellationToken,
-    failure: Failure,
+    failure: TransportFailure,
     model_name: String,
     provider_name: String,
     route: Arc<Mutex<FallbackRoute>>,
@@ -166,7 +174,7 @@ struct RunEnding {
     secrets: crate::base::secret::Registration,
 }
 
-impl RunEnding {
+impl RunClose {
     async fn end(
         self,
         work: Result<Result<RunSummary, RunError>, tokio::task::JoinError>,

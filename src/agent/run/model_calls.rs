@@ -1,38 +1,24 @@
-//! The run's model calls: each opened on the fallback chain, streamed to the client as one step
-//! (text and thinking as they arrive, tool calls as partial tool calls while their arguments
-//! stream), and counted (steps, tokens, cost, the target that served it).
+//! The run's model calls: each opened on the fallback chain (how a call's stream becomes the
+//! client's frames is the `machine`'s), and counted (steps, tokens, cost, the target that
+//! served it).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::client::Client;
 use super::error::RunError;
-use super::outbox::Outbox;
 use super::setup::{Run, RunSummary};
 use crate::agent::fallback::{Chain, Opened};
-use crate::agent::messages as msg;
 use crate::agent::model::ResolvedModel;
-use crate::agent::tools::{self, ToolContext};
-use crate::proto::agent::v1 as pb;
 use crate::provider::{
-    FinishReason, Price, ProviderError, ProviderErrorKind, ProviderEvent, ProviderRequest,
-    RequestOptions, Turn, TurnBuilder, Usage,
+    Price, ProviderError, ProviderErrorKind, ProviderRequest, RequestOptions, TurnBuilder, Usage,
 };
 use crate::status::{FallbackRoute, RunProgress};
 
-/// What one model call produced.
-pub(super) struct ModelCall {
-    pub(super) turn: Turn,
-    /// How long the model thought, if it did.
-    pub(super) thinking_ms: u32,
-}
-
 /// The run's model calls so far.
 pub(super) struct ModelCalls {
-    cancel: CancellationToken,
+    /// The run's cancellation.
+    pub(super) cancel: CancellationToken,
     /// The latest step (one model call each).
     pub(super) step: u64,
     /// Usage summed over the run's model calls.
@@ -45,8 +31,6 @@ pub(super) struct ModelCalls {
     route: Arc<Mutex<FallbackRoute>>,
     /// Live figures for the status page.
     progress: RunProgress,
-    /// What a model call canceled mid-stream had produced.
-    pub(super) partial: Option<Turn>,
 }
 
 impl ModelCalls {
@@ -63,7 +47,6 @@ impl ModelCalls {
             cost_usd: Some(0.0),
             route,
             progress,
-            partial: None,
         }
     }
 
@@ -75,68 +58,9 @@ impl ModelCalls {
         }
     }
 
-    /// One model call as one step: text and thinking stream to the client as they arrive,
-    /// tool calls show up as partial tool calls while their arguments stream. Client events
-    /// that come meanwhile are handled as they come.
-    pub(super) async fn model_step(
-        &mut self,
-        run: &Run,
-        client: &mut Client,
-        request: ProviderRequest,
-        tools: &ToolContext,
-    ) -> Result<ModelCall, RunError> {
-        self.step += 1;
-        let started = Instant::now();
-        client.out.send(msg::step_started(self.step)).await?;
-        let Opened {
-            first,
-            mut stream,
-            target,
-            ..
-        } = self.open(&run.chain, request).await?;
-        let price = run.chain.targets[target].price;
-        let mut s = StepStream::new(self.step);
-        let mut pending = Some(first);
-        let mut first_event = true;
-        // One waiter for the whole stream, not a fresh one per event.
-        let mut canceled = crate::base::cancel::cancelled(&self.cancel);
-        loop {
-            let event = tokio::select! {
-                biased;
-                _ = &mut canceled => {
-                    self.partial = Some(std::mem::take(&mut s.builder).finish());
-                    return Err(RunError::Canceled);
-                }
-                ev = async { pending.take() }, if pending.is_some() => ev,
-                ev = stream.recv() => ev,
-                ev = client.recv(), if client.listening() => {
-                    client.dispatch(ev).await?;
-                    continue;
-                }
-            };
-            let Some(event) = event else {
-                return Err(RunError::Internal(
-                    "the provider stream ended without a finish".into(),
-                ));
-            };
-            if std::mem::take(&mut first_event) {
-                self.progress.provider_latency(started.elapsed());
-            }
-            if s.forward(event, &client.out, tools, &run.model).await? {
-                break;
-            }
-        }
-        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        client
-            .out
-            .send(msg::step_completed(self.step, elapsed))
-            .await?;
-        self.record_call(&s.usage, price);
-        self.last_call = s.usage;
-        Ok(ModelCall {
-            turn: s.builder.finish(),
-            thinking_ms: s.thinking_ms,
-        })
+    /// How long the provider took to its first event of a call.
+    pub(super) fn provider_latency(&self, d: std::time::Duration) {
+        self.progress.provider_latency(d);
     }
 
     /// Start a model call on the chain (cancellable while it waits for a first event).
@@ -200,103 +124,6 @@ impl ModelCalls {
     }
 }
 
-/// One model call's stream as it arrives: the turn it builds, and what is still open.
-struct StepStream {
-    step: u64,
-    builder: TurnBuilder,
-    /// When the open thinking block started.
-    thinking_since: Option<Instant>,
-    thinking_ms: u32,
-    usage: Usage,
-    /// Tool calls whose arguments stream, by the model's call id: their names.
-    partial_names: HashMap<String, String>,
-}
-
-impl StepStream {
-    fn new(step: u64) -> StepStream {
-        StepStream {
-            step,
-            builder: TurnBuilder::new(),
-            thinking_since: None,
-            thinking_ms: 0,
-            usage: Usage::default(),
-            partial_names: HashMap::new(),
-        }
-    }
-
-    /// Take one provider event into the turn and show it to the client. True once the call
-    /// has finished.
-    async fn forward(
-        &mut self,
-        event: ProviderEvent,
-        out: &Outbox,
-        tools: &ToolContext,
-        model: &ResolvedModel,
-    ) -> Result<bool, RunError> {
-        self.builder.push(&event);
-        if !matches!(
-            event,
-            ProviderEvent::ReasoningDelta(_) | ProviderEvent::Usage(_)
-        ) {
-            self.end_thinking(out).await?;
-        }
-        match event {
-            ProviderEvent::TextDelta(text) => {
-                let tokens = msg::estimate_tokens(&text);
-                out.send(msg::text_delta(text)).await?;
-                out.send(msg::token_delta(tokens)).await?;
-            }
-            ProviderEvent::ReasoningDelta(text) => {
-                self.thinking_since.get_or_insert_with(Instant::now);
-                out.send(msg::thinking_delta(text)).await?;
-            }
-            ProviderEvent::ToolCallStarted { id, name } => {
-                if let Some(tc) = tools::placeholder(tools, &id, &name) {
-                    out.send(self.partial_call(&id, tc, String::new())).await?;
-                    self.partial_names.insert(id, name);
-                }
-            }
-            ProviderEvent::ToolCallArgsDelta { id, delta } => {
-                let placeholder = self
-                    .partial_names
-                    .get(&id)
-                    .and_then(|name| tools::placeholder(tools, &id, name));
-                if let Some(tc) = placeholder {
-                    out.send(self.partial_call(&id, tc, delta)).await?;
-                }
-            }
-            ProviderEvent::ReasoningDone { .. } | ProviderEvent::ToolCallFinished { .. } => {}
-            ProviderEvent::Usage(u) => self.usage = u,
-            ProviderEvent::Finished { reason } => {
-                if reason == FinishReason::Length {
-                    out.send(msg::notice(
-                        "\n\n(The model stopped at its output token limit.)".into(),
-                    ))
-                    .await?;
-                }
-                return Ok(true);
-            }
-            ProviderEvent::Error(e) => return Err(provider_error(model, e)),
-        }
-        Ok(false)
-    }
-
-    fn partial_call(&self, id: &str, tc: pb::ToolCall, delta: String) -> pb::AgentServerMessage {
-        msg::partial_tool_call(cursor_call_id(self.step, id), id.to_string(), tc, delta)
-    }
-
-    /// Close an open thinking block, counting how long it lasted.
-    async fn end_thinking(&mut self, out: &Outbox) -> Result<(), RunError> {
-        let Some(t) = self.thinking_since.take() else {
-            return Ok(());
-        };
-        let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
-        out.send(msg::thinking_completed(ms)).await?;
-        self.thinking_ms += u32::try_from(ms).unwrap_or(u32::MAX);
-        Ok(())
-    }
-}
-
 /// The request options of the run's model.
 pub(super) fn request_options(m: &ResolvedModel) -> RequestOptions {
     RequestOptions {
@@ -313,11 +140,16 @@ pub(super) fn request_options(m: &ResolvedModel) -> RequestOptions {
 
 /// A failed model call, as the run reports it.
 pub(super) fn provider_error(model: &ResolvedModel, e: ProviderError) -> RunError {
+    provider_failure(model.config.display_name(), e)
+}
+
+/// A failed model call of the model shown as `model_name`, as the run reports it.
+pub(super) fn provider_failure(model_name: &str, e: ProviderError) -> RunError {
     if e.kind == ProviderErrorKind::Canceled {
         return RunError::Canceled;
     }
     RunError::Provider {
-        model: model.config.display_name().to_string(),
+        model: model_name.to_string(),
         source: e,
     }
 }
