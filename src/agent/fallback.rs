@@ -61,11 +61,11 @@ impl Target {
 
 /// When to move on, and how long a failed target is skipped.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub on: Vec<FailoverOn>,
-    pub first_token_timeout: Duration,
-    pub cooldown: Duration,
-    pub max_cooldown: Duration,
+    pub(crate) first_token_timeout: Duration,
+    pub(crate) cooldown: Duration,
+    pub(crate) max_cooldown: Duration,
 }
 
 impl Policy {
@@ -119,7 +119,7 @@ struct HealthState {
 
 /// Cool-downs and conversation targets, shared by every run of a server.
 #[derive(Debug, Clone, Default)]
-pub struct Health {
+pub(crate) struct Health {
     inner: Arc<Mutex<HealthState>>,
 }
 
@@ -158,7 +158,7 @@ impl Health {
     }
 
     /// The target that served `conversation` last, if that was recent.
-    pub fn sticky(&self, conversation: &str) -> Option<String> {
+    pub(crate) fn sticky(&self, conversation: &str) -> Option<String> {
         let now = Instant::now();
         let state = self.lock();
         let (label, at) = state.sticky.get(conversation)?;
@@ -166,7 +166,7 @@ impl Health {
     }
 
     /// Remember that `label` serves `conversation`; the map stays bounded.
-    pub fn stick(&self, conversation: &str, label: &str) {
+    pub(crate) fn stick(&self, conversation: &str, label: &str) {
         let now = Instant::now();
         let mut state = self.lock();
         if state.sticky.len() >= STICKY_MAX && !state.sticky.contains_key(conversation) {
@@ -197,17 +197,17 @@ impl Health {
 
 /// A model's targets, for one run.
 #[derive(Debug, Clone)]
-pub struct Chain {
+pub(crate) struct Chain {
     pub targets: Vec<Target>,
     /// `label: reason` of configured targets that cannot be used (no API key).
     pub unusable: Vec<String>,
     pub policy: Policy,
-    pub health: Health,
+    pub(crate) health: Health,
     pub conversation: Option<String>,
 }
 
 /// A call that is under way: its first event has arrived (it may be the error that ended it).
-pub struct Opened {
+pub(crate) struct Opened {
     pub first: ProviderEvent,
     pub stream: ProviderStream,
     /// Index into [`Chain::targets`].

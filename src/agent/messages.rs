@@ -23,7 +23,7 @@ pub fn text_delta(text: String) -> pb::AgentServerMessage {
 }
 
 /// A line from the proxy itself (e.g. "tool round limit reached"), rendered as a notice.
-pub fn notice(text: String) -> pb::AgentServerMessage {
+pub(crate) fn notice(text: String) -> pb::AgentServerMessage {
     update(Update::TextDelta(pb::TextDeltaUpdate {
         text,
         is_server_notice: true,
@@ -43,7 +43,7 @@ pub fn thinking_completed(duration_ms: u64) -> pb::AgentServerMessage {
     }))
 }
 
-pub fn token_delta(tokens: u32) -> pb::AgentServerMessage {
+pub(crate) fn token_delta(tokens: u32) -> pb::AgentServerMessage {
     update(Update::TokenDelta(pb::TokenDeltaUpdate {
         tokens: i32::try_from(tokens).unwrap_or(i32::MAX),
     }))
@@ -100,7 +100,7 @@ pub fn exec(
     }
 }
 
-pub fn exec_abort(id: u32) -> pb::AgentServerMessage {
+pub(crate) fn exec_abort(id: u32) -> pb::AgentServerMessage {
     pb::AgentServerMessage {
         message: Some(Server::ExecServerControlMessage(
             pb::ExecServerControlMessage {
@@ -115,12 +115,12 @@ pub fn exec_abort(id: u32) -> pb::AgentServerMessage {
 
 /// A rough token count for a text delta (about four characters a token), for Cursor's live
 /// counter; the exact figures come with `turn_ended`.
-pub fn estimate_tokens(text: &str) -> u32 {
+pub(crate) fn estimate_tokens(text: &str) -> u32 {
     let chars = u32::try_from(text.chars().count()).unwrap_or(u32::MAX);
     chars.div_ceil(4).max(1)
 }
 
-pub fn partial_tool_call(
+pub(crate) fn partial_tool_call(
     call_id: String,
     model_call_id: String,
     tool_call: pb::ToolCall,
@@ -134,7 +134,7 @@ pub fn partial_tool_call(
     }))
 }
 
-pub fn tool_call_started(
+pub(crate) fn tool_call_started(
     call_id: String,
     model_call_id: String,
     tool_call: pb::ToolCall,
@@ -146,7 +146,7 @@ pub fn tool_call_started(
     }))
 }
 
-pub fn tool_call_completed(
+pub(crate) fn tool_call_completed(
     call_id: String,
     model_call_id: String,
     tool_call: pb::ToolCall,
@@ -166,7 +166,7 @@ pub fn tool_call_delta(call_id: String, delta: pb::ToolCallDelta) -> pb::AgentSe
     })))
 }
 
-pub fn summary_started() -> pb::AgentServerMessage {
+pub(crate) fn summary_started() -> pb::AgentServerMessage {
     update(Update::SummaryStarted(pb::SummaryStartedUpdate {}))
 }
 
@@ -174,7 +174,7 @@ pub fn summary(text: String) -> pb::AgentServerMessage {
     update(Update::Summary(pb::SummaryUpdate { summary: text }))
 }
 
-pub fn summary_completed(failed: bool) -> pb::AgentServerMessage {
+pub(crate) fn summary_completed(failed: bool) -> pb::AgentServerMessage {
     update(Update::SummaryCompleted(pb::SummaryCompletedUpdate {
         hook_message: None,
         failed: failed.then_some(true),
@@ -212,7 +212,10 @@ pub fn checkpoint(state: pb::ConversationStateStructure) -> pb::AgentServerMessa
 /// A checkpoint whose encoding `state_wire` keeps Cursor's fields (see
 /// [`Checkpoint::encode_over`](crate::agent::state::Checkpoint::encode_over)); `state` is its
 /// decoded form.
-pub fn checkpoint_encoded(state: pb::ConversationStateStructure, state_wire: &[u8]) -> RunOutput {
+pub(crate) fn checkpoint_encoded(
+    state: pb::ConversationStateStructure,
+    state_wire: &[u8],
+) -> RunOutput {
     use prost::encoding::{encode_key, encode_varint, WireType};
     /// `AgentServerMessage.conversation_checkpoint_update`.
     const CHECKPOINT: u32 = 3;
@@ -224,7 +227,7 @@ pub fn checkpoint_encoded(state: pb::ConversationStateStructure, state_wire: &[u
 }
 
 /// The state of a context injection (steering), acknowledged to the client.
-pub fn injection_state(
+pub(crate) fn injection_state(
     injection_id: String,
     state: pb::context_injection_state::State,
 ) -> pb::AgentServerMessage {
@@ -237,7 +240,7 @@ pub fn injection_state(
 }
 
 /// `delivered`: the model call that carries the injection starts (as step `step`).
-pub fn injection_delivered(injection_id: String, step: u64) -> pb::AgentServerMessage {
+pub(crate) fn injection_delivered(injection_id: String, step: u64) -> pb::AgentServerMessage {
     injection_state(
         injection_id.clone(),
         pb::context_injection_state::State::Delivered(pb::ContextInjectionDelivered {

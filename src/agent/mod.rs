@@ -37,7 +37,7 @@ use crate::status::{RunStart, Status};
 
 pub use model::ResolvedModel;
 use run::TransportFailure;
-pub use run::{RunError, RunSettings, RunSummary};
+pub(crate) use run::{RunError, RunSettings};
 pub use run_io::{RunOutput, RunRequest};
 
 /// Capacity of a run's channels: enough to absorb a burst of deltas, small enough that a slow
@@ -169,7 +169,7 @@ impl Agent {
     }
 
     /// Is `model_id` (as Cursor sends it, maybe with a `:variant`) one of ours?
-    pub fn is_our_model(&self, model_id: &str) -> bool {
+    pub(crate) fn is_our_model(&self, model_id: &str) -> bool {
         model::is_ours(&self.inner.config, model_id)
     }
 
@@ -180,7 +180,7 @@ impl Agent {
     }
 
     /// [`Agent::start_run`], naming the transport (`Run`, `RunSSE`) for the status page.
-    pub fn start_run_on(
+    pub(crate) fn start_run_on(
         &self,
         first: impl Into<RunRequest>,
         request_id: String,
@@ -243,7 +243,7 @@ impl Agent {
 
     /// The model a subagent call of ours asked for, when a new run is its child (by the
     /// parent its requests name, or its user message); `None` when no call of ours waits for it.
-    pub fn expected_child_model(
+    pub(crate) fn expected_child_model(
         &self,
         parent: &subagents::ParentLink,
         prompt: Option<&str>,
@@ -263,7 +263,7 @@ impl Agent {
 
     /// A request of the running run `request_id` named its parent only now (the desktop may send
     /// the parent headers on a later request than the one that started the run).
-    pub fn link_parent(&self, request_id: &str, parent: &subagents::ParentLink) -> bool {
+    pub(crate) fn link_parent(&self, request_id: &str, parent: &subagents::ParentLink) -> bool {
         !parent.is_empty() && self.inner.subagents.link_late(request_id, parent, None)
     }
 

@@ -19,14 +19,14 @@ pub fn requested_model_id(req: &pb::AgentRunRequest) -> Option<&str> {
 }
 
 /// Same for a prewarm request.
-pub fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
+pub(crate) fn prewarm_model_id(req: &pb::PrewarmRequest) -> Option<&str> {
     model_id_of(req.requested_model.as_ref(), req.model_details.as_ref())
 }
 
 /// The credential values the client sent with the model (`requested_model.credentials`,
 /// `model_details.credentials`: Cursor's own BYOK keys). Never used to call a provider (ours
 /// come from the config), only kept out of every text that leaves the process.
-pub fn credential_values(req: &pb::AgentRunRequest) -> Vec<&str> {
+pub(crate) fn credential_values(req: &pb::AgentRunRequest) -> Vec<&str> {
     use pb::model_details::Credentials as D;
     use pb::requested_model::Credentials as R;
     let mut out = Vec::new();
@@ -72,7 +72,7 @@ fn model_id_of<'a>(
 /// Split `byok-x:high` into (`byok-x`, Some(`high`)). The bracket form Cursor also sends,
 /// `byok-x[reasoning_effort=high]`, gives its base here; its parameters come from
 /// [`bracket_params`].
-pub fn split_variant(model_id: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_variant(model_id: &str) -> (&str, Option<&str>) {
     if let Some((base, _)) = crate::cursor::parse_variant_string(model_id)
         .filter(|(_, p)| !p.is_empty() || model_id.ends_with("[]"))
     {
@@ -97,14 +97,14 @@ fn bracket_params(model_id: &str) -> Vec<(String, String)> {
 }
 
 /// Is this id one of ours? (Cheap check before a config lookup.)
-pub fn is_ours(config: &Config, model_id: &str) -> bool {
+pub(crate) fn is_ours(config: &Config, model_id: &str) -> bool {
     let (base, _) = split_variant(model_id);
     base.starts_with(MODEL_ID_PREFIX) && config.model_by_cursor_id(base).is_some()
 }
 
 /// Does this id carry our prefix (`byok-`), configured or not? Such an id is never Cursor's:
 /// a run naming it is ours or refused, never relayed.
-pub fn has_our_prefix(model_id: &str) -> bool {
+pub(crate) fn has_our_prefix(model_id: &str) -> bool {
     let (base, _) = split_variant(model_id.trim());
     base.get(..MODEL_ID_PREFIX.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(MODEL_ID_PREFIX))

@@ -21,7 +21,7 @@ const TOOL_USE: &str = "Use the tools to read, search and change files and to ru
 /// prompt caches keep hitting across the turns of a conversation; the part that can change
 /// within a conversation (file-globbed rules coming into play) comes last.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PromptInputs<'a> {
+pub(crate) struct PromptInputs<'a> {
     pub ctx: Option<&'a pb::RequestContext>,
     /// `run_request.custom_system_prompt`: replaces our identity, as Cursor's SDK documents.
     pub custom: Option<&'a str>,
@@ -38,9 +38,9 @@ pub struct PromptInputs<'a> {
     /// `run_request.exclude_workspace_context`: leave out what describes the workspace's
     /// contents (git state, project layout); where the model works (OS, shell, folders) stays,
     /// since its tools need it.
-    pub exclude_workspace: bool,
+    pub(crate) exclude_workspace: bool,
     /// `ctx`'s file-globbed rules, compiled once for the turn; compiled here when absent.
-    pub globbed: Option<&'a rules::GlobbedRules<'a>>,
+    pub(crate) globbed: Option<&'a rules::GlobbedRules<'a>>,
 }
 
 pub fn system_prompt(inputs: &PromptInputs<'_>) -> String {
@@ -221,7 +221,11 @@ fn mcp_instructions(s: &mut String, ctx: &pb::RequestContext) {
 
 /// The user's message as the provider sees it: the attached context first (tagged), then the
 /// text, then images; content given by blob id comes from `blobs`.
-pub fn user_message_with(msg: &pb::UserMessage, images_allowed: bool, blobs: &Blobs) -> Message {
+pub(crate) fn user_message_with(
+    msg: &pb::UserMessage,
+    images_allowed: bool,
+    blobs: &Blobs,
+) -> Message {
     let mut text = String::new();
     let mut images = Vec::new();
     if let Some(sel) = &msg.selected_context {

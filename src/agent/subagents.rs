@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::proto::agent::v1 as pb;
 
 /// Outstanding calls kept at most (the oldest goes first).
-pub const MAX_PENDING: usize = 256;
+pub(crate) const MAX_PENDING: usize = 256;
 /// How long an unclaimed call waits for its child run.
-pub const PENDING_TTL: Duration = Duration::from_secs(600);
+pub(crate) const PENDING_TTL: Duration = Duration::from_secs(600);
 /// Nesting bound: a run at this depth is not offered the subagent tool.
 pub const MAX_DEPTH: u32 = 2;
 
@@ -89,17 +89,17 @@ pub struct Child {
     /// The child run's conversation: Cursor's client uses it as the subagent's id.
     pub conversation_id: String,
     /// The request id of the parent run that made the call.
-    pub parent_run: String,
+    pub(crate) parent_run: String,
     /// The call runs in the background: it may outlive the parent run's end (not its stop).
     pub background: bool,
     /// The parent run ended before this child started: it ends at once.
-    pub orphaned: bool,
+    pub(crate) orphaned: bool,
 }
 
 impl Child {
     /// The child of `args`, sent by a run at `parent_depth`; a custom subagent of that name
     /// brings its tools, prompt and permission mode.
-    pub fn for_call(
+    pub(crate) fn for_call(
         args: &pb::SubagentArgs,
         custom: &[pb::CustomSubagent],
         parent_depth: u32,
@@ -130,7 +130,7 @@ impl Child {
 
     /// A run that names its kind (`subagent_type_name`) but matches no call of ours: its
     /// kind's restrictions, one level down.
-    pub fn of_kind(kind: &str) -> Child {
+    pub(crate) fn of_kind(kind: &str) -> Child {
         Child {
             kind: kind.to_string(),
             depth: 1,
@@ -141,7 +141,7 @@ impl Child {
 }
 
 /// Built-in kinds that only look: Cursor's explore subagent.
-pub fn is_readonly_kind(kind: &str) -> bool {
+pub(crate) fn is_readonly_kind(kind: &str) -> bool {
     kind.eq_ignore_ascii_case("explore")
 }
 
@@ -158,7 +158,7 @@ struct WaitingCall {
 /// The calls waiting for their child runs, and the child runs running, shared by every run
 /// of the agent.
 #[derive(Debug, Clone, Default)]
-pub struct SubagentCalls {
+pub(crate) struct SubagentCalls {
     pending: Arc<Mutex<VecDeque<WaitingCall>>>,
     /// Child runs by their own request id (two runs may share a subagent id: a resumed
     /// subagent, a client that reuses a conversation), with their subagent id to cancel them
@@ -210,7 +210,12 @@ impl SubagentCalls {
     /// the oldest outstanding one with that prompt and model. A run whose conversation already
     /// has turns (`continues` names it) is only the child of a call that resumes that
     /// conversation's subagent; otherwise it is the user's own. Claimed once.
-    pub fn claim(&self, prompt: &str, model_id: &str, continues: Option<&str>) -> Option<Child> {
+    pub(crate) fn claim(
+        &self,
+        prompt: &str,
+        model_id: &str,
+        continues: Option<&str>,
+    ) -> Option<Child> {
         let prompt = prompt.trim();
         self.take_first(|e| {
             e.prompt == prompt
@@ -222,7 +227,7 @@ impl SubagentCalls {
     /// The model an outstanding call of ours asked for, when a new run is its child by what
     /// the client says of the parent (`link`) or by its user message (`prompt`); nothing is
     /// claimed. `None`: no call of ours waits for this run.
-    pub fn expected_model(&self, link: &ParentLink, prompt: Option<&str>) -> Option<String> {
+    pub(crate) fn expected_model(&self, link: &ParentLink, prompt: Option<&str>) -> Option<String> {
         let prompt = prompt.map(str::trim).filter(|p| !p.is_empty());
         let mut p = self.lock();
         prune(&mut p);
@@ -237,13 +242,13 @@ impl SubagentCalls {
     }
 
     /// A child run the client says belongs to the call `parent_tool_call_id`.
-    pub fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
+    pub(crate) fn claim_call(&self, parent_tool_call_id: &str) -> Option<Child> {
         self.take_first(|e| e.child.parent_tool_call_id == parent_tool_call_id)
     }
 
     /// The call a new run is the child of, by what the client says of its parent: the call it
     /// names, else the one call of the parent run it names (or the one with its prompt).
-    pub fn claim_linked(&self, link: &ParentLink, prompt: Option<&str>) -> Option<Child> {
+    pub(crate) fn claim_linked(&self, link: &ParentLink, prompt: Option<&str>) -> Option<Child> {
         if let Some(call) = &link.tool_call_id {
             if let Some(c) = self.claim_call(call) {
                 return Some(c);
@@ -266,7 +271,12 @@ impl SubagentCalls {
 
     /// A run that started as nobody's child: a parent named later can still link it, under
     /// `subagent_id` (what the run untracks when it ends).
-    pub fn track_unlinked(&self, request_id: &str, subagent_id: &str, cancel: CancellationToken) {
+    pub(crate) fn track_unlinked(
+        &self,
+        request_id: &str,
+        subagent_id: &str,
+        cancel: CancellationToken,
+    ) {
         if request_id.is_empty() || subagent_id.is_empty() {
             return;
         }
@@ -279,7 +289,7 @@ impl SubagentCalls {
         );
     }
 
-    pub fn untrack_unlinked(&self, request_id: &str) {
+    pub(crate) fn untrack_unlinked(&self, request_id: &str) {
         self.unlinked_lock().remove(request_id);
     }
 
@@ -287,7 +297,12 @@ impl SubagentCalls {
     /// now on that parent's stop (and, for a foreground call, its end) stops it, and the call
     /// it answers is no longer waiting for a child. Its tools stay those it started with.
     /// Returns whether the run was linked.
-    pub fn link_late(&self, request_id: &str, link: &ParentLink, prompt: Option<&str>) -> bool {
+    pub(crate) fn link_late(
+        &self,
+        request_id: &str,
+        link: &ParentLink,
+        prompt: Option<&str>,
+    ) -> bool {
         let Some(run) = self.unlinked_lock().remove(request_id) else {
             return false;
         };
@@ -344,7 +359,7 @@ impl SubagentCalls {
     /// `cancel` stops it, as does a cancel of `subagent_id`, its parent's stop (and, unless it
     /// runs in the background, its parent's end). A child whose parent ended before it started
     /// is stopped at once.
-    pub fn track_child(
+    pub(crate) fn track_child(
         &self,
         run_id: &str,
         subagent_id: &str,
@@ -375,7 +390,7 @@ impl SubagentCalls {
     /// when it was stopped, else those in the foreground (nobody waits for their result any
     /// more); calls whose child has not started yet leave an orphan that ends as it starts.
     /// Returns how many running children were stopped.
-    pub fn parent_ended(&self, parent_run: &str, stopped: bool) -> usize {
+    pub(crate) fn parent_ended(&self, parent_run: &str, stopped: bool) -> usize {
         if parent_run.is_empty() {
             return 0;
         }
@@ -400,7 +415,7 @@ impl SubagentCalls {
     }
 
     /// The run `run_id` ended.
-    pub fn untrack(&self, run_id: &str) {
+    pub(crate) fn untrack(&self, run_id: &str) {
         self.running_lock().remove(run_id);
     }
 
@@ -420,13 +435,15 @@ impl SubagentCalls {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Entries outstanding (for tests and the status page).
+    /// Entries outstanding.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         let mut p = self.lock();
         prune(&mut p);
         p.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -18,20 +18,20 @@ use crate::agent::state::StepRecord;
 use crate::agent::user_files::TranscriptsDir;
 
 /// A transcript file is not grown past this; a turn that would cross it is not written.
-pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
 /// Each text in a line is capped to this many characters.
 const MAX_TEXT_CHARS: usize = 16_000;
 /// A tool call's input longer than this (as JSON) is replaced by a note.
 const MAX_INPUT_CHARS: usize = 4_000;
 /// What of a past chat reaches the model: its last this-many characters.
-pub const MAX_PAST_CHAT_CHARS: usize = 60_000;
+pub(crate) const MAX_PAST_CHAT_CHARS: usize = 60_000;
 /// At most this much of a transcript file is read back (its end).
 const MAX_READ_BYTES: u64 = 2 * 1024 * 1024;
 
 /// The JSON lines of one ended turn: the user's message, then the answer's text and tool calls
 /// in order. Thinking and our own notes to the model are not part of Cursor's transcript.
 /// Secrets the process knows are scrubbed from every text.
-pub fn turn_lines(user_text: &str, steps: &[StepRecord]) -> String {
+pub(crate) fn turn_lines(user_text: &str, steps: &[StepRecord]) -> String {
     let mut out = String::new();
     let mut line = |role: &str, content: Vec<Value>| {
         if content.is_empty() {
@@ -85,7 +85,7 @@ fn file_name(conversation: &str) -> Option<String> {
 /// What a transcript says, for the model: `User:` / `Assistant:` paragraphs, tool calls named,
 /// lines that are not messages (Cursor's status lines) left out; the last
 /// [`MAX_PAST_CHAT_CHARS`] characters when longer.
-pub fn render(jsonl: &str) -> String {
+pub(crate) fn render(jsonl: &str) -> String {
     let mut out = String::new();
     for line in jsonl.lines() {
         let Ok(v) = serde_json::from_str::<Value>(line) else {

@@ -29,7 +29,7 @@ const FOLDER: &str = "agent-transcripts";
 
 /// A transcripts folder of this user: the canonical home and the project's folder name.
 #[derive(Debug, PartialEq, Eq)]
-pub struct TranscriptsDir {
+pub(crate) struct TranscriptsDir {
     home: PathBuf,
     project: OsString,
 }
@@ -90,7 +90,7 @@ impl TranscriptsDir {
     }
 
     /// `<conversation>/<file>` opened for reading.
-    pub fn open_read(&self, conversation: &str, file: &str) -> std::io::Result<File> {
+    pub(crate) fn open_read(&self, conversation: &str, file: &str) -> std::io::Result<File> {
         imp::open(&self.home, &self.names(conversation), file, false)
     }
 }

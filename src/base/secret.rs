@@ -48,7 +48,7 @@ impl From<String> for Secret {
 }
 
 /// What a scrubbed value is replaced with.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 /// Shorter values are not scrubbed: they would mask ordinary words, and are no real secret.
 const MIN_SECRET_LEN: usize = 6;
 /// Bound on the process-wide registry (each value brings a handful of encodings).

@@ -24,7 +24,7 @@ pub struct Args {
     pub data_dir: Option<PathBuf>,
     /// More logging (-v debug, -vv trace); RUST_LOG takes precedence.
     #[arg(long, short, global = true, action = clap::ArgAction::Count)]
-    pub verbose: u8,
+    pub(crate) verbose: u8,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -39,7 +39,7 @@ pub struct RunArgs {
     pub capture: Option<PathBuf>,
     /// Stop recording after this many minutes.
     #[arg(long, value_name = "N", requires = "capture")]
-    pub capture_minutes: Option<u64>,
+    pub(crate) capture_minutes: Option<u64>,
     /// Also record each message's decoded content (prompts, file contents…; keys and
     /// credentials are still masked). Only for your own debugging: do not share such a capture.
     #[arg(long, requires = "capture")]
@@ -149,7 +149,7 @@ pub struct CursorArgs {
     pub undo: bool,
     /// Show what would change (a diff) without writing anything.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -189,7 +189,7 @@ pub struct SystemProxyArgs {
     pub undo: bool,
     /// Print the commands (reading the current values only) without changing anything.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Point the OS at the copy in the data directory (`file://`) instead of the proxy's own
     /// URL; only some OS proxy stacks accept file URLs.
     #[arg(long)]
@@ -197,10 +197,10 @@ pub struct SystemProxyArgs {
     /// Replace a proxy configuration the OS already has (a company's PAC or manual proxy);
     /// without it, setup stops and explains. `--undo` puts it back.
     #[arg(long)]
-    pub replace_existing: bool,
+    pub(crate) replace_existing: bool,
     /// Apply it without the login service holding the proxy's socket (Linux, macOS): while
     /// the proxy is down, a Cursor that starts gets no script and goes DIRECT everywhere, a
     /// chat on your own model included. Without it, setup stops and explains.
     #[arg(long)]
-    pub accept_direct_fallback: bool,
+    pub(crate) accept_direct_fallback: bool,
 }

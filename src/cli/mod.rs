@@ -56,7 +56,7 @@ fn filter(verbose: u8) -> tracing_subscriber::EnvFilter {
 }
 
 /// `RUST_LOG`-style filtering; the default shows our info lines and others' warnings.
-pub fn init_tracing(verbose: u8) {
+pub(crate) fn init_tracing(verbose: u8) {
     let filter = filter(verbose);
     let colour = colour_logs(
         std::env::var_os("NO_COLOR").as_deref(),

@@ -155,7 +155,7 @@ pub(super) fn run_cmd(cmd: &Cmd, echo: bool) -> Result<String, String> {
 }
 
 /// Is there a systemd user manager to install into? `Err` says why not.
-pub fn user_systemd() -> Result<(), String> {
+pub(crate) fn user_systemd() -> Result<(), String> {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty()) {
         return Err("XDG_RUNTIME_DIR is not set, so there is no user session bus".into());
     }

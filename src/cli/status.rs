@@ -27,7 +27,7 @@ pub struct Report {
     pub uptime_secs: Option<u64>,
     pub active: Vec<RunRecord>,
     /// `YYYY-MM-DD`, UTC.
-    pub today_utc: String,
+    pub(crate) today_utc: String,
     /// Runs that ended today, per model, from the usage record.
     pub today: Vec<ModelTotals>,
     pub today_total: ModelTotals,
@@ -36,7 +36,7 @@ pub struct Report {
 }
 
 #[derive(Debug, Serialize)]
-pub struct ErrorLine {
+pub(crate) struct ErrorLine {
     pub unix_ms: u64,
     pub model: String,
     pub outcome: String,

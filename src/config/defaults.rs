@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::failover::FailoverOn;
 
 /// Used when no config file is given. Models appear only for providers whose key variable is set.
-pub const EMBEDDED_DEFAULT: &str = r#"
+pub(crate) const EMBEDDED_DEFAULT: &str = r#"
 listen = "127.0.0.1:8787"
 intercept = ["*.cursor.sh"]
 
@@ -79,7 +79,7 @@ supports_images = false
 
 /// The OS data directory for this app (`~/.local/share/cursor-byok`, `~/Library/Application
 /// Support/cursor-byok`, `%APPDATA%\cursor-byok`); `CURSOR_BYOK_DATA_DIR` overrides it.
-pub fn default_data_dir() -> PathBuf {
+pub(crate) fn default_data_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CURSOR_BYOK_DATA_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }

@@ -19,7 +19,7 @@ use crate::base::secret::Secret;
 
 pub use crate::provider::{AuthMode, Price, ProviderKind};
 
-pub use defaults::{default_data_dir, EMBEDDED_DEFAULT};
+pub(crate) use defaults::{default_data_dir, EMBEDDED_DEFAULT};
 pub use error::ConfigError;
 pub use failover::FailoverOn;
 

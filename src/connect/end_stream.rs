@@ -237,7 +237,7 @@ impl std::error::Error for ConnectError {}
 
 impl ErrorDetail {
     /// The detail type Cursor's servers and clients use for their error UI.
-    pub const ERROR_DETAILS_TYPE: &'static str = "aiserver.v1.ErrorDetails";
+    pub(crate) const ERROR_DETAILS_TYPE: &'static str = "aiserver.v1.ErrorDetails";
 
     pub fn new(type_name: impl Into<String>, value: Bytes) -> Self {
         ErrorDetail {

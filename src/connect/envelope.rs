@@ -77,7 +77,7 @@ pub struct FrameEncoder {
 impl FrameEncoder {
     /// Messages smaller than this are sent uncompressed even when gzip was negotiated: gzip
     /// costs more than it saves on small protobufs (connect-es uses the same default).
-    pub const DEFAULT_COMPRESS_MIN_BYTES: usize = 1024;
+    pub(crate) const DEFAULT_COMPRESS_MIN_BYTES: usize = 1024;
 
     /// `encoding` is what the stream's `connect-content-encoding` header says we send.
     pub fn new(encoding: Encoding) -> Self {

@@ -41,23 +41,23 @@ pub use models::{
     model_details, parse_variant_string, usable_models_additions, EFFORT_PARAM, THINKING_PARAM,
     UNSET_PICKER_FIELDS,
 };
-pub use server_config::{direct_door_url, local_server_config, rewrite_server_config};
+pub(crate) use server_config::{local_server_config, rewrite_server_config};
 pub use statsig::{djb2, GATES_OFF};
 
 pub const AVAILABLE_MODELS: &str = "/aiserver.v1.AiService/AvailableModels";
-pub const GET_USABLE_MODELS: [&str; 2] = [
+pub(crate) const GET_USABLE_MODELS: [&str; 2] = [
     "/agent.v1.AgentService/GetUsableModels",
     "/aiserver.v1.AiService/GetUsableModels",
 ];
-pub const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
+pub(crate) const GET_DEFAULT_MODEL_FOR_CLI: [&str; 2] = [
     "/agent.v1.AgentService/GetDefaultModelForCli",
     "/aiserver.v1.AiService/GetDefaultModelForCli",
 ];
 pub const GET_SERVER_CONFIG: &str = "/aiserver.v1.ServerConfigService/GetServerConfig";
-pub const BOOTSTRAP_STATSIG: &str = "/aiserver.v1.AnalyticsService/BootstrapStatsig";
+pub(crate) const BOOTSTRAP_STATSIG: &str = "/aiserver.v1.AnalyticsService/BootstrapStatsig";
 /// The WebSocket reachability probe; a 404. (The agent WebSocket itself, `/agent/v1/run`, is
 /// the agent's: `agent::transport`.)
-pub const WS_PROBES: [&str; 1] = ["/ws-reachability-probe"];
+pub(crate) const WS_PROBES: [&str; 1] = ["/ws-reachability-probe"];
 
 /// `GetServerConfigResponse` fields we may change: `http2_config` (7), `agent_url_config` (27).
 const SERVER_CONFIG_OWNED: &[u32] = &[7, 27];
@@ -115,7 +115,7 @@ pub fn classify(path: &str) -> Option<CursorRpc> {
 /// Internal failures while adjusting an upstream answer. None reaches the client: the handler
 /// logs them and answers with upstream's bytes or a local answer instead.
 #[derive(Debug, thiserror::Error)]
-pub enum CursorError {
+pub(crate) enum CursorError {
     #[error("reading upstream's answer failed: {0}")]
     Read(String),
     #[error("upstream's answer exceeds {max} bytes")]
@@ -625,7 +625,7 @@ pub(crate) mod test_support {
     }
 
     /// Two usable models (an effort model, a thinking-budget model) and one without a key.
-    pub fn test_config() -> Config {
+    pub(crate) fn test_config() -> Config {
         let text = r#"
 [providers.openai]
 kind = "openai-chat"

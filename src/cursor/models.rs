@@ -88,7 +88,7 @@ pub fn available_models_additions(
 
 /// Cmd+K's default model when `[cmd_k] model` serves Cursor's default: ours, so the surface's
 /// default and what serves it agree. Unset: Cursor's own stays.
-pub fn cmd_k_model_config(config: &Config) -> Option<FeatureModelConfig> {
+pub(crate) fn cmd_k_model_config(config: &Config) -> Option<FeatureModelConfig> {
     config.cmd_k_model().map(|m| FeatureModelConfig {
         default_model: m.cursor_id(),
         ..Default::default()

@@ -15,7 +15,7 @@ use crate::proto::aiserver::v1 as ai;
 
 /// The agent URL advertised for the direct TLS door, when that mode is on and the door is
 /// configured.
-pub fn direct_door_url(config: &Config) -> Option<String> {
+pub(crate) fn direct_door_url(config: &Config) -> Option<String> {
     if !config.cursor.advertise_direct_door {
         return None;
     }
@@ -24,7 +24,7 @@ pub fn direct_door_url(config: &Config) -> Option<String> {
 }
 
 /// Applies the configured adjustments to upstream's server config; every other field is kept.
-pub fn rewrite_server_config(
+pub(crate) fn rewrite_server_config(
     mut resp: ai::GetServerConfigResponse,
     config: &Config,
 ) -> ai::GetServerConfigResponse {
@@ -52,7 +52,7 @@ pub fn rewrite_server_config(
 /// The answer when upstream is unreachable: an otherwise empty config carrying only our
 /// adjustments, so the desktop's Agent still goes through us rather than around the proxy.
 /// (All other settings are left at their defaults; the client fetches the config again later.)
-pub fn local_server_config(config: &Config) -> ai::GetServerConfigResponse {
+pub(crate) fn local_server_config(config: &Config) -> ai::GetServerConfigResponse {
     rewrite_server_config(ai::GetServerConfigResponse::default(), config)
 }
 

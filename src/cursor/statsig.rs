@@ -37,7 +37,7 @@ const OUR_RULE: &str = "cursor-byok:door-not-served";
 
 /// Why a bootstrap could not be rewritten.
 #[derive(Debug, thiserror::Error)]
-pub enum StatsigError {
+pub(crate) enum StatsigError {
     #[error("the bootstrap answer does not scan as protobuf: {0}")]
     Wire(#[from] wire::WireError),
     #[error("the bootstrap answer has no config (field 1)")]
@@ -75,7 +75,7 @@ fn gate_key(name: &str, hash_used: &str) -> Result<String, StatsigError> {
 }
 
 /// The bootstrap JSON with [`GATES_OFF`] off; every other value is kept.
-pub fn rewrite_config(json: &str) -> Result<String, StatsigError> {
+pub(crate) fn rewrite_config(json: &str) -> Result<String, StatsigError> {
     let mut root: Map<String, Value> =
         serde_json::from_str(json).map_err(|e| StatsigError::Json(e.to_string()))?;
     // Statsig's default when the field is absent is `djb2`.
@@ -117,7 +117,7 @@ fn gate_off_entry(key: &str) -> Value {
 /// The bootstrap message (`BootstrapStatsigResponse`, raw protobuf) with its config rewritten
 /// by [`rewrite_config`]. Every other field stays byte for byte; field 1 is replaced by one
 /// occurrence carrying the rewritten JSON (for a string, the last occurrence is the value).
-pub fn rewrite_message(message: &[u8]) -> Result<Vec<u8>, StatsigError> {
+pub(crate) fn rewrite_message(message: &[u8]) -> Result<Vec<u8>, StatsigError> {
     let mut config = None;
     for field in wire::fields(message) {
         let field = field?;
@@ -143,7 +143,7 @@ fn config_field(json: &str) -> Vec<u8> {
 
 /// The bootstrap JSON we answer when upstream's cannot be read: no experiment but the gates
 /// in [`GATES_OFF`], off.
-pub fn local_config(now_ms: u64) -> String {
+pub(crate) fn local_config(now_ms: u64) -> String {
     let gates: Map<String, Value> = GATES_OFF
         .iter()
         .map(|name| {
@@ -165,7 +165,7 @@ pub fn local_config(now_ms: u64) -> String {
 }
 
 /// [`local_config`] as a `BootstrapStatsigResponse` (config 1, timestamp 2).
-pub fn local_bootstrap(now_ms: u64) -> Vec<u8> {
+pub(crate) fn local_bootstrap(now_ms: u64) -> Vec<u8> {
     let mut out = config_field(&local_config(now_ms));
     prost::encoding::uint64::encode(2, &now_ms, &mut out);
     out

@@ -68,7 +68,7 @@ fn short(full: &str) -> String {
 impl Schema {
     /// An index of `bytes` (an encoded `FileDescriptorSet`); an undecodable set gives an empty
     /// index, which knows nothing and so checks nothing.
-    pub fn from_descriptor_set(bytes: &[u8]) -> Schema {
+    pub(crate) fn from_descriptor_set(bytes: &[u8]) -> Schema {
         let set = prost_types::FileDescriptorSet::decode(bytes).unwrap_or_default();
         let mut messages = Vec::new();
         let mut enums = Vec::new();

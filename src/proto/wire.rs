@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 
 /// Groups (a proto2 relic) nest; this bounds how deep a scan follows them.
-pub const MAX_GROUP_DEPTH: usize = 32;
+pub(crate) const MAX_GROUP_DEPTH: usize = 32;
 
 /// How a field's value is laid out on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub fn validate(buf: &[u8]) -> Result<(), WireError> {
 }
 
 /// Reads the varint at `at`; returns it and the position after it.
-pub fn read_varint(buf: &[u8], at: usize) -> Result<(u64, usize), WireError> {
+pub(crate) fn read_varint(buf: &[u8], at: usize) -> Result<(u64, usize), WireError> {
     let mut value = 0u64;
     for i in 0..10 {
         let Some(&byte) = buf.get(at + i) else {

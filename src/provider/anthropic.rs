@@ -10,7 +10,7 @@ use super::sse::SseEvent;
 use super::types::*;
 
 /// `max_tokens` is mandatory on this API.
-pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 8192;
 /// Anthropic's minimum thinking budget.
 const MIN_THINKING_BUDGET: u32 = 1024;
 

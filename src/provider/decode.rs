@@ -48,7 +48,7 @@ impl StreamDecoder {
     }
 
     /// Map the tool names of the request (see `schema::prepare_request`) back in tool-call events.
-    pub fn set_tool_names(&mut self, names: ToolNames) {
+    pub(crate) fn set_tool_names(&mut self, names: ToolNames) {
         self.names = names;
     }
 
@@ -58,7 +58,7 @@ impl StreamDecoder {
     }
 
     /// Bytes buffered for an incomplete event.
-    pub fn pending_bytes(&self) -> usize {
+    pub(crate) fn pending_bytes(&self) -> usize {
         self.sse.pending_bytes()
     }
 

@@ -84,7 +84,7 @@ impl ProviderError {
         self
     }
 
-    pub fn with_code(mut self, code: Option<String>) -> Self {
+    pub(crate) fn with_code(mut self, code: Option<String>) -> Self {
         // Out of quota / credits: retrying will not help.
         if matches!(
             code.as_deref(),
@@ -178,7 +178,7 @@ impl ProviderError {
 
     /// Build from an error payload inside a 200 stream (OpenAI `{"error":{...}}`, Responses
     /// `{"type":"error","code",...}`, Anthropic `{"type":"error","error":{...}}`).
-    pub fn from_stream_payload(provider: &str, payload: &Value) -> Self {
+    pub(crate) fn from_stream_payload(provider: &str, payload: &Value) -> Self {
         let parsed = parse_error_value(payload);
         let kind = match parsed.code.as_deref() {
             // Gemini's `status` names come last in each arm.
@@ -243,7 +243,7 @@ impl fmt::Display for ProviderError {
 pub(crate) struct ParsedError {
     pub message: Option<String>,
     pub code: Option<String>,
-    pub retry_delay: Option<Duration>,
+    pub(crate) retry_delay: Option<Duration>,
 }
 
 /// Extract message / type from the error-body shapes providers use: OpenAI

@@ -146,7 +146,7 @@ pub struct ProviderSettings {
     /// Replay identity stamped on extras; defaults to the base URL without query. Two settings
     /// with the same kind and identity may replay each other's reasoning.
     pub identity: Option<String>,
-    pub anthropic_version: String,
+    pub(crate) anthropic_version: String,
     /// No bytes for this long (waiting for headers or while streaming) ends the call.
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
@@ -271,7 +271,7 @@ pub(crate) struct Resolved {
     pub idle_timeout: Duration,
     pub retry: RetryPolicy,
     /// api.openai.com wants `max_completion_tokens`.
-    pub openai_host: bool,
+    pub(crate) openai_host: bool,
     /// Tool schema and naming rules of this endpoint.
     pub dialect: schema::Dialect,
 }
@@ -314,7 +314,7 @@ impl ProviderClient {
     }
 
     /// A client reusing `http` (see [`build_http_client`]); its connect timeout applies.
-    pub fn with_http_client(
+    pub(crate) fn with_http_client(
         settings: ProviderSettings,
         http: reqwest::Client,
     ) -> Result<Self, ProviderError> {
@@ -467,7 +467,7 @@ const POOL_MAX_IDLE_PER_HOST: usize = 8;
 
 /// The shared HTTP client: pooled, TCP_NODELAY (token streams are many tiny writes), no overall
 /// timeout (streams are long; the idle timeout guards them instead).
-pub fn build_http_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
+pub(crate) fn build_http_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
@@ -518,7 +518,7 @@ fn build_headers(s: &ProviderSettings) -> Result<HeaderMap, String> {
 
 /// What an extra header's value may name, filled in per request with the conversation's id
 /// (Cursor's conversation for an agent run, the prompt bar's session for a Cmd+K).
-pub const CONVERSATION_ID: &str = "{conversation_id}";
+pub(crate) const CONVERSATION_ID: &str = "{conversation_id}";
 
 /// The extra headers whose value names [`CONVERSATION_ID`].
 fn templated_headers(s: &ProviderSettings) -> Result<Vec<(HeaderName, Secret)>, String> {

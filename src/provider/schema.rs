@@ -15,7 +15,7 @@ use super::types::{AssistantPart, Message, ProviderRequest};
 use super::ProviderKind;
 
 /// Longest tool name every dialect accepts.
-pub const MAX_TOOL_NAME: usize = 64;
+pub(crate) const MAX_TOOL_NAME: usize = 64;
 /// `$ref`s are inlined this deep; a recursive schema ends in an unconstrained node there.
 const MAX_REF_DEPTH: usize = 4;
 
@@ -70,7 +70,7 @@ impl Dialect {
     }
 
     /// Whether `name` is a valid tool name here.
-    pub fn name_is_valid(self, name: &str) -> bool {
+    pub(crate) fn name_is_valid(self, name: &str) -> bool {
         !name.is_empty()
             && name.len() <= MAX_TOOL_NAME
             && name
@@ -82,7 +82,7 @@ impl Dialect {
     /// A valid name for `name`: odd characters become `_`, a bad first character gets a `_`
     /// before it, and an overlong name is cut and keeps a hash of the whole (so two long names
     /// sharing a prefix stay apart).
-    pub fn valid_name(self, name: &str) -> String {
+    pub(crate) fn valid_name(self, name: &str) -> String {
         if self.name_is_valid(name) {
             return name.to_string();
         }
@@ -166,13 +166,13 @@ impl ToolNames {
     }
 
     /// Whether nothing was renamed.
-    pub fn is_identity(&self) -> bool {
+    pub(crate) fn is_identity(&self) -> bool {
         self.original.is_empty()
     }
 }
 
 /// Rewrite `req`'s tools (names and schemas) and the tool names in its history for `dialect`.
-pub fn prepare_request(dialect: Dialect, req: &mut ProviderRequest) -> ToolNames {
+pub(crate) fn prepare_request(dialect: Dialect, req: &mut ProviderRequest) -> ToolNames {
     let names = ToolNames::new(dialect, req.tools.iter().map(|t| t.name.as_str()));
     for t in &mut req.tools {
         t.name = names.wire(&t.name);
@@ -195,7 +195,7 @@ pub fn prepare_request(dialect: Dialect, req: &mut ProviderRequest) -> ToolNames
 }
 
 /// The tool-parameters schema `schema` as `dialect` accepts it. The root is always an object.
-pub fn normalise(dialect: Dialect, schema: &Value) -> Value {
+pub(crate) fn normalise(dialect: Dialect, schema: &Value) -> Value {
     let empty = Map::new();
     let defs = schema
         .get("$defs")

@@ -57,7 +57,7 @@ impl SseParser {
     }
 
     /// Bytes held waiting for a line end plus the pending event's data; the HTTP layer caps it.
-    pub fn pending_bytes(&self) -> usize {
+    pub(crate) fn pending_bytes(&self) -> usize {
         self.buf.len() + self.data.len()
     }
 

@@ -123,7 +123,7 @@ pub struct ProviderExtra {
 
 impl ProviderExtra {
     /// Whether this extra may be sent to the provider `kind` at `origin`.
-    pub fn replays_to(&self, kind: ProviderKind, origin: &str) -> bool {
+    pub(crate) fn replays_to(&self, kind: ProviderKind, origin: &str) -> bool {
         self.kind == kind && self.origin == origin
     }
 }

@@ -137,7 +137,7 @@ fn mask_url_passwords(text: &str) -> String {
 }
 
 /// An `http.proxy` value without the credentials it may carry, for comparing and printing.
-pub fn without_credentials(url: &str) -> String {
+pub(crate) fn without_credentials(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => match rest.split_once('/') {
             Some((authority, path)) => {
@@ -161,7 +161,7 @@ fn listen_of(url: &str) -> Option<SocketAddr> {
 }
 
 /// The settings the proxy needs, without credentials in `http.proxy`.
-pub fn desired_settings(listen: SocketAddr) -> Vec<(&'static str, Value)> {
+pub(crate) fn desired_settings(listen: SocketAddr) -> Vec<(&'static str, Value)> {
     desired_settings_for(listen, None)
 }
 
@@ -188,10 +188,10 @@ pub fn desired_settings_for(
 }
 
 /// The setting that keeps a Remote-SSH window's inference on the local client (3.21.16+).
-pub const REMOTE_INFERENCE_ROUTE: &str = "cursorAgentHost.remoteInferenceRoute";
+pub(crate) const REMOTE_INFERENCE_ROUTE: &str = "cursorAgentHost.remoteInferenceRoute";
 
 /// Settings whose value the user chose stays: we only add them when absent.
-pub const USER_KEEPS: &[&str] = &[REMOTE_INFERENCE_ROUTE];
+pub(crate) const USER_KEEPS: &[&str] = &[REMOTE_INFERENCE_ROUTE];
 
 /// `desired` without the keys in [`USER_KEEPS`] that `doc` already sets.
 fn for_document(
@@ -207,14 +207,14 @@ fn for_document(
 
 /// A setting that does not hold the value the proxy needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     pub key: String,
     pub have: Option<Value>,
     pub want: Value,
 }
 
 /// What in `text` differs from `desired`.
-pub fn mismatches(
+pub(crate) fn mismatches(
     text: &str,
     desired: &[(&'static str, Value)],
 ) -> Result<Vec<Mismatch>, ParseError> {

@@ -132,7 +132,7 @@ pub async fn check_running(config: &Config) -> Vec<Check> {
 }
 
 /// The running proxy's report of what Cursor sent that this build does not know.
-pub fn check_unknown(s: &StatusSnapshot) -> Option<Check> {
+pub(crate) fn check_unknown(s: &StatusSnapshot) -> Option<Check> {
     let u = &s.unknown;
     if u.items.is_empty() {
         return None;
@@ -236,7 +236,11 @@ impl Check {
 
 /// Provider settings from the config ([`ProviderConfig::settings`], as the agent's), with no
 /// retries so a probe fails fast. `None` when the provider has no key.
-pub fn probe_settings(name: &str, p: &ProviderConfig, config: &Config) -> Option<ProviderSettings> {
+pub(crate) fn probe_settings(
+    name: &str,
+    p: &ProviderConfig,
+    config: &Config,
+) -> Option<ProviderSettings> {
     let mut s = p.settings(name.to_string(), config.upstream.connect_timeout())?;
     s.idle_timeout = PROBE_TIMEOUT;
     s.retry = RetryPolicy {

@@ -122,7 +122,7 @@ impl<'a> Document<'a> {
     /// value in place (every occurrence of a duplicated key); missing ones are appended to the
     /// object in its own indentation style. Members already holding the value are untouched,
     /// so applying the same settings twice changes nothing the second time.
-    pub fn with_values(&self, entries: &[(&str, Value)]) -> String {
+    pub(crate) fn with_values(&self, entries: &[(&str, Value)]) -> String {
         self.with_raw_values(
             &entries
                 .iter()
@@ -139,7 +139,7 @@ impl<'a> Document<'a> {
 
     /// Like [`Document::with_values`] with values given as source text (kept verbatim), e.g. to
     /// put back a value as another version of the file spelled it.
-    pub fn with_raw(&self, entries: &[(&str, String)]) -> String {
+    pub(crate) fn with_raw(&self, entries: &[(&str, String)]) -> String {
         self.with_raw_values(entries, None)
     }
 

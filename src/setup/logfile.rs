@@ -39,7 +39,7 @@ impl RotatingLog {
     }
 
     /// The previous generation.
-    pub fn rotated_path(path: &Path) -> PathBuf {
+    pub(crate) fn rotated_path(path: &Path) -> PathBuf {
         let mut name = path.as_os_str().to_owned();
         name.push(".1");
         PathBuf::from(name)

@@ -393,7 +393,7 @@ pub fn undo_commands(previous: &Previous) -> Vec<Cmd> {
 }
 
 /// A GVariant string literal (what `gsettings set` parses).
-pub fn gvariant_string(s: &str) -> String {
+pub(crate) fn gvariant_string(s: &str) -> String {
     format!("'{}'", s.replace('\\', r"\\").replace('\'', r"\'"))
 }
 

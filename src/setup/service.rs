@@ -25,7 +25,7 @@ pub use crate::base::activation::LAUNCHD_SOCKET;
 /// The service's name: unit `cursor-byok.service`, task `cursor-byok`.
 pub const DEFAULT_NAME: &str = "cursor-byok";
 /// The LaunchAgent label prefix (reverse-DNS, as launchd expects).
-pub const LAUNCHD_PREFIX: &str = "dev.cursor-byok.";
+pub(crate) const LAUNCHD_PREFIX: &str = "dev.cursor-byok.";
 /// The log file in the data directory, rotated to `.1`.
 pub const LOG_FILE: &str = "cursor-byok.log";
 /// Rotated when the next line would take it past this.
@@ -102,7 +102,7 @@ impl Spec {
         a
     }
 
-    pub fn launchd_label(&self) -> String {
+    pub(crate) fn launchd_label(&self) -> String {
         format!("{LAUNCHD_PREFIX}{}", self.name)
     }
 
@@ -210,7 +210,7 @@ pub fn systemd_socket_unit(spec: &Spec) -> String {
 
 /// One ExecStart word: double-quoted with C escapes; `%` and `$` doubled so systemd takes them
 /// literally.
-pub fn systemd_quote(s: &str) -> String {
+pub(crate) fn systemd_quote(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {
@@ -236,7 +236,7 @@ fn xml_escape(s: &str) -> String {
 
 /// A LaunchAgent: runs at login, restarted when it exits with an error; launchd holds its
 /// listening socket ([`LAUNCHD_SOCKET`]) and starts it on a connection when it is not running.
-pub fn launchd_plist(spec: &Spec) -> String {
+pub(crate) fn launchd_plist(spec: &Spec) -> String {
     let mut args = String::new();
     for a in std::iter::once(spec.exe.display().to_string()).chain(spec.args()) {
         let _ = writeln!(args, "        <string>{}</string>", xml_escape(&a));
@@ -332,7 +332,7 @@ pub fn windows_quote(s: &str) -> String {
 
 /// A Task Scheduler task for this user at logon, least privilege (no admin needed to register
 /// a task for oneself), restarted on failure, never stopped for running long.
-pub fn task_xml(spec: &Spec) -> String {
+pub(crate) fn task_xml(spec: &Spec) -> String {
     let args: Vec<String> = spec.args().iter().map(|a| windows_quote(a)).collect();
     format!(
         r#"<?xml version="1.0" encoding="UTF-16"?>

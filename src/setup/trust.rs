@@ -8,7 +8,7 @@ use super::os::Os;
 use crate::tls::CertificateAuthority;
 
 /// Nickname in the NSS database and file name in the system anchors.
-pub const NICKNAME: &str = "cursor-byok";
+pub(crate) const NICKNAME: &str = "cursor-byok";
 /// The CA's common name (as it appears in keychains and certificate stores).
 pub const COMMON_NAME: &str = "cursor-byok local CA";
 
@@ -16,7 +16,7 @@ pub const COMMON_NAME: &str = "cursor-byok local CA";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
     pub argv: Vec<String>,
-    pub needs_root: bool,
+    pub(crate) needs_root: bool,
 }
 
 impl Step {
@@ -355,7 +355,7 @@ fn run(step: &Step) -> Applied {
 
 /// Does the OS store (what `rustls-native-certs` reads: the system bundle on Linux, the
 /// keychains on macOS, the stores on Windows) contain our CA?
-pub fn os_store_trusts(ca_der: &[u8]) -> Result<bool, String> {
+pub(crate) fn os_store_trusts(ca_der: &[u8]) -> Result<bool, String> {
     let result = rustls_native_certs::load_native_certs();
     if result.certs.is_empty() {
         if let Some(e) = result.errors.first() {
@@ -367,7 +367,7 @@ pub fn os_store_trusts(ca_der: &[u8]) -> Result<bool, String> {
 
 /// Does the NSS database hold our CA? `None` when that cannot be checked (Linux only, needs
 /// certutil and an existing database).
-pub fn nss_trusts(f: &CaFiles, ca_pem: &str) -> Option<Result<bool, String>> {
+pub(crate) fn nss_trusts(f: &CaFiles, ca_pem: &str) -> Option<Result<bool, String>> {
     if Os::current() != Some(Os::Linux) {
         return None;
     }

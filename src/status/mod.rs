@@ -44,9 +44,9 @@ pub use record::{run_id, ModelTotals, ProviderLatency, RunRecord, Totals};
 pub use unknown::{client_version, UnknownItem, UnknownReport};
 
 /// Finished runs kept for the page; older ones only count in the totals.
-pub const RECENT_RUNS: usize = 100;
+pub(crate) const RECENT_RUNS: usize = 100;
 /// The charts' window and resolution: the last hour, by minute.
-pub const CHART_MINUTES: usize = 60;
+pub(crate) const CHART_MINUTES: usize = 60;
 /// Finished runs remembered for the charts (older or beyond this, they only count in totals).
 const CHART_POINTS: usize = 20_000;
 
@@ -131,7 +131,7 @@ struct ChartPoint {
 
 /// One model's last hour, minute by minute (oldest first, the current minute last).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ModelSeries {
+pub(crate) struct ModelSeries {
     pub model: String,
     /// Tokens in + out of the runs that ended in each minute.
     pub tokens: Vec<u64>,
@@ -230,7 +230,7 @@ pub struct StatusSnapshot {
     pub models: Vec<ModelTotals>,
     /// The charts: per model, the last hour by minute.
     #[serde(default)]
-    pub last_hour: Vec<ModelSeries>,
+    pub(crate) last_hour: Vec<ModelSeries>,
     /// Tasks alive in the proxy's async runtime: flat over a long day, or something leaks.
     #[serde(default)]
     pub tasks: u64,

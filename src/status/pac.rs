@@ -43,13 +43,13 @@ pub const AGENT_HOSTS: [&str; 2] = ["api2.cursor.sh", ".api5.cursor.sh"];
 
 /// The `FindProxyForURL` answer for Cursor's other hosts: the proxy first, `DIRECT` when it
 /// does not answer (every PAC engine tries the entries in order).
-pub fn proxy_directive(listen: SocketAddr) -> String {
+pub(crate) fn proxy_directive(listen: SocketAddr) -> String {
     format!("PROXY {}; DIRECT", reachable(listen))
 }
 
 /// The answer for [`AGENT_HOSTS`]: the proxy and nothing else, so a request fails rather
 /// than go to Cursor when the proxy is down.
-pub fn agent_directive(listen: SocketAddr) -> String {
+pub(crate) fn agent_directive(listen: SocketAddr) -> String {
     format!("PROXY {}", reachable(listen))
 }
 

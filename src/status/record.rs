@@ -47,12 +47,12 @@ pub fn run_id(request_id: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProviderLatency {
     pub provider: String,
-    pub last_ms: u64,
-    pub avg_ms: u64,
-    pub min_ms: u64,
-    pub max_ms: u64,
+    pub(crate) last_ms: u64,
+    pub(crate) avg_ms: u64,
+    pub(crate) min_ms: u64,
+    pub(crate) max_ms: u64,
     pub samples: u64,
-    pub last_unix_ms: u64,
+    pub(crate) last_unix_ms: u64,
 }
 
 /// Since the server started.
@@ -71,7 +71,7 @@ pub struct Totals {
     #[serde(default)]
     pub cost_usd: f64,
     /// Finished runs per outcome.
-    pub by_outcome: BTreeMap<String, u64>,
+    pub(crate) by_outcome: BTreeMap<String, u64>,
 }
 
 /// Finished runs of one model (the id Cursor sees), since the server started.

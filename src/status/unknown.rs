@@ -11,7 +11,8 @@ use crate::proto::inspect::Report;
 const MAX_KINDS: usize = 200;
 
 /// What a user should do about it; shown with the list.
-pub const ADVICE: &str = "update cursor-byok; if the newest release still lists these, report \
+pub(crate) const ADVICE: &str =
+    "update cursor-byok; if the newest release still lists these, report \
      them: attach a capture (`cursor-byok run --capture FILE`, redacted) to a bug report";
 
 /// The report as the page and `doctor` show it.
@@ -39,7 +40,7 @@ pub struct UnknownItem {
     pub source: String,
     pub client_version: Option<String>,
     pub count: u64,
-    pub first_seen_unix_ms: u64,
+    pub(crate) first_seen_unix_ms: u64,
 }
 
 /// The Cursor client's version from `x-cursor-client-version`, when it is a plausible one

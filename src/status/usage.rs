@@ -17,7 +17,7 @@ use super::record::{ModelTotals, RunRecord};
 
 pub const USAGE_FILE: &str = "usage.jsonl";
 /// The current file is rotated when a line would take it past this size (about 20 000 runs).
-pub const MAX_USAGE_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_USAGE_BYTES: u64 = 4 << 20;
 
 /// One finished run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,7 +69,7 @@ impl UsageLog {
         Self::with_limit(dir, MAX_USAGE_BYTES)
     }
 
-    pub fn with_limit(dir: &Path, max_bytes: u64) -> UsageLog {
+    pub(crate) fn with_limit(dir: &Path, max_bytes: u64) -> UsageLog {
         UsageLog {
             path: dir.join(USAGE_FILE),
             max_bytes,

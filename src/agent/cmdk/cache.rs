@@ -17,8 +17,8 @@ use crate::proto::aiserver::v1 as pb;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheLimits {
     pub sessions: usize,
-    pub items_per_session: usize,
-    pub bytes_per_session: usize,
+    pub(crate) items_per_session: usize,
+    pub(crate) bytes_per_session: usize,
 }
 
 impl Default for CacheLimits {
@@ -45,7 +45,7 @@ pub enum Resolved {
 
 /// See the module documentation. Shared by every Cmd+K of the process.
 #[derive(Debug, Default)]
-pub struct ContextCache {
+pub(crate) struct ContextCache {
     inner: Mutex<Sessions>,
     limits: CacheLimits,
 }

@@ -22,7 +22,7 @@ pub enum CmdKCall {
 impl CmdKCall {
     /// `StreamHypermode` is `StreamCmdK` with a `hyper_model` the server may pick; the model
     /// that serves it here is the one `cmd_k_options` names, so it is served as `StreamCmdK`.
-    pub fn from_hypermode(h: pb::StreamHypermodeRequest) -> CmdKCall {
+    pub(crate) fn from_hypermode(h: pb::StreamHypermodeRequest) -> CmdKCall {
         CmdKCall::Editor(Box::new(pb::StreamCmdKRequest {
             context_items: h.context_items,
             cmd_k_options: h.cmd_k_options,
@@ -66,7 +66,7 @@ impl CmdKCall {
     }
 
     /// A request that only warms the server's cache of context items.
-    pub fn for_caching(&self) -> bool {
+    pub(crate) fn for_caching(&self) -> bool {
         match self {
             CmdKCall::Editor(r) => r
                 .cmd_k_options
@@ -100,7 +100,7 @@ impl CmdKCall {
 
     /// The credentials Cursor's own "use my key" setting may put in `model_details`: never
     /// used, only kept out of every text that leaves the process.
-    pub fn credential_values(&self) -> Vec<String> {
+    pub(crate) fn credential_values(&self) -> Vec<String> {
         let details = match self {
             CmdKCall::Editor(r) => r
                 .cmd_k_options

@@ -6,7 +6,8 @@ use crate::agent::context::ledger::Use;
 use Use::{By, No};
 
 /// The messages the ledger covers (`aiserver.v1.` names).
-pub const MESSAGES: &[&str] = &[
+#[cfg(test)]
+pub(crate) const MESSAGES: &[&str] = &[
     "StreamCmdKRequest",
     "StreamHypermodeRequest",
     "StreamTerminalCmdKRequest",

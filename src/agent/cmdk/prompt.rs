@@ -26,7 +26,7 @@ pub struct LineRange {
 }
 
 /// What the prompt is built from: the call and its items with every hash resolved.
-pub struct PromptInput<'a> {
+pub(crate) struct PromptInput<'a> {
     pub call: &'a CmdKCall,
     pub items: &'a [pb::ContextItem],
     /// The provider's model name and the model's own options.
@@ -37,7 +37,7 @@ pub struct PromptInput<'a> {
 }
 
 /// The selection's range, from its `cmd_k_selection` item (line 1 when there is none).
-pub fn selection_range(items: &[pb::ContextItem]) -> LineRange {
+pub(crate) fn selection_range(items: &[pb::ContextItem]) -> LineRange {
     let selection = items.iter().find_map(|i| match &i.item {
         Some(Item::CmdKSelection(s)) => Some(s),
         _ => None,

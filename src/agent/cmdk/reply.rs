@@ -68,7 +68,7 @@ impl CmdKResponse {
     }
 
     /// Acknowledge items, so the client may send them as hashes next time.
-    pub fn statuses(surface: Surface, statuses: Vec<pb::ContextItemStatus>) -> CmdKResponse {
+    pub(crate) fn statuses(surface: Surface, statuses: Vec<pb::ContextItemStatus>) -> CmdKResponse {
         let u = pb::ContextStatusUpdate {
             context_item_statuses: statuses,
         };

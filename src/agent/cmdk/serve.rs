@@ -51,7 +51,7 @@ impl CmdK {
         Self::with_cache(agent, CacheLimits::default())
     }
 
-    pub fn with_cache(agent: Agent, limits: CacheLimits) -> CmdK {
+    pub(crate) fn with_cache(agent: Agent, limits: CacheLimits) -> CmdK {
         CmdK {
             inner: Arc::new(CmdKShared {
                 agent,

@@ -8,7 +8,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 /// One rule's globs, compiled.
 #[derive(Debug, Clone)]
-pub struct Globs(GlobSet);
+pub(crate) struct Globs(GlobSet);
 
 impl Globs {
     /// Compiles `globs`; an entry may list several, comma-separated. A glob that does not

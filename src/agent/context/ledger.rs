@@ -15,7 +15,8 @@ pub enum Use {
 use Use::{By, No};
 
 /// The messages the ledger covers (`agent.v1.` names).
-pub const MESSAGES: &[&str] = &[
+#[cfg(test)]
+pub(crate) const MESSAGES: &[&str] = &[
     "AgentRunRequest",
     "ConversationAction",
     "UserMessageAction",

@@ -41,7 +41,7 @@ impl Blobs {
     }
 
     /// `run_request.pre_fetched_blobs` whose bytes hash to their id.
-    pub fn pre_fetched(req: &pb::AgentRunRequest) -> Blobs {
+    pub(crate) fn pre_fetched(req: &pb::AgentRunRequest) -> Blobs {
         let mut b = Blobs::default();
         for p in &req.pre_fetched_blobs {
             match blob_id::id_from_bytes(&p.id) {
@@ -57,7 +57,7 @@ impl Blobs {
     }
 
     /// What a past chat (by its agent id) said, read from its transcript.
-    pub fn insert_past_chat(&mut self, agent_id: String, text: String) {
+    pub(crate) fn insert_past_chat(&mut self, agent_id: String, text: String) {
         self.1.insert(agent_id, text);
     }
 
@@ -73,7 +73,7 @@ pub fn parts(req: &pb::AgentRunRequest) -> Option<&pb::RequestContextPartReferen
 
 /// The blobs the turn's context refers to: the request context parts and whatever the user's
 /// message gives by blob id.
-pub fn wanted_blobs(
+pub(crate) fn wanted_blobs(
     parts: Option<&pb::RequestContextPartReferences>,
     user: Option<&pb::UserMessage>,
 ) -> Vec<BlobId> {
@@ -155,7 +155,7 @@ fn selected_blob_ids<'a>(sel: &'a pb::SelectedContext, ids: &mut Vec<&'a [u8]>) 
 /// The request context with `request_context_parts` merged in: `dynamic_context` merged over
 /// it field by field (protobuf merge), then the rules, skills, subagents and MCP parts fetched
 /// by blob id appended, each rule, skill and subagent path once.
-pub fn merge_parts(
+pub(crate) fn merge_parts(
     ctx: Option<pb::RequestContext>,
     parts: Option<&pb::RequestContextPartReferences>,
     blobs: &Blobs,
@@ -250,7 +250,7 @@ const TOUCHED_NOTE_MAX: usize = 200;
 /// A note a conversation summary keeps: the files the summarised part touched, so the
 /// file-globbed rules they brought in stay for the rest of the conversation (found again by
 /// [`touched_paths`] in the summary message).
-pub fn touched_note(older: &[Message]) -> String {
+pub(crate) fn touched_note(older: &[Message]) -> String {
     // In order of last touch: a file touched again counts as recent, so the cap keeps it.
     let mut paths: Vec<String> = Vec::new();
     scan_touched(older, &mut |p| {
@@ -272,7 +272,7 @@ pub fn touched_note(older: &[Message]) -> String {
     note
 }
 
-pub fn touched_paths(messages: &[Message], root: Option<&str>) -> Vec<String> {
+pub(crate) fn touched_paths(messages: &[Message], root: Option<&str>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     scan_touched(messages, &mut |p| {
         let rel = relative(p, root);

@@ -30,7 +30,7 @@ pub fn kind(rule: &pb::CursorRule) -> RuleKind<'_> {
 }
 
 /// A `SKILL.md` that arrives as a rule: it is listed with the skills, not as a rule.
-pub fn is_skill_file(path: &str) -> bool {
+pub(crate) fn is_skill_file(path: &str) -> bool {
     path.rsplit(['/', '\\'])
         .next()
         .is_some_and(|n| n.eq_ignore_ascii_case("SKILL.md"))
@@ -46,7 +46,7 @@ fn has_body(rule: &pb::CursorRule) -> bool {
 }
 
 /// `<rule path="…">body</rule>` for each rule.
-pub fn write_bodies<'a>(s: &mut String, rules: impl Iterator<Item = &'a pb::CursorRule>) {
+pub(crate) fn write_bodies<'a>(s: &mut String, rules: impl Iterator<Item = &'a pb::CursorRule>) {
     for r in rules.filter(|r| has_body(r)) {
         let _ = writeln!(s, "<rule path=\"{}\">\n{}\n</rule>", r.full_path, body(r));
     }
@@ -54,7 +54,7 @@ pub fn write_bodies<'a>(s: &mut String, rules: impl Iterator<Item = &'a pb::Curs
 
 /// The rules section of the system prompt: user rules and always-apply rules whole, then the
 /// agent-requested rules as a list.
-pub fn write_static(s: &mut String, ctx: &pb::RequestContext) {
+pub(crate) fn write_static(s: &mut String, ctx: &pb::RequestContext) {
     let file_rules = || ctx.rules.iter().filter(|r| !is_skill_file(&r.full_path));
     let always: Vec<&pb::CursorRule> = ctx
         .non_file_rules
@@ -97,14 +97,17 @@ pub fn write_static(s: &mut String, ctx: &pb::RequestContext) {
 }
 
 /// The file-globbed rules that apply once `paths` (workspace-relative) are in play.
-pub fn globbed_for<'a>(ctx: &'a pb::RequestContext, paths: &[String]) -> Vec<&'a pb::CursorRule> {
+pub(crate) fn globbed_for<'a>(
+    ctx: &'a pb::RequestContext,
+    paths: &[String],
+) -> Vec<&'a pb::CursorRule> {
     GlobbedRules::new(ctx).matching(paths)
 }
 
 /// A request context's file-globbed rules with their globs compiled: built once per rule set
 /// (a turn) and asked at every model call, as the touched paths grow.
 #[derive(Debug, Clone, Default)]
-pub struct GlobbedRules<'a> {
+pub(crate) struct GlobbedRules<'a> {
     rules: Vec<(&'a pb::CursorRule, glob::Globs)>,
 }
 
@@ -181,7 +184,7 @@ pub fn skills(ctx: &pb::RequestContext) -> Vec<SkillEntry> {
     out
 }
 
-pub fn skill_entry(s: &pb::AgentSkill) -> SkillEntry {
+pub(crate) fn skill_entry(s: &pb::AgentSkill) -> SkillEntry {
     let description = if s.description.trim().is_empty() {
         frontmatter_value(&s.content, "description").unwrap_or_default()
     } else {
@@ -194,7 +197,7 @@ pub fn skill_entry(s: &pb::AgentSkill) -> SkillEntry {
     }
 }
 
-pub fn write_skills(s: &mut String, skills: &[SkillEntry]) {
+pub(crate) fn write_skills(s: &mut String, skills: &[SkillEntry]) {
     if skills.is_empty() {
         return;
     }

@@ -60,7 +60,7 @@ pub fn user_text(msg: &pb::UserMessage, blobs: &Blobs) -> String {
 }
 
 /// The attached context as text (before the user's text), in a fixed order.
-pub fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
+pub(crate) fn render(sel: &pb::SelectedContext, blobs: &Blobs) -> String {
     let mut o = Out {
         text: String::new(),
         left: MAX_TURN_CHARS,
@@ -409,7 +409,7 @@ fn links_and_docs(o: &mut Out, sel: &pb::SelectedContext, blobs: &Blobs) {
 }
 
 /// The media type from the image's first bytes (PNG, JPEG, GIF, WebP), else the label.
-pub fn sniff_image(data: &[u8], label: &str) -> String {
+pub(crate) fn sniff_image(data: &[u8], label: &str) -> String {
     let kind = if data.starts_with(b"\x89PNG\r\n\x1a\n") {
         "image/png"
     } else if data.starts_with(&[0xff, 0xd8, 0xff]) {
@@ -427,7 +427,11 @@ pub fn sniff_image(data: &[u8], label: &str) -> String {
 }
 
 /// The attached images: as image parts for a vision model, else a short note each.
-pub fn images(sel: &pb::SelectedContext, blobs: &Blobs, vision: bool) -> (Vec<UserPart>, String) {
+pub(crate) fn images(
+    sel: &pb::SelectedContext,
+    blobs: &Blobs,
+    vision: bool,
+) -> (Vec<UserPart>, String) {
     use pb::selected_image::DataOrBlobId;
     let mut parts = Vec::new();
     let mut notes = String::new();

@@ -1,11 +1,11 @@
 //! Small text helpers shared by the context renderers: caps with a visible marker, frontmatter.
 
 /// Rules larger than this are cut, so one huge rule file cannot crowd out the conversation.
-pub const MAX_RULE_CHARS: usize = 20_000;
+pub(crate) const MAX_RULE_CHARS: usize = 20_000;
 /// One attached item (file, diff, log, document…) is cut at this many characters.
-pub const MAX_ITEM_CHARS: usize = 60_000;
+pub(crate) const MAX_ITEM_CHARS: usize = 60_000;
 /// Everything attached to one user message together.
-pub const MAX_TURN_CHARS: usize = 240_000;
+pub(crate) const MAX_TURN_CHARS: usize = 240_000;
 
 pub const TRUNCATED: &str = "[truncated]";
 
@@ -15,7 +15,7 @@ pub fn cap(s: &str, max: usize) -> String {
 }
 
 /// A rule file's body without its leading `---` YAML block.
-pub fn strip_frontmatter(s: &str) -> &str {
+pub(crate) fn strip_frontmatter(s: &str) -> &str {
     let t = s.trim_start_matches('\u{feff}');
     let Some(rest) = t.strip_prefix("---") else {
         return s;

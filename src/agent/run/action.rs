@@ -34,10 +34,10 @@ pub(super) struct TurnInput {
     /// The message that opens the turn (recorded as the turn's user message).
     pub user: pb::UserMessage,
     /// Messages that go before `user` (`prepend_user_messages`).
-    pub prepend: Vec<pb::UserMessage>,
+    pub(crate) prepend: Vec<pb::UserMessage>,
     pub request_context: Option<pb::RequestContext>,
     /// A Build whose plan must be read through the client first.
-    pub plan_to_read: Option<PlanToRead>,
+    pub(crate) plan_to_read: Option<PlanToRead>,
     /// A Build: the plan registered in the checkpoint under this id.
     pub plan_id: Option<(String, String)>,
     /// The answer to an earlier ask-question call: (Cursor call id, result for the model).
@@ -47,7 +47,7 @@ pub(super) struct TurnInput {
     /// How tool calls left pending by a cancel were resolved.
     pub resolutions: Vec<pb::InterruptedPendingToolCallResolution>,
     /// Continue toward the goal: the prompt names the open todos.
-    pub goal_continuation: bool,
+    pub(crate) goal_continuation: bool,
 }
 
 /// Every branch name of `ConversationAction`, as the schema spells it.
@@ -72,7 +72,7 @@ pub fn branch_name(a: &Action) -> &'static str {
 }
 
 /// What the run request's action asks for.
-pub fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
+pub(crate) fn begin(req: &pb::AgentRunRequest) -> Result<Begin, RunError> {
     let Some(action) = req.action.as_ref().and_then(|a| a.action.as_ref()) else {
         return Err(RunError::BadClientMessage(
             "the run request carries no conversation action".into(),

@@ -21,7 +21,7 @@ const MAX_DEPTH: usize = 4;
 pub struct Commands {
     pub commands: Vec<Vec<String>>,
     /// Set when part of the line could not be read; the commands are then those that could.
-    pub doubt: Option<String>,
+    pub(crate) doubt: Option<String>,
 }
 
 /// Reads `line` (see the module's comment).

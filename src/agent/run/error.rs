@@ -17,7 +17,7 @@ use crate::provider::{ProviderError, ProviderErrorKind};
 use aiserver::error_details::Error as Kind;
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// The model provider failed; its error says which provider and why.
     #[error("{model}: {source}")]
     Provider {
@@ -43,9 +43,6 @@ pub enum RunError {
     /// The Cursor client reported a failure we cannot continue from.
     #[error("Cursor reported an error for {what}: {message}")]
     ClientFailed { what: String, message: String },
-    /// A conversation action this build does not carry out (named by its schema branch).
-    #[error("cursor-byok does not support the conversation action `{0}` yet")]
-    Unsupported(String),
     /// A bug or limit on our side.
     #[error("cursor-byok: {0}")]
     Internal(String),
@@ -74,7 +71,7 @@ pub enum RunError {
 /// How one failure is told to Cursor's client: the end frame's code, the `ErrorDetails` kind
 /// and title, and whether the client may run the turn again by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ending {
+pub(crate) struct Ending {
     pub code: Code,
     pub kind: Kind,
     pub title: &'static str,
@@ -90,11 +87,6 @@ const RETRIED_CODES: [Code; 4] = [
 ];
 
 impl RunError {
-    /// The end frame's code when nothing was shown yet (see [`RunError::ending`]).
-    pub fn code(&self) -> Code {
-        self.ending(false).code
-    }
-
     /// How the failure ends the stream. `shown` says whether the user already saw part of the
     /// turn (text, thinking, a tool call); then a retry would repeat what they saw and run its
     /// tools again, so the ending is terminal whatever the cause.
@@ -158,12 +150,6 @@ impl RunError {
                 "Cursor reported an error",
                 false,
             ),
-            RunError::Unsupported(_) => (
-                Code::Unimplemented,
-                Kind::CustomMessage,
-                "Not supported by cursor-byok",
-                false,
-            ),
             RunError::NotConfigured(_) => (
                 Code::FailedPrecondition,
                 Kind::CustomMessage,
@@ -218,22 +204,19 @@ impl RunError {
             | RunError::Withheld(_)
             | RunError::RunEnded(_)
             | RunError::NeverDecided(_) => Side::Client,
-            RunError::Unsupported(_)
-            | RunError::Internal(_)
-            | RunError::NotConfigured(_)
-            | RunError::Limit(_) => Side::Proxy,
+            RunError::Internal(_) | RunError::NotConfigured(_) | RunError::Limit(_) => Side::Proxy,
         }
     }
 
     /// The end frame for a failure before anything was shown (see [`RunError::to_connect_after`]).
-    pub fn to_connect(&self) -> ConnectError {
+    pub(crate) fn to_connect(&self) -> ConnectError {
         self.to_connect_after(false)
     }
 
     /// The end-of-stream error: the code and `aiserver.v1.ErrorDetails` from
     /// [`RunError::ending`], with the cause in words (the provider's own among them) as the
     /// detail, so Cursor shows "<title> <detail>". Secrets are scrubbed from the words.
-    pub fn to_connect_after(&self, shown: bool) -> ConnectError {
+    pub(crate) fn to_connect_after(&self, shown: bool) -> ConnectError {
         let ending = self.ending(shown);
         let mut message = crate::base::secret::scrub(&self.to_string()).into_owned();
         if shown && ending.kind != Kind::UserAbortedRequest {
@@ -258,10 +241,7 @@ impl RunError {
                 additional_info,
                 ..Default::default()
             }),
-            is_expected: Some(!matches!(
-                self,
-                RunError::Internal(_) | RunError::Unsupported(_)
-            )),
+            is_expected: Some(!matches!(self, RunError::Internal(_))),
         };
         ConnectError::new(ending.code, message).with_detail(ErrorDetail::error_details(&details))
     }
@@ -464,7 +444,6 @@ mod tests {
                 what: "w".into(),
                 message: "m".into(),
             },
-            RunError::Unsupported("x".into()),
             RunError::BadClientMessage("x".into()),
             RunError::NotConfigured("byok-x".into()),
             RunError::Withheld("x".into()),

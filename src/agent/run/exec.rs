@@ -8,7 +8,7 @@ use pb::exec_client_control_message::Message as Control;
 
 /// What the client answered for one exec.
 #[derive(Debug, Default)]
-pub struct ExecOutcome {
+pub(crate) struct ExecOutcome {
     /// Every result message, in arrival order (shell streams send several).
     pub results: Vec<pb::exec_client_message::Message>,
     /// The client's `throw` error, if it failed.
@@ -28,7 +28,7 @@ struct PendingExec {
 
 /// Id allocation and bookkeeping of execs in flight. Pure: the run feeds it client messages.
 #[derive(Debug)]
-pub struct ExecBridge {
+pub(crate) struct ExecBridge {
     next_id: u32,
     pending: HashMap<u32, PendingExec>,
     /// The client's own exec id for the next exec (a user command it already started).
@@ -61,12 +61,12 @@ impl ExecBridge {
 
     /// The next exec carries the client's `exec_id` (`shell_command_action.exec_id`), so the
     /// client attaches it to the command it already runs.
-    pub fn adopt_next(&mut self, exec_id: String) {
+    pub(crate) fn adopt_next(&mut self, exec_id: String) {
         self.adopt = Some(exec_id).filter(|e| !e.is_empty());
     }
 
     /// Record a result. Returns false when it belongs to no exec of ours.
-    pub fn on_result(&mut self, msg: pb::ExecClientMessage) -> bool {
+    pub(crate) fn on_result(&mut self, msg: pb::ExecClientMessage) -> bool {
         let Some(p) = self.pending.get_mut(&msg.id) else {
             return false;
         };
@@ -81,7 +81,7 @@ impl ExecBridge {
     }
 
     /// Record a control message (close, throw, heartbeat). Returns the exec id it concerned.
-    pub fn on_control(&mut self, msg: pb::ExecClientControlMessage) -> Option<u32> {
+    pub(crate) fn on_control(&mut self, msg: pb::ExecClientControlMessage) -> Option<u32> {
         match msg.message? {
             Control::StreamClose(c) => {
                 self.pending.get_mut(&c.id)?.closed = true;
@@ -110,7 +110,7 @@ impl ExecBridge {
 
     /// Has the client sent a result that ends this exec (anything but streamed shell output)?
     /// Then the run need not wait for `stream_close`.
-    pub fn has_final(&self, id: u32) -> bool {
+    pub(crate) fn has_final(&self, id: u32) -> bool {
         self.pending.get(&id).is_some_and(|p| {
             p.outcome
                 .results
@@ -128,7 +128,7 @@ impl ExecBridge {
     }
 
     /// Execs still running (to abort on cancel).
-    pub fn open_ids(&self) -> Vec<u32> {
+    pub(crate) fn open_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.pending.keys().copied().collect();
         ids.sort_unstable();
         ids

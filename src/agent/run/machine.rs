@@ -31,7 +31,8 @@ use crate::provider::{
 };
 
 /// What ends an answer the user canceled while it streamed, in the stored turn.
-pub const INTERRUPTED_ANSWER: &str = "(Interrupted by the user before this answer was finished.)";
+pub(crate) const INTERRUPTED_ANSWER: &str =
+    "(Interrupted by the user before this answer was finished.)";
 
 /// Builds a model call's request from the conversation so far and the turn's tools.
 pub(super) type RequestFor<'a> =

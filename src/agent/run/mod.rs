@@ -55,9 +55,9 @@ use model_calls::ModelCalls;
 use outbox::Outbox;
 use turn::RunState;
 
-pub use error::RunError;
+pub(crate) use error::RunError;
 pub(crate) use setup::Run;
-pub use setup::{RunSettings, RunSummary};
+pub(crate) use setup::{RunSettings, RunSummary};
 
 /// Why a transport ended a run, when it did: read by the run when its cancellation fires.
 pub(super) type TransportFailure = Arc<Mutex<Option<RunError>>>;

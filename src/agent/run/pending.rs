@@ -9,7 +9,7 @@ use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message};
 
 /// What a call interrupted without a resolution reports to the model.
-pub const INTERRUPTED: &str = "The user interrupted this tool call before it finished; it has no result. Do not assume it ran to completion.";
+pub(crate) const INTERRUPTED: &str = "The user interrupted this tool call before it finished; it has no result. Do not assume it ran to completion.";
 
 /// The resolutions a `cancel_action` carried, shared between the inbox pump and the run;
 /// `None` until the user cancels.
@@ -47,7 +47,7 @@ fn names(resolution_id: &str, model_id: &str) -> bool {
 
 /// The result text for an interrupted call: the client's resolution, else [`INTERRUPTED`].
 /// `(content, is_error)`.
-pub fn resolution_for(
+pub(crate) fn resolution_for(
     model_id: &str,
     resolutions: &[pb::InterruptedPendingToolCallResolution],
 ) -> (String, bool) {
@@ -83,7 +83,7 @@ pub fn resolution_for(
 
 /// Give every tool call in `messages` a result: a call with none gets one right after the
 /// results of its round, from `resolutions` or [`INTERRUPTED`].
-pub fn close_pending(
+pub(crate) fn close_pending(
     messages: &mut Vec<Message>,
     resolutions: &[pb::InterruptedPendingToolCallResolution],
 ) {

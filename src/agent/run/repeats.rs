@@ -12,13 +12,13 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
 /// The repeat at which the tool result tells the model it repeats itself.
-pub const WARN_AT: u32 = 3;
+pub(crate) const WARN_AT: u32 = 3;
 /// The repeat at which the turn ends.
-pub const STOP_AT: u32 = 5;
+pub(crate) const STOP_AT: u32 = 5;
 
 /// What to do after a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RepeatCheck {
+pub(crate) enum RepeatCheck {
     /// Nothing repeats (or not often enough to matter).
     Go,
     /// Append this note to the call's result: the model repeats itself.
@@ -43,7 +43,7 @@ const KEEP: usize = 2 * STOP_AT as usize + 2;
 
 /// The detector for one turn.
 #[derive(Debug)]
-pub struct RepeatDetector {
+pub(crate) struct RepeatDetector {
     enabled: bool,
     /// `RequestContextEnv.terminals_folder`: reads under it poll a background shell.
     terminals_folder: Option<String>,
@@ -64,7 +64,13 @@ impl RepeatDetector {
 
     /// Feeds one finished call; `args` is its arguments as JSON text, `failed` whether its
     /// result is an error.
-    pub fn observe(&mut self, name: &str, args: &str, result: &str, failed: bool) -> RepeatCheck {
+    pub(crate) fn observe(
+        &mut self,
+        name: &str,
+        args: &str,
+        result: &str,
+        failed: bool,
+    ) -> RepeatCheck {
         if !self.enabled || self.is_polling(name, args) {
             return RepeatCheck::Go;
         }

@@ -30,14 +30,14 @@ use crate::provider::RequestOptions;
 use pb::exec_server_message::Message as X;
 
 /// How long a verdict may take before the user is asked instead.
-pub const VERDICT_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const VERDICT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The verdict is a line of JSON: a small answer budget.
-pub const VERDICT_MAX_TOKENS: u32 = 300;
+pub(crate) const VERDICT_MAX_TOKENS: u32 = 300;
 /// A reasoning model's verdict: room for low-effort reasoning before the line of JSON.
-pub const VERDICT_REASONING_MAX_TOKENS: u32 = 4_096;
+pub(crate) const VERDICT_REASONING_MAX_TOKENS: u32 = 4_096;
 /// How long the client may take to say whether a call is on its allow lists; past it, the
 /// call is judged as if it were not (the run goes on).
-pub const PRECHECK_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PRECHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A call is described to the model in at most this many characters.
 const MAX_DESCRIPTION_CHARS: usize = 4_000;
 
@@ -55,7 +55,7 @@ pub enum Plan {
 
 /// The decision written into the exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Approval {
+pub(crate) enum Approval {
     Allow,
     Ask(String),
 }
@@ -145,7 +145,7 @@ fn action_data(action: &serde_json::Value) -> String {
 
 /// What the model is told when text for a background shell's input was not let through:
 /// such input carries no approval card, a shell command does.
-pub fn stdin_refusal(reason: &str) -> String {
+pub(crate) fn stdin_refusal(reason: &str) -> String {
     format!(
         "Auto-review did not let this input through: {reason}. Input typed into a running shell \
          cannot be approved by the user; run it as a shell command instead (the user is asked to \
@@ -197,7 +197,7 @@ pub fn allowlisted(results: &[pb::exec_client_message::Message]) -> bool {
 
 /// A web fetch as the model is asked to judge it (see [`Plan::Judge`]); `None` when it is
 /// too long to show whole.
-pub fn describe_fetch(f: &pb::FetchArgs) -> Option<String> {
+pub(crate) fn describe_fetch(f: &pb::FetchArgs) -> Option<String> {
     match judge(serde_json::json!({"kind": "web fetch (HTTP GET)", "url": f.url})) {
         Plan::Judge(text) => Some(text),
         _ => None,
@@ -206,7 +206,7 @@ pub fn describe_fetch(f: &pb::FetchArgs) -> Option<String> {
 
 /// The question a web fetch goes to the client with under Auto-review, carrying the decision
 /// (`request_id` names the review for the client's card): approved at once, or the card.
-pub fn fetch_query(
+pub(crate) fn fetch_query(
     f: &pb::FetchArgs,
     decision: Approval,
     request_id: &str,
@@ -233,7 +233,7 @@ pub fn fetch_query(
 
 /// The user's answer to a [`fetch_query`]: `None` to fetch, else why not. Anything but an
 /// approval is a refusal: nothing is fetched that the user did not let through.
-pub fn fetch_refusal(response: &pb::InteractionResponse) -> Option<String> {
+pub(crate) fn fetch_refusal(response: &pb::InteractionResponse) -> Option<String> {
     use pb::interaction_response::Result as Answer;
     use pb::web_fetch_request_response::Result as Web;
     match &response.result {
@@ -276,7 +276,7 @@ pub fn prompt(action: &str) -> (String, String) {
 /// where the model takes an effort (the least every such model accepts: o-series and later
 /// GPT-5 models refuse `minimal`); no thinking budget (Anthropic then does not think, Gemini
 /// 2.5 thinks briefly by itself).
-pub fn verdict_options(model: &ModelConfig) -> RequestOptions {
+pub(crate) fn verdict_options(model: &ModelConfig) -> RequestOptions {
     let name = model.model.rsplit('/').next().unwrap_or(&model.model);
     let name = name.to_ascii_lowercase();
     let by_name = |prefixes: &[&str]| prefixes.iter().any(|p| name.starts_with(p));

@@ -11,16 +11,16 @@ use crate::provider::Usage;
 
 /// Settings a run needs from the configuration.
 #[derive(Debug, Clone)]
-pub struct RunSettings {
+pub(crate) struct RunSettings {
     pub heartbeat: Duration,
     /// How long the client may stay silent while we wait on it (exec result, blob ack).
-    pub client_timeout: Duration,
+    pub(crate) client_timeout: Duration,
     /// Tool rounds allowed in one turn.
     pub max_tool_rounds: u32,
     /// Bound on the history rebuilt from the checkpoint.
     pub max_history_bytes: usize,
     /// How long a foreground command blocks before it moves to the background (ms).
-    pub shell_block_ms: u32,
+    pub(crate) shell_block_ms: u32,
     /// Subagent calls of one model turn that run at the same time.
     pub max_parallel_subagents: u32,
     /// Notice a model stuck repeating its calls (see `repeats`).
@@ -35,7 +35,7 @@ pub struct RunSettings {
 
 /// What a finished run reports for the summary line and the status page.
 #[derive(Debug, Clone, Default)]
-pub struct RunSummary {
+pub(crate) struct RunSummary {
     pub usage: Usage,
     pub steps: u64,
     /// Dollars, when every call's price is known.
@@ -52,7 +52,7 @@ pub(crate) struct Run {
     pub settings: RunSettings,
     pub cache: BlobCache,
     /// The first `AgentRunRequest` as received (see [`RunRequest`](crate::agent::RunRequest)).
-    pub first_wire: bytes::Bytes,
+    pub(crate) first_wire: bytes::Bytes,
     /// The client's secrets in the scrubber, until the run's end frame is out.
     pub secrets: crate::base::secret::Registration,
     /// Subagent calls waiting for their child runs (shared by every run).

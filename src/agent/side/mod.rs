@@ -31,7 +31,7 @@ use owner::Owner;
 
 /// How long a call about a conversation (or a prompt) no run has decided yet waits for one.
 /// The desktop sends them beside the run's first message, so the decision is usually in.
-pub const DECIDE_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const DECIDE_WAIT: Duration = Duration::from_secs(3);
 /// A request body must arrive within this.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Strings longer than this are never an id (conversation ids are UUIDs).

@@ -24,22 +24,22 @@ impl Blob {
     }
 
     /// Encode a protobuf message as a blob.
-    pub fn from_message(m: &impl prost::Message) -> Blob {
+    pub(crate) fn from_message(m: &impl prost::Message) -> Blob {
         Blob::new(m.encode_to_vec())
     }
 
     /// Lowercase hex of the id, for logs and file names.
-    pub fn hex_id(&self) -> String {
+    pub(crate) fn hex_id(&self) -> String {
         hex::encode(self.id)
     }
 
     /// The id as the protobuf `bytes` Cursor's messages carry.
-    pub fn id_bytes(&self) -> Bytes {
+    pub(crate) fn id_bytes(&self) -> Bytes {
         Bytes::copy_from_slice(&self.id)
     }
 
     /// The KV request asking the client to store this blob.
-    pub fn set_blob_args(&self) -> pb::SetBlobArgs {
+    pub(crate) fn set_blob_args(&self) -> pb::SetBlobArgs {
         pb::SetBlobArgs {
             blob_id: self.id_bytes(),
             blob_data: self.data.clone(),

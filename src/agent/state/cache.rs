@@ -26,7 +26,7 @@ use tracing::{debug, warn};
 use super::blob::{self, Blob, BlobId};
 
 /// Default bound of the cache.
-pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 
 /// Temporary files older than this are leftovers of a crash, removed during eviction.
 const STALE_TEMP: Duration = Duration::from_secs(600);
@@ -36,7 +36,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The on-disk blob cache. Cheap to clone (shared state).
 #[derive(Debug, Clone)]
-pub struct BlobCache {
+pub(crate) struct BlobCache {
     inner: Arc<BlobCacheShared>,
 }
 
@@ -59,10 +59,6 @@ impl BlobCache {
                 size: Mutex::new(None),
             }),
         }
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.inner.root
     }
 
     fn path(&self, id: &BlobId) -> PathBuf {
@@ -125,7 +121,7 @@ impl BlobCache {
     }
 
     /// Look up several blobs on the blocking pool; `None` for each one not cached.
-    pub async fn get_many(&self, ids: Vec<BlobId>) -> Vec<(BlobId, Option<Bytes>)> {
+    pub(crate) async fn get_many(&self, ids: Vec<BlobId>) -> Vec<(BlobId, Option<Bytes>)> {
         let cache = self.clone();
         let fallback: Vec<(BlobId, Option<Bytes>)> = ids.iter().map(|id| (*id, None)).collect();
         tokio::task::spawn_blocking(move || {
@@ -136,7 +132,7 @@ impl BlobCache {
     }
 
     /// Store several blobs on the blocking pool; failures are logged, never returned.
-    pub async fn put_many(&self, blobs: Vec<Blob>) {
+    pub(crate) async fn put_many(&self, blobs: Vec<Blob>) {
         let cache = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
             for b in &blobs {

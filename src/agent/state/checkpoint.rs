@@ -21,7 +21,7 @@ use crate::proto::agent::v1 as pb;
 /// summary (6), turns (8), mode (10), subagent_states (16), plans (20, a Build registers its
 /// plan), subagent_runs_by_parent_tool_call_id (30). Every other field is Cursor's and passes
 /// through.
-pub const OWNED_FIELDS: &[u32] = &[3, 5, 6, 8, 10, 16, 20, 30];
+pub(crate) const OWNED_FIELDS: &[u32] = &[3, 5, 6, 8, 10, 16, 20, 30];
 
 /// A new checkpoint and the blobs it references that must be set (and acked) first, beyond the
 /// turn's own blobs.
@@ -75,7 +75,7 @@ impl Checkpoint {
     /// Todos unchanged since the previous checkpoint keep their blob — Cursor's bytes, fields
     /// this build does not know included — instead of our re-encoding. `todos` is the list
     /// given to [`build_checkpoint`]; `known` the previous checkpoint's, decoded, with ids.
-    pub fn keep_unchanged_todos(
+    pub(crate) fn keep_unchanged_todos(
         &mut self,
         todos: &[pb::TodoItem],
         known: &[(BlobId, pb::TodoItem)],
@@ -97,7 +97,11 @@ impl Checkpoint {
     /// The checkpoint as it goes to Cursor: `prev_wire` (the bytes `prev` was decoded from) with
     /// the owned fields that changed replaced. Input that does not scan as protobuf (it decoded,
     /// so this should not happen) falls back to our own encoding, with a warning.
-    pub fn encode_over(&self, prev: &pb::ConversationStateStructure, prev_wire: &[u8]) -> Bytes {
+    pub(crate) fn encode_over(
+        &self,
+        prev: &pb::ConversationStateStructure,
+        prev_wire: &[u8],
+    ) -> Bytes {
         match crate::proto::wire::update(prev_wire, prev, &self.state, OWNED_FIELDS) {
             Ok(bytes) => Bytes::from(bytes),
             Err(e) => {
@@ -111,7 +115,7 @@ impl Checkpoint {
     /// `ConversationSummary` blob (Cursor's own format, so its client shows it) referenced by
     /// `summary`, carrying our replay field so the next rebuild knows which turns it replaces.
     /// `turns` keeps every turn: Cursor's UI lists the whole conversation from it.
-    pub fn set_summary(&mut self, text: &str, through_turn: &BlobId) {
+    pub(crate) fn set_summary(&mut self, text: &str, through_turn: &BlobId) {
         let blob = summary_blob(text, through_turn);
         self.state.summary = Some(blob.id_bytes());
         if !self.blobs.iter().any(|b| b.id == blob.id) {

@@ -31,41 +31,42 @@ use crate::proto::agent::v1 as pb;
 use crate::provider::{AssistantPart, Message};
 
 /// The user note standing for turns dropped to respect `max_bytes`.
-pub const OMITTED_NOTE: &str = "[earlier conversation omitted]";
+pub(crate) const OMITTED_NOTE: &str = "[earlier conversation omitted]";
 
 /// A shell turn's output is cut to this many characters in the history.
 const MAX_SHELL_OUTPUT_CHARS: usize = 30_000;
 
 /// Translate a tool call from its UI form (turns written by Cursor's servers):
 /// `(tool name, arguments, result text, is_error)`, or `None` to leave it out.
-pub type ToolCallFallback<'a> = &'a dyn Fn(&pb::ToolCall) -> Option<(String, Value, String, bool)>;
+pub(crate) type ToolCallFallback<'a> =
+    &'a dyn Fn(&pb::ToolCall) -> Option<(String, Value, String, bool)>;
 
 /// Limits and choices for a rebuild.
 #[derive(Debug, Clone, Copy)]
-pub struct HistoryOptions {
+pub(crate) struct HistoryOptions {
     /// Blob bytes kept at most (`limits.max_history_bytes`).
     pub max_bytes: usize,
     /// Whether the model takes images (otherwise attached images are left out).
-    pub images_allowed: bool,
+    pub(crate) images_allowed: bool,
 }
 
 /// The rebuilt history.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RebuiltHistory {
+pub(crate) struct RebuiltHistory {
     pub messages: Vec<Message>,
     /// Turns that contributed messages.
     pub turns: usize,
     /// Turns dropped to respect `max_bytes`.
-    pub omitted_turns: usize,
-    pub approx_tokens: u64,
+    pub(crate) omitted_turns: usize,
+    pub(crate) approx_tokens: u64,
     /// The todo list of the checkpoint (undecodable or unavailable entries left out).
     pub todos: Vec<pb::TodoItem>,
     /// The blob id of each of `todos`, in the same order.
-    pub todo_ids: Vec<BlobId>,
+    pub(crate) todo_ids: Vec<BlobId>,
     /// Index in `messages` where each turn starts, with its id.
-    pub turn_starts: Vec<(usize, BlobId)>,
+    pub(crate) turn_starts: Vec<(usize, BlobId)>,
     /// The last turn covered by the summary the history starts with, if any.
-    pub summarized_through: Option<BlobId>,
+    pub(crate) summarized_through: Option<BlobId>,
 }
 
 impl RebuiltHistory {
@@ -73,7 +74,7 @@ impl RebuiltHistory {
     /// by the current turn's): what a summary of `messages[..split]` covers, for
     /// [`Checkpoint::set_summary`](super::Checkpoint::set_summary). Falls back to the turn an
     /// earlier summary covered; `None` when no whole turn is covered.
-    pub fn turn_through(&self, split: usize) -> Option<BlobId> {
+    pub(crate) fn turn_through(&self, split: usize) -> Option<BlobId> {
         let ends = self
             .turn_starts
             .iter()
@@ -137,7 +138,7 @@ enum SummaryState {
 
 /// A resumable rebuild of the history from a `ConversationStateStructure`.
 #[derive(Debug)]
-pub struct HistoryBuilder {
+pub(crate) struct HistoryBuilder {
     turns: Vec<TurnSlot>,
     summary: SummaryState,
     todo_ids: Vec<BlobId>,
@@ -284,7 +285,7 @@ impl HistoryBuilder {
     /// Feed one blob. Fails only when `data` does not hash to `id` (the builder is unchanged;
     /// the caller may retry or [`mark_unavailable`](Self::mark_unavailable)). Content that does
     /// not decode is skipped with a warning; ids nobody asked for are ignored.
-    pub fn supply(&mut self, id: BlobId, data: Bytes) -> Result<(), StateError> {
+    pub(crate) fn supply(&mut self, id: BlobId, data: Bytes) -> Result<(), StateError> {
         if !blob::verify(&id, &data) {
             return Err(StateError::BlobIdMismatch {
                 id: hex::encode(id),
@@ -323,7 +324,7 @@ impl HistoryBuilder {
     }
 
     /// The client does not have `id` (or refused it): what needed it is skipped.
-    pub fn mark_unavailable(&mut self, id: BlobId) {
+    pub(crate) fn mark_unavailable(&mut self, id: BlobId) {
         debug!(blob = %hex::encode(id), "blob unavailable; skipping what needs it");
         self.unavailable.insert(id);
         if matches!(self.summary, SummaryState::Pending(s) if s == id) {

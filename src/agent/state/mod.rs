@@ -25,14 +25,12 @@ mod summary;
 mod turn_blobs;
 
 pub use blob::{from_get_result, get_blob_args, id_from_bytes, verify, Blob, BlobId};
-pub use cache::{BlobCache, DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES};
+pub(crate) use cache::{BlobCache, DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES};
 pub use checkpoint::{build_checkpoint, decode_todo, summary_blob, Checkpoint};
 pub use error::StateError;
-pub use history::{HistoryBuilder, HistoryOptions, RebuiltHistory, ToolCallFallback, OMITTED_NOTE};
+pub(crate) use history::{HistoryBuilder, HistoryOptions, RebuiltHistory};
 pub use subagent_runs::{background_subagents, record_completions, record_subagents};
-pub use summary::{
-    estimate_tokens, plan_compaction, summary_message, summary_prompt, Compaction, SUMMARY_PREFIX,
-};
+pub(crate) use summary::{plan_compaction, summary_message, summary_prompt};
 pub use turn_blobs::{
     encode_shell_turn, encode_step, encode_turn, EncodedTurn, StepRecord, TurnRecord,
 };

@@ -15,7 +15,7 @@ use crate::provider::ProviderExtra;
 
 /// Field number of our extension. Far above anything `agent.v1` uses (< 100) and below the
 /// reserved 19000–19999 range.
-pub const REPLAY_FIELD: u32 = 4242;
+pub(crate) const REPLAY_FIELD: u32 = 4242;
 
 /// Protobuf wire type of length-delimited fields.
 const WIRE_LEN: u64 = 2;
@@ -23,7 +23,7 @@ const WIRE_LEN: u64 = 2;
 /// What a `ConversationStep` blob carries for the model, beyond what Cursor's UI needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum StepReplay {
+pub(crate) enum StepReplay {
     /// Assistant text: the text itself is in the step; this only marks the step as ours.
     Text {},
     /// A user-side message that joined the turn between model calls (steering).
@@ -46,20 +46,20 @@ pub enum StepReplay {
 
 /// What a `ConversationSummary` blob we wrote carries: which turns the summary replaces.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SummaryReplay {
+pub(crate) struct SummaryReplay {
     /// Hex id of the last turn the summary covers (it and every earlier turn are replaced).
-    pub through_turn: String,
+    pub(crate) through_turn: String,
 }
 
 /// Append `payload` to an encoded message as field `field` (length-delimited).
-pub fn append_field(buf: &mut Vec<u8>, field: u32, payload: &[u8]) {
+pub(crate) fn append_field(buf: &mut Vec<u8>, field: u32, payload: &[u8]) {
     put_varint(buf, (u64::from(field) << 3) | WIRE_LEN);
     put_varint(buf, payload.len() as u64);
     buf.extend_from_slice(payload);
 }
 
 /// Append a JSON-encoded value as our replay field.
-pub fn append_json(buf: &mut Vec<u8>, value: &impl Serialize) {
+pub(crate) fn append_json(buf: &mut Vec<u8>, value: &impl Serialize) {
     // Serialising our own plain data types cannot fail; if it ever did, the blob is simply
     // written without replay data and the fallback path is used on the next turn.
     if let Ok(json) = serde_json::to_vec(value) {
@@ -68,14 +68,14 @@ pub fn append_json(buf: &mut Vec<u8>, value: &impl Serialize) {
 }
 
 /// Read our replay field back; `None` when absent, malformed or not our JSON.
-pub fn extract_json<T: for<'de> Deserialize<'de>>(data: &[u8]) -> Option<T> {
+pub(crate) fn extract_json<T: for<'de> Deserialize<'de>>(data: &[u8]) -> Option<T> {
     serde_json::from_slice(find_field(data, REPLAY_FIELD)?).ok()
 }
 
 /// The payload of the last top-level length-delimited field `field` of an encoded message
 /// (protobuf semantics: the last occurrence wins). Any malformation — truncated varints or
 /// lengths, groups, reserved wire types — yields `None`; this never panics on any input.
-pub fn find_field(data: &[u8], field: u32) -> Option<&[u8]> {
+pub(crate) fn find_field(data: &[u8], field: u32) -> Option<&[u8]> {
     let mut rest = data;
     let mut found = None;
     while !rest.is_empty() {

@@ -8,7 +8,7 @@ use pb::task_result::Result as T;
 use pb::SubagentRunStatus as Status;
 
 /// Subagent runs kept in a checkpoint at most (the oldest finished ones go first).
-pub const MAX_RECORDED: usize = 256;
+pub(crate) const MAX_RECORDED: usize = 256;
 
 /// Record the turn's finished task calls (a wait updates the run it waited for).
 pub fn record_subagents<'a>(

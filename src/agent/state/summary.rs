@@ -13,7 +13,7 @@ use crate::base::text::{cut_chars, tail_chars};
 use crate::provider::{AssistantPart, Message, UserPart};
 
 /// First line of the user message that stands for summarised turns.
-pub const SUMMARY_PREFIX: &str = "[Summary of the earlier conversation]";
+pub(crate) const SUMMARY_PREFIX: &str = "[Summary of the earlier conversation]";
 
 /// Rough cost of an image: providers bill roughly 1–2k tokens for a typical screenshot.
 const IMAGE_TOKENS: u64 = 1_000;
@@ -24,7 +24,7 @@ const TRANSCRIPT_RESULT_CHARS: usize = 4_000;
 
 /// Estimated prompt tokens of `messages`: characters / 4 (a fair average for English and code,
 /// an over-estimate for nothing but CJK), images at a flat rate.
-pub fn estimate_tokens(messages: &[Message]) -> u64 {
+pub(crate) fn estimate_tokens(messages: &[Message]) -> u64 {
     messages.iter().map(message_tokens).sum()
 }
 
@@ -56,7 +56,7 @@ fn message_tokens(m: &Message) -> u64 {
 
 /// A split of the history: `older` is to be summarised, `keep` stays verbatim.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Compaction {
+pub(crate) struct Compaction {
     pub older: Vec<Message>,
     pub keep: Vec<Message>,
     /// Index in the original slice where `keep` starts (see
@@ -73,7 +73,7 @@ pub struct Compaction {
 /// result. If no user boundary fits — one turn with huge tool output — it may start at an
 /// assistant message that follows tool results (still never between a call and its result); if
 /// nothing fits, it keeps the shortest tail possible.
-pub fn plan_compaction(
+pub(crate) fn plan_compaction(
     messages: &[Message],
     context_window: u32,
     reserve: u32,
@@ -112,14 +112,14 @@ pub fn plan_compaction(
 }
 
 /// The user message that replaces summarised messages.
-pub fn summary_message(summary: &str) -> Message {
+pub(crate) fn summary_message(summary: &str) -> Message {
     Message::user_text(format!("{SUMMARY_PREFIX}\n{}", summary.trim()))
 }
 
 /// A self-contained request for a summary of `older`, as one user message holding a plain-text
 /// transcript (so it needs no tool definitions and no provider extras). The transcript keeps
 /// its most recent part when it would exceed `max_chars`.
-pub fn summary_prompt(older: &[Message], max_chars: usize) -> Vec<Message> {
+pub(crate) fn summary_prompt(older: &[Message], max_chars: usize) -> Vec<Message> {
     let mut t = String::new();
     for m in older {
         match m {

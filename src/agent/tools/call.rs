@@ -73,7 +73,7 @@ impl ToolContext {
 
     /// An absolute path for `path`: absolute paths stay, relative ones join the workspace root
     /// (with its separator style). Without a root, the path goes to the client as given.
-    pub fn resolve_path(&self, path: &str) -> String {
+    pub(crate) fn resolve_path(&self, path: &str) -> String {
         let p = path.trim();
         let p = p.strip_prefix("file://").unwrap_or(p);
         if is_absolute(p) {
@@ -229,7 +229,7 @@ impl ToolPlan {
 
     /// For an edit: the read to run first (the whole file, through the client, because the
     /// workspace may be remote).
-    pub fn read_exec(&self) -> Option<ExecArgs> {
+    pub(crate) fn read_exec(&self) -> Option<ExecArgs> {
         match self {
             ToolPlan::Edit {
                 path, tool_call, ..

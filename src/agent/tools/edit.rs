@@ -38,17 +38,14 @@ const CONTENTS: &[&str] = &["contents", "content", "file_text", "text", "code", 
 /// An edit applied in memory: `exec` is the write to send to the client; the rest is kept
 /// for [`super::finish_edit`] (diff, before/after for the UI).
 #[derive(Debug, Clone, PartialEq)]
-pub struct EditWrite {
+pub(crate) struct EditWrite {
     pub exec: ExecArgs,
     before: String,
     after: String,
 }
 
 impl EditWrite {
-    pub fn before(&self) -> &str {
-        &self.before
-    }
-
+    #[cfg(test)]
     pub fn after(&self) -> &str {
         &self.after
     }

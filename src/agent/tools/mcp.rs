@@ -47,7 +47,7 @@ fn tool_part(def: &pb::McpToolDefinition) -> &str {
 /// The MCP tools of a run: `run_request.mcp_tools` first, then the request context's `tools`
 /// that name a (server, tool) pair not seen yet. Both lists describe the same servers when a
 /// client fills both, so the first definition of a pair wins.
-pub fn merge_definitions(lists: &[&[pb::McpToolDefinition]]) -> Vec<pb::McpToolDefinition> {
+pub(crate) fn merge_definitions(lists: &[&[pb::McpToolDefinition]]) -> Vec<pb::McpToolDefinition> {
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let mut out = Vec::new();
     for def in lists.iter().flat_map(|l| l.iter()) {

@@ -51,12 +51,12 @@ use pb::tool_call::Tool;
 use render::outcome;
 
 pub use call::{Access, EditSpec, SubagentOptions, ToolContext, ToolError, ToolOutcome, ToolPlan};
-pub use edit::EditWrite;
-pub use mcp::merge_definitions as merge_mcp_tools;
+pub(crate) use edit::EditWrite;
+pub(crate) use mcp::merge_definitions as merge_mcp_tools;
 pub(crate) use mcp::to_json as value_to_json;
-pub use render::{error_outcome, history_from_tool_call};
+pub(crate) use render::{error_outcome, history_from_tool_call};
 pub(crate) use shell::is_assignment;
-pub use shell::{command_words, result_is_final, shell_delta};
+pub(crate) use shell::{command_words, result_is_final, shell_delta};
 
 /// The tool list to offer the model. Ask mode gets read-only tools only; Plan mode adds
 /// `create_plan` and also leaves out tools that change the workspace.
@@ -196,7 +196,7 @@ pub fn placeholder(ctx: &ToolContext, call_id: &str, name: &str) -> Option<pb::T
 
 /// Finish an `Exec` / `ExecEach` plan. `results` is everything the client sent for it, in
 /// order; `thrown` is its `throw` error, if it failed.
-pub fn finish_exec(
+pub(crate) fn finish_exec(
     ctx: &ToolContext,
     plan: &ToolPlan,
     results: &[ExecResult],
@@ -261,7 +261,7 @@ pub fn finish_exec(
 /// exec next; `Err` is the finished (failed) outcome, e.g. `old_string` not found.
 // Once per edit: the large error (it carries the UI tool call) costs nothing worth boxing for.
 #[allow(clippy::result_large_err)]
-pub fn apply_edit(
+pub(crate) fn apply_edit(
     plan: &ToolPlan,
     read: &[ExecResult],
     thrown: Option<&str>,
@@ -280,7 +280,7 @@ pub fn apply_edit(
 }
 
 /// Finish an edit after its write exec.
-pub fn finish_edit(
+pub(crate) fn finish_edit(
     plan: &ToolPlan,
     write: &EditWrite,
     results: &[ExecResult],
@@ -291,7 +291,7 @@ pub fn finish_edit(
 
 /// Apply a `Todos` plan to the current list. Returns the new list (to keep in the checkpoint)
 /// and the outcome. `now_ms` stamps created/updated items.
-pub fn apply_todos(
+pub(crate) fn apply_todos(
     plan: &ToolPlan,
     current: &[pb::TodoItem],
     now_ms: i64,
@@ -313,7 +313,7 @@ pub fn apply_todos(
 }
 
 /// Finish an `Interaction` plan with the user's response.
-pub fn finish_interaction(
+pub(crate) fn finish_interaction(
     ctx: &ToolContext,
     plan: &ToolPlan,
     response: &pb::InteractionResponse,
@@ -328,13 +328,13 @@ pub fn finish_interaction(
 
 /// The `pb::AgentMode` the user approved switching to, when `response` approves a
 /// `switch_mode` plan; the run should use it (and its tool list) from the next model call.
-pub fn approved_mode(plan: &ToolPlan, response: &pb::InteractionResponse) -> Option<i32> {
+pub(crate) fn approved_mode(plan: &ToolPlan, response: &pb::InteractionResponse) -> Option<i32> {
     interaction::approved_mode(plan.tool_call(), response)
 }
 
 /// What the model reads for an ask-question answer (`args` asked, `result` answered), e.g. one
 /// that arrives later as `async_ask_question_completion_action`.
-pub fn render_ask_result(
+pub(crate) fn render_ask_result(
     args: Option<pb::AskQuestionArgs>,
     result: Option<pb::AskQuestionResult>,
 ) -> String {
@@ -343,13 +343,13 @@ pub fn render_ask_result(
 
 /// The todos a plan's front matter lists (Cursor's `.plan.md`: `todos:` with `- id:`,
 /// `content:`, `status:` entries); empty when it lists none.
-pub fn plan_todos(plan: &str) -> Vec<pb::TodoItem> {
+pub(crate) fn plan_todos(plan: &str) -> Vec<pb::TodoItem> {
     todos::from_front_matter(plan)
 }
 
 /// The todos of a `create_plan` call's arguments (as the model wrote them); empty when it
 /// listed none or they do not parse.
-pub fn created_plan_todos(arguments: &serde_json::Value) -> Vec<pb::TodoItem> {
+pub(crate) fn created_plan_todos(arguments: &serde_json::Value) -> Vec<pb::TodoItem> {
     ["todos", "steps", "tasks"]
         .iter()
         .find_map(|k| arguments.get(*k))

@@ -76,7 +76,7 @@ pub(crate) fn outcome(tool_call: pb::ToolCall) -> ToolOutcome {
 }
 
 /// A failed outcome: `message` (for the model) set as the error result of `tool_call`.
-pub fn error_outcome(tool_call: pb::ToolCall, message: String) -> ToolOutcome {
+pub(crate) fn error_outcome(tool_call: pb::ToolCall, message: String) -> ToolOutcome {
     let mut tc = tool_call;
     match tc.tool.take() {
         Some(tool) => {
@@ -111,7 +111,7 @@ fn render_web_fetch(t: &pb::WebFetchToolCall) -> (String, bool) {
 /// For rebuilding history from checkpoint turns (ours or written by Cursor's own servers): a
 /// `ToolCall` with its result → (tool name in our catalogue, arguments, result text for the
 /// model, is_error). `None` for kinds our catalogue cannot express.
-pub fn history_from_tool_call(tc: &pb::ToolCall) -> Option<(String, Value, String, bool)> {
+pub(crate) fn history_from_tool_call(tc: &pb::ToolCall) -> Option<(String, Value, String, bool)> {
     let (name, args): (String, Value) = match tc.tool.as_ref()? {
         Tool::ReadToolCall(t) => ("read_file".into(), fs::read_history_args(t)),
         Tool::DeleteToolCall(t) => (

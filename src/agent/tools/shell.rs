@@ -197,7 +197,7 @@ fn parse(command: &str) -> Parsed {
 /// The simple commands of a command line as words (quotes and escapes resolved, leading
 /// `NAME=value` assignments left out), for checks that match commands by their words; `None`
 /// when the tokenizer cannot follow the line (an open quote, a subshell or group).
-pub fn command_words(command: &str) -> Option<Vec<Vec<String>>> {
+pub(crate) fn command_words(command: &str) -> Option<Vec<Vec<String>>> {
     let parsed = parse(command);
     if parsed.result.parsing_failed {
         return None;
@@ -440,7 +440,7 @@ pub(crate) fn is_assignment(w: &str) -> bool {
 }
 
 /// A `tool_call_delta` for one shell stream event (stdout/stderr), for the terminal view.
-pub fn shell_delta(event: &pb::ShellStream) -> Option<pb::ToolCallDelta> {
+pub(crate) fn shell_delta(event: &pb::ShellStream) -> Option<pb::ToolCallDelta> {
     use pb::shell_tool_call_delta::Delta;
     let delta = match &event.event {
         Some(Event::Stdout(o)) => Delta::Stdout(pb::ShellToolCallStdoutDelta {
@@ -460,7 +460,7 @@ pub fn shell_delta(event: &pb::ShellStream) -> Option<pb::ToolCallDelta> {
 
 /// Whether this result ends its exec: any result but a shell stream's output events. The
 /// run may stop waiting there instead of waiting for `stream_close`.
-pub fn result_is_final(result: &ExecResult) -> bool {
+pub(crate) fn result_is_final(result: &ExecResult) -> bool {
     match result {
         ExecResult::ShellStream(s) => matches!(
             s.event,

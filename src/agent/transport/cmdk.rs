@@ -37,12 +37,13 @@ pub enum CmdKRpc {
     ReportFate,
 }
 
-pub const STREAM_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/StreamCmdK";
-pub const STREAM_HYPERMODE_PATH: &str = "/aiserver.v1.CmdKService/StreamHypermode";
-pub const STREAM_TERMINAL_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/StreamTerminalCmdK";
-pub const RERANK_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/RerankCmdKContext";
-pub const RERANK_TERMINAL_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/RerankTerminalCmdKContext";
-pub const REPORT_CMD_K_FATE_PATH: &str = "/aiserver.v1.AiService/ReportCmdKFate";
+pub(crate) const STREAM_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/StreamCmdK";
+pub(crate) const STREAM_HYPERMODE_PATH: &str = "/aiserver.v1.CmdKService/StreamHypermode";
+pub(crate) const STREAM_TERMINAL_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/StreamTerminalCmdK";
+pub(crate) const RERANK_CMD_K_PATH: &str = "/aiserver.v1.CmdKService/RerankCmdKContext";
+pub(crate) const RERANK_TERMINAL_CMD_K_PATH: &str =
+    "/aiserver.v1.CmdKService/RerankTerminalCmdKContext";
+pub(crate) const REPORT_CMD_K_FATE_PATH: &str = "/aiserver.v1.AiService/ReportCmdKFate";
 
 /// The Cmd+K call `path` is, if any (exact matches only).
 pub fn classify(path: &str) -> Option<CmdKRpc> {

@@ -21,8 +21,8 @@ use crate::upstream::Upstream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Pairing {
     pub requests: usize,
-    pub held_append_bytes: usize,
-    pub backlog_bytes: usize,
+    pub(crate) held_append_bytes: usize,
+    pub(crate) backlog_bytes: usize,
 }
 
 /// The agent's HTTP face. Cheap to clone.

@@ -36,18 +36,18 @@ use crate::http::{full, Body, RequestContext};
 use crate::proto::aiserver::v1 as aiserver;
 use crate::proto::wire::{self, WireType};
 
-pub const RUN_INFERENCE_PATH: &str = "/aiserver.v1.InferenceService/RunInference";
-pub const RUN_INFERENCE_SSE_PATH: &str = "/aiserver.v1.InferenceService/RunInferenceSSE";
-pub const RUN_INFERENCE_POLL_PATH: &str = "/aiserver.v1.InferenceService/RunInferencePoll";
+pub(crate) const RUN_INFERENCE_PATH: &str = "/aiserver.v1.InferenceService/RunInference";
+pub(crate) const RUN_INFERENCE_SSE_PATH: &str = "/aiserver.v1.InferenceService/RunInferenceSSE";
+pub(crate) const RUN_INFERENCE_POLL_PATH: &str = "/aiserver.v1.InferenceService/RunInferencePoll";
 /// One model call per stream (the runtime's transport before `RunInference`, 3.17).
-pub const INFERENCE_STREAM_PATH: &str = "/aiserver.v1.InferenceService/Stream";
+pub(crate) const INFERENCE_STREAM_PATH: &str = "/aiserver.v1.InferenceService/Stream";
 
 /// How long a `RunInference` waits for its first frame before it is refused.
 const FIRST_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Why an inference message could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("it does not scan as protobuf: {0}")]
     Wire(#[from] wire::WireError),
     #[error("a model id in it is not UTF-8")]
@@ -101,7 +101,7 @@ fn stream_request_models(request: &[u8], out: &mut Vec<String>) -> Result<(), Re
 }
 
 /// Reads the model ids of one `RunInferenceClientMessage` (see the module docs).
-pub fn named_models(message: &[u8]) -> Result<Named, ReadError> {
+pub(crate) fn named_models(message: &[u8]) -> Result<Named, ReadError> {
     wire::validate(message)?;
     let mut named = Named::default();
     for run in each(message, 1)? {

@@ -17,7 +17,7 @@ const IDLE: Duration = Duration::from_secs(30 * 60);
 
 /// What is known of one inference request id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InferenceVerdict {
+pub(crate) enum InferenceVerdict {
     /// Not (yet) known to be ours: its appends are read one by one.
     Open,
     /// Refused, with the reason: every later append and stream on it is refused too.
@@ -25,7 +25,7 @@ pub enum InferenceVerdict {
 }
 
 #[derive(Default)]
-pub struct InferenceIds {
+pub(crate) struct InferenceIds {
     map: Mutex<HashMap<String, (InferenceVerdict, Instant)>>,
 }
 

@@ -38,16 +38,16 @@ use crate::upstream::Link;
 
 pub use cmdk::{classify as classify_cmd_k, CmdKRpc};
 pub use face::{AgentTransports, Pairing};
-pub use inference::{
+pub(crate) use inference::{
     INFERENCE_STREAM_PATH, RUN_INFERENCE_PATH, RUN_INFERENCE_POLL_PATH, RUN_INFERENCE_SSE_PATH,
 };
 pub use pins::{PinStore, PINS_FILE};
 pub use routing::{Decision, RoutingTable};
-pub use websocket::WEBSOCKET_PATH;
+pub(crate) use websocket::WEBSOCKET_PATH;
 
-pub const RUN_PATH: &str = "/agent.v1.AgentService/Run";
-pub const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
-pub const BIDI_APPEND_PATH: &str = "/aiserver.v1.BidiService/BidiAppend";
+pub(crate) const RUN_PATH: &str = "/agent.v1.AgentService/Run";
+pub(crate) const RUN_SSE_PATH: &str = "/agent.v1.AgentService/RunSSE";
+pub(crate) const BIDI_APPEND_PATH: &str = "/aiserver.v1.BidiService/BidiAppend";
 
 /// Which agent transport a request is for (the router's decision, from its path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,19 +46,19 @@ pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PairingLimits {
     /// Request ids held at once.
-    pub max_entries: usize,
+    pub(crate) max_entries: usize,
     /// Bytes of out-of-order appends held for one request id.
-    pub max_held_per_entry: usize,
+    pub(crate) max_held_per_entry: usize,
     /// Bytes of out-of-order appends held for all request ids together.
-    pub max_held_total: usize,
+    pub(crate) max_held_total: usize,
     /// A live run's entry with no traffic at all for this long is abandoned.
-    pub run_idle: Duration,
+    pub(crate) run_idle: Duration,
     /// An entry without a run (undecided, relayed, prewarm) is forgotten after this idle time.
-    pub pending_idle: Duration,
+    pub(crate) pending_idle: Duration,
     /// An ended run's frames wait this long for a reader.
     pub linger: Duration,
     /// A started run waits this long for its first RunSSE reader (append 0 may come first).
-    pub reader_wait: Duration,
+    pub(crate) reader_wait: Duration,
 }
 
 impl Default for PairingLimits {
@@ -303,7 +303,7 @@ pub(super) struct RequestPairing {
     pub run: OnceLock<RunFailer>,
     /// Made for a new run on a request id whose run of ours ended: undecided, it ends as
     /// "has already ended", never as a relay.
-    pub successor: bool,
+    pub(crate) successor: bool,
     /// Fires when the client has left for good: whatever moves the run's output stops.
     pub gone: CancellationToken,
     /// Held while messages are handed to the run, in order; never with `state` held across
@@ -513,9 +513,9 @@ pub(super) struct Inbound {
     limits: PairingLimits,
     pub input: Option<mpsc::Sender<Box<pb::AgentClientMessage>>>,
     /// Our run has ended: nothing more can be delivered to it.
-    pub run_over: bool,
+    pub(crate) run_over: bool,
     /// Digest of the append 0 that decided: a resent one is a duplicate, another is a new run.
-    pub first_append: Option<u64>,
+    pub(crate) first_append: Option<u64>,
 }
 
 /// The digest [`Inbound::first_append`] keeps.
@@ -587,16 +587,16 @@ pub(super) struct Backlog {
     pub delivered: u64,
     /// Frames the reader is known to have taken: it asked for the next one after them. A
     /// reader that is replaced or leaves mid-stream gets the frames after this mark again.
-    pub confirmed: u64,
+    pub(crate) confirmed: u64,
     /// When the run's last frame (its end) was queued.
-    pub ended_at: Option<Instant>,
+    pub(crate) ended_at: Option<Instant>,
     /// Generation of the current reader; older readers stop. 0: none came yet.
     pub reader: u64,
-    pub reader_active: bool,
+    pub(crate) reader_active: bool,
     pub waker: Option<Waker>,
     pub space: Arc<Notify>,
     /// The last append or frame read for this request id.
-    pub last_seen: Instant,
+    pub(crate) last_seen: Instant,
     /// When our run started (it then waits for a first reader).
     pub run_started: Option<Instant>,
 }

@@ -24,7 +24,7 @@ use super::Decision;
 /// The pin file's name in the data dir.
 pub const PINS_FILE: &str = "conversation-pins.jsonl";
 /// Conversations remembered.
-pub const MAX_PINS: usize = 20_000;
+pub(crate) const MAX_PINS: usize = 20_000;
 /// Longer conversation ids are not pinned (Cursor's are UUIDs).
 const MAX_ID_LEN: usize = 256;
 
@@ -137,7 +137,7 @@ impl PinStore {
     /// Mark `conversation_id` as the user's: on `model_id` when it is known, else on no model
     /// (a resume of it that names no model is then refused, never relayed). For a conversation
     /// made from one of ours, e.g. a fork, before any run of it.
-    pub fn mark_byok(&self, conversation_id: &str, model_id: Option<&str>) {
+    pub(crate) fn mark_byok(&self, conversation_id: &str, model_id: Option<&str>) {
         let decision = |old: Option<&Pin>| match (model_id, old.and_then(|p| p.decision.clone())) {
             (Some(m), _) => Some(Decision::Ours {
                 model_id: m.to_string(),

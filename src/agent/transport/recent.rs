@@ -14,10 +14,10 @@ use super::routing::Decision;
 use crate::proto::agent::v1 as pb;
 
 /// Runs remembered.
-pub const MAX_RECENT: usize = 256;
+pub(crate) const MAX_RECENT: usize = 256;
 /// How long a run's prompt is remembered: the desktop names and titles a chat within seconds
 /// of its first message; an overview may come minutes later.
-pub const RECENT_TTL: Duration = Duration::from_secs(30 * 60);
+pub(crate) const RECENT_TTL: Duration = Duration::from_secs(30 * 60);
 /// Longest transcript read for matching (bytes, from its start).
 const MAX_SCAN_BYTES: usize = 256 * 1024;
 /// A role label before a transcript line's text (`User: …`) is at most this long.
@@ -25,7 +25,7 @@ const MAX_LABEL: usize = 32;
 
 /// Whose run a prompt was seen on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOwner {
+pub(crate) enum RunOwner {
     /// One of ours, on this model id (as Cursor names it).
     Ours { model_id: String },
     /// Cursor's.
@@ -42,7 +42,7 @@ struct RecentRun {
 }
 
 /// The recent runs' prompt hashes. Cheap to share behind the transports.
-pub struct RecentPrompts {
+pub(crate) struct RecentPrompts {
     entries: Mutex<VecDeque<RecentRun>>,
     decided: watch::Sender<u64>,
     ttl: Duration,
@@ -67,7 +67,7 @@ impl RecentPrompts {
 
     /// A run's first message was decided: remember its prompt (when it carries one) and wake
     /// the side calls waiting for a decision.
-    pub fn record_run(&self, first: &pb::AgentClientMessage, decision: &Decision) {
+    pub(crate) fn record_run(&self, first: &pb::AgentClientMessage, decision: &Decision) {
         if let Some(prompt) = prompt_of(first) {
             let owner = match decision {
                 Decision::Ours { model_id } => RunOwner::Ours {
@@ -104,14 +104,14 @@ impl RecentPrompts {
     }
 
     /// Whose run had exactly this prompt (whitespace aside); ours wins a tie.
-    pub fn match_prompt(&self, prompt: &str) -> Option<RunOwner> {
+    pub(crate) fn match_prompt(&self, prompt: &str) -> Option<RunOwner> {
         let h = hash(&normalize(prompt));
         self.best(|e| e.whole == h)
     }
 
     /// Whose run's prompt starts a line of `transcript` (its first line, after an optional
     /// role label); ours wins a tie.
-    pub fn match_transcript(&self, transcript: &str) -> Option<RunOwner> {
+    pub(crate) fn match_transcript(&self, transcript: &str) -> Option<RunOwner> {
         let hashes = transcript_hashes(transcript);
         self.best(|e| e.first_line.is_some_and(|h| hashes.contains(&h)))
     }

@@ -50,7 +50,7 @@ impl RoutingTable {
         }
     }
 
-    pub fn pin_request(&self, request_id: &str, d: Decision) {
+    pub(crate) fn pin_request(&self, request_id: &str, d: Decision) {
         self.insert(format!("r:{request_id}"), d);
     }
 

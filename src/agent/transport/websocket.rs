@@ -47,7 +47,7 @@ use crate::connect::Code;
 use crate::http::{empty, Body, RequestContext};
 use crate::proto::agent::v1 as pb;
 
-pub const WEBSOCKET_PATH: &str = "/agent/v1/run";
+pub(crate) const WEBSOCKET_PATH: &str = "/agent/v1/run";
 
 /// Runs (held or live) on one socket at most; more are rejected.
 const MAX_RUNS: usize = 16;

@@ -27,7 +27,7 @@ pub struct Identity {
 
 /// One client frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientFrame {
+pub(crate) enum ClientFrame {
     Hello,
     RunStart(Identity),
     Message {
@@ -41,7 +41,7 @@ pub enum ClientFrame {
 
 /// Why a client frame could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub(crate) enum FrameError {
     #[error("it does not scan as protobuf: {0}")]
     Wire(#[from] WireError),
     #[error("it sets none of the frame types this build knows (1-5)")]
@@ -101,7 +101,7 @@ fn frame_kind(buf: &[u8]) -> Result<(u32, &[u8]), FrameError> {
 }
 
 /// Reads one client frame.
-pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
+pub(crate) fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
     let (number, value) = frame_kind(buf)?;
     Ok(match number {
         1 => ClientFrame::Hello,
@@ -118,7 +118,7 @@ pub fn decode_client(buf: &[u8]) -> Result<ClientFrame, FrameError> {
 
 /// What a server frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerKind {
+pub(crate) enum ServerKind {
     Hello,
     RunAccepted,
     ServerMessage,
@@ -128,13 +128,13 @@ pub enum ServerKind {
 
 /// A server frame's type and the run it is for (empty for `Hello`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerFrame {
+pub(crate) struct ServerFrame {
     pub kind: ServerKind,
     pub run_id: String,
 }
 
 /// Reads what a server frame is and which run it names (its body stays as it came).
-pub fn decode_server(buf: &[u8]) -> Result<ServerFrame, FrameError> {
+pub(crate) fn decode_server(buf: &[u8]) -> Result<ServerFrame, FrameError> {
     let (number, value) = frame_kind(buf)?;
     let of_identity = || -> Result<String, FrameError> {
         Ok(identity(last_len(value, 1)?.unwrap_or_default())?.run_id)
@@ -180,7 +180,7 @@ fn server_frame(number: u32, body: &[u8]) -> Vec<u8> {
 }
 
 /// `Hello{protocol_version: 1}`.
-pub fn server_hello() -> Vec<u8> {
+pub(crate) fn server_hello() -> Vec<u8> {
     let mut hello = Vec::new();
     uint64::encode(1, &1, &mut hello);
     server_frame(1, &hello)
@@ -212,7 +212,7 @@ pub fn run_end(id: &Identity, error: Option<(Code, &str)>) -> Vec<u8> {
 }
 
 /// `RunRejected`: the run is refused before it starts.
-pub fn run_rejected(id: &Identity, code: Code, message: &str) -> Vec<u8> {
+pub(crate) fn run_rejected(id: &Identity, code: Code, message: &str) -> Vec<u8> {
     let mut body = Vec::new();
     len_field(1, &encode_identity(id), &mut body);
     len_field(2, &encode_error(code, message), &mut body);
