@@ -111,7 +111,10 @@ impl Connector {
                 })
             }
         };
-        Ok(TokioIo::new(Stream::Tls(Box::new(tls))))
+        Ok(TokioIo::new(Stream::Tls(Box::new(Tls {
+            io: tls,
+            failed: None,
+        }))))
     }
 }
 
@@ -140,7 +143,48 @@ impl tower_service::Service<Uri> for Connector {
 /// A dialled connection, plain or TLS.
 pub(crate) enum Stream {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<Tls>),
+}
+
+/// A TLS connection to the origin, read as far as records are ready.
+pub(crate) struct Tls {
+    io: TlsStream<TcpStream>,
+    /// A read failed after it had brought bytes: returned by the next read.
+    failed: Option<io::Error>,
+}
+
+impl Tls {
+    /// TLS hands out one record's plaintext (at most 16 KiB) per read. Read that way, a bulk
+    /// answer reaches hyper, and from there the client, in 16 KiB pieces: each a body chunk,
+    /// a hand-off between tasks and a write of its own. Reading on while records are ready
+    /// fills the caller's buffer (hyper's is bounded by its `max_buf_size`, the relay's by its
+    /// read size) in one call; it stops at the first read that would wait.
+    fn poll_read_ready(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Err(e));
+        }
+        let start = buf.filled().len();
+        while buf.remaining() > 0 {
+            let before = buf.filled().len();
+            match Pin::new(&mut self.io).poll_read(cx, buf) {
+                // The end of the stream: the next read sees it again.
+                Poll::Ready(Ok(())) if buf.filled().len() == before => break,
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) if before > start => {
+                    self.failed = Some(e);
+                    break;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending if before > start => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 impl Stream {
@@ -148,7 +192,7 @@ impl Stream {
     pub(crate) fn is_h2(&self) -> bool {
         match self {
             Stream::Plain(_) => false,
-            Stream::Tls(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
+            Stream::Tls(tls) => tls.io.get_ref().1.alpn_protocol() == Some(b"h2"),
         }
     }
 }
@@ -171,7 +215,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Tls(s) => s.poll_read_ready(cx, buf),
         }
     }
 }
@@ -184,7 +228,7 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_write(cx, buf),
         }
     }
 
@@ -195,28 +239,28 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.io.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_shutdown(cx),
         }
     }
 }
