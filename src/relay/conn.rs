@@ -26,6 +26,9 @@ use crate::upstream::UpstreamError;
 /// Read buffer growth: one largest frame we accept, and its header.
 pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 
+/// Reads from one peer per turn of the driver, before what they brought is written on.
+const READS_PER_TURN: usize = 4;
+
 /// Buffer of the in-memory connection to our own server.
 const INTERNAL_BUF: usize = 256 * 1024;
 
@@ -438,9 +441,27 @@ impl Relay {
         }
     }
 
+    /// Read from `side` up to [`READS_PER_TURN`] times, each read's frames handed to the state
+    /// before the next; `Ok(true)` if anything came. A TLS connection hands out one record
+    /// (at most 16 KiB) per read: what several brought leaves in one write instead of one
+    /// write each. The bounds are checked between reads, as between turns.
+    fn read(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
+        let mut progress = false;
+        for _ in 0..READS_PER_TURN {
+            if !self.read_once(side, cx)? {
+                break;
+            }
+            progress = true;
+            if !self.state.may_read(side) || self.state.closing() || self.state.faulted() {
+                break;
+            }
+        }
+        Ok(progress)
+    }
+
     /// Read once from `side` and hand every whole frame to the state; `Ok(true)` if anything
     /// came.
-    fn read(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
+    fn read_once(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
         // Bytes a probe left unparsed are handled even if the socket has nothing new.
         let probed = side == Conn::Client && std::mem::take(&mut self.probed);
         let socket = self.sockets.get_mut(side);

@@ -172,6 +172,11 @@ impl ConnState {
         self.flow.pending_error.take()
     }
 
+    /// An error found while moving frames waits to be raised.
+    pub(super) fn faulted(&self) -> bool {
+        self.flow.pending_error.is_some() || self.flow.upstream_fault.is_some()
+    }
+
     /// An error of the origin's found while moving frames.
     pub(super) fn take_upstream_fault(&mut self) -> Option<ConnError> {
         self.flow.upstream_fault.take()

@@ -111,7 +111,10 @@ impl Connector {
                 })
             }
         };
-        Ok(TokioIo::new(Stream::Tls(Box::new(tls))))
+        Ok(TokioIo::new(Stream::Tls(Box::new(Tls {
+            io: tls,
+            failed: None,
+        }))))
     }
 }
 
@@ -140,7 +143,58 @@ impl tower_service::Service<Uri> for Connector {
 /// A dialled connection, plain or TLS.
 pub(crate) enum Stream {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<Tls>),
+}
+
+/// A TLS connection to the origin, read as far as records are ready.
+pub(crate) struct Tls {
+    io: TlsStream<TcpStream>,
+    /// A read failed after it had brought bytes: returned by the next read.
+    failed: Option<io::Error>,
+}
+
+impl Tls {
+    fn poll_read_ready(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        poll_read_on(&mut self.io, &mut self.failed, cx, buf)
+    }
+}
+
+/// TLS hands out one record's plaintext (at most 16 KiB) per read. Read that way, a bulk
+/// answer reaches hyper, and from there the client, in 16 KiB pieces: each a body chunk,
+/// a hand-off between tasks and a write of its own. Reading on while records are ready
+/// fills the caller's buffer (hyper's is bounded by its `max_buf_size`, the relay's by its
+/// read size) in one call; it stops at the first read that would wait. A read that fails
+/// after others brought bytes leaves its error in `failed`, returned by the next call.
+fn poll_read_on<R: AsyncRead + Unpin>(
+    io: &mut R,
+    failed: &mut Option<io::Error>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    if let Some(e) = failed.take() {
+        return Poll::Ready(Err(e));
+    }
+    let start = buf.filled().len();
+    while buf.remaining() > 0 {
+        let before = buf.filled().len();
+        match Pin::new(&mut *io).poll_read(cx, buf) {
+            // The end of the stream: the next read sees it again.
+            Poll::Ready(Ok(())) if buf.filled().len() == before => break,
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) if before > start => {
+                *failed = Some(e);
+                break;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending if before > start => break,
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    Poll::Ready(Ok(()))
 }
 
 impl Stream {
@@ -148,7 +202,7 @@ impl Stream {
     pub(crate) fn is_h2(&self) -> bool {
         match self {
             Stream::Plain(_) => false,
-            Stream::Tls(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
+            Stream::Tls(tls) => tls.io.get_ref().1.alpn_protocol() == Some(b"h2"),
         }
     }
 }
@@ -171,7 +225,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Tls(s) => s.poll_read_ready(cx, buf),
         }
     }
 }
@@ -184,7 +238,7 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_write(cx, buf),
         }
     }
 
@@ -195,28 +249,153 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.io.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(&mut s.io).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// Hands out its script one step per read: bytes, a wait, or a failure.
+    struct Script(VecDeque<Poll<io::Result<&'static [u8]>>>);
+
+    impl AsyncRead for Script {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            match self.0.pop_front() {
+                None => Poll::Ready(Ok(())),
+                Some(Poll::Pending) => Poll::Pending,
+                Some(Poll::Ready(Ok(bytes))) => {
+                    buf.put_slice(bytes);
+                    Poll::Ready(Ok(()))
+                }
+                Some(Poll::Ready(Err(e))) => Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// One call of [`poll_read_on`] into a buffer of `cap` bytes: what it returned and read.
+    fn read_on(
+        io: &mut Script,
+        failed: &mut Option<io::Error>,
+        cap: usize,
+    ) -> Poll<io::Result<Vec<u8>>> {
+        let mut storage = vec![0u8; cap];
+        let mut buf = ReadBuf::new(&mut storage);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match poll_read_on(io, failed, &mut cx, &mut buf) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(buf.filled().to_vec())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn reset() -> io::Error {
+        io::Error::from(io::ErrorKind::ConnectionReset)
+    }
+
+    #[test]
+    fn reads_on_until_a_read_would_wait() {
+        let mut io = Script(VecDeque::from([
+            Poll::Ready(Ok(&b"one"[..])),
+            Poll::Ready(Ok(&b"two"[..])),
+            Poll::Pending,
+            Poll::Ready(Ok(&b"three"[..])),
+        ]));
+        let mut failed = None;
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"onetwo"),
+            "{got:?}"
+        );
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"three"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn waits_when_nothing_is_ready_and_stops_at_a_full_buffer() {
+        let mut io = Script(VecDeque::from([
+            Poll::Pending,
+            Poll::Ready(Ok(&b"abcd"[..])),
+            Poll::Ready(Ok(&b"ef"[..])),
+        ]));
+        let mut failed = None;
+        assert!(read_on(&mut io, &mut failed, 4).is_pending());
+        let got = read_on(&mut io, &mut failed, 4);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"abcd"),
+            "{got:?}"
+        );
+        // The full buffer ended the call: the next read was left for the next call.
+        let got = read_on(&mut io, &mut failed, 4);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"ef"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_failure_after_bytes_comes_with_the_next_read() {
+        let mut io = Script(VecDeque::from([
+            Poll::Ready(Ok(&b"data"[..])),
+            Poll::Ready(Err(reset())),
+        ]));
+        let mut failed = None;
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"data"),
+            "{got:?}"
+        );
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Err(ref e)) if e.kind() == io::ErrorKind::ConnectionReset),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn the_end_of_the_stream_ends_the_call_and_is_seen_again() {
+        let mut io = Script(VecDeque::from([Poll::Ready(Ok(&b"last"[..]))]));
+        let mut failed = None;
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b == b"last"),
+            "{got:?}"
+        );
+        let got = read_on(&mut io, &mut failed, 64);
+        assert!(
+            matches!(got, Poll::Ready(Ok(ref b)) if b.is_empty()),
+            "{got:?}"
+        );
     }
 }
