@@ -24,6 +24,7 @@ pub enum ActivationError {
 }
 
 impl ActivationError {
+    #[cfg(unix)]
     fn unusable(what: &'static str, source: std::io::Error) -> ActivationError {
         ActivationError::Unusable {
             what,
@@ -64,6 +65,7 @@ pub fn take_listener() -> Result<Option<TcpListener>, ActivationError> {
 /// Whether `fds` of the `sd_listen_fds` protocol are for the process `pid`: `LISTEN_PID` must
 /// name it (a variable inherited from a parent names the parent, and the descriptors are not
 /// ours then). `Ok(None)`: not for us; `Ok(Some(n))`: `n` descriptors from 3.
+#[cfg(any(test, all(unix, not(target_os = "macos"))))]
 pub(crate) fn listen_fds_for(
     pid: u32,
     listen_pid: Option<&str>,

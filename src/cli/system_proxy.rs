@@ -146,21 +146,42 @@ pub fn run(args: SystemProxyArgs, config: &Config, data_dir: &Path) -> anyhow::R
     Ok(())
 }
 
-/// Linux and macOS: stop unless the service manager holds the socket or the user accepts the
-/// DIRECT fallback (a dry run only says it would stop). Windows: say the trade-off.
+/// Stop unless the service manager holds the socket or the user accepts the DIRECT fallback
+/// (a dry run only says it would stop). Windows has no socket activation: there only the
+/// explicit acceptance applies it.
 fn check_held(held: &Held, args: &SystemProxyArgs, config: &Config) -> anyhow::Result<()> {
-    if cfg!(windows) {
-        println!("{}", pac::WINDOWS_TRADE_OFF);
-        return Ok(());
-    }
     let Held::No(why) = held else {
         return Ok(());
     };
     if args.accept_direct_fallback {
-        println!("Accepted: {}", pac::unheld_trade_off(why, config.listen));
+        if cfg!(windows) {
+            println!("Accepted: {}", pac::WINDOWS_TRADE_OFF);
+        } else {
+            println!("Accepted: {}", pac::unheld_trade_off(why, config.listen));
+        }
         return Ok(());
     }
-    let stop = format!(
+    let stop = if cfg!(windows) {
+        format!(
+            "{}\nDo one of:\n  \
+             - `cursor-byok setup cursor`: Cursor's own proxy setting, which has no fallback at \
+             all;\n  \
+             - `cursor-byok setup system-proxy --accept-direct-fallback`: apply it anyway.",
+            pac::WINDOWS_TRADE_OFF
+        )
+    } else {
+        unheld_stop(why, config)
+    };
+    if args.dry_run {
+        println!("note: without --accept-direct-fallback this stops here: {stop}");
+        return Ok(());
+    }
+    bail!("setup system-proxy stops here: {stop}")
+}
+
+/// Linux and macOS: what to do when the service manager does not hold the socket.
+fn unheld_stop(why: &str, config: &Config) -> String {
+    format!(
         "{}. Do one of:\n  \
          - `cursor-byok service install`: the service manager then holds {listen} from login \
          on and a script fetch waits for the proxy; then run this again;\n  \
@@ -169,12 +190,7 @@ fn check_held(held: &Held, args: &SystemProxyArgs, config: &Config) -> anyhow::R
          - `cursor-byok setup system-proxy --accept-direct-fallback`: apply it anyway.",
         pac::unheld_trade_off(why, config.listen),
         listen = config.listen,
-    );
-    if args.dry_run {
-        println!("note: without --accept-direct-fallback this stops here: {stop}");
-        return Ok(());
-    }
-    bail!("setup system-proxy stops here: {stop}")
+    )
 }
 
 /// What the user reads once the OS reads our PAC script: the trade-off and what is left to do.

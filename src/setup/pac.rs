@@ -413,7 +413,7 @@ that; `cursor-byok setup cursor` has no fallback at all; `cursor-byok doctor` sa
 you are in.";
 
 /// Windows has no socket activation: what the PAC wiring means there, said before applying.
-pub const WINDOWS_TRADE_OFF: &str = "note: on Windows nothing holds the proxy's port while the \
+pub const WINDOWS_TRADE_OFF: &str = "on Windows nothing holds the proxy's port while the \
 proxy is down (no socket activation): a Cursor that starts then cannot fetch the PAC script \
 and goes DIRECT everywhere, so a chat with one of your models selected sends its prompt to \
 Cursor. `cursor-byok setup cursor` (Cursor's own proxy setting) has no such fallback and is \

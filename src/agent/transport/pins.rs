@@ -353,6 +353,8 @@ fn write_queued(path: &Path, pins: &Mutex<StoredPins>, max: usize) {
 }
 
 fn private_options() -> std::fs::OpenOptions {
+    // Only Unix sets a mode here.
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut o = std::fs::OpenOptions::new();
     #[cfg(unix)]
     {
