@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::agent_client::{
-    cancel, client_heartbeat, frame, play, play_until, prewarm_request, resume_request,
-    run_request, shell_completion, text_of, updates, Bidi, H2Run, Received, Sink, Store,
-    Transcript, API, EXEC_OS, STEP,
+    cancel, chunked, client_heartbeat, connect_request, frame, play, play_until, prewarm_request,
+    resume_request, run_request, shell_completion, text_of, updates, Bidi, H2Run, Received, Sink,
+    Store, Transcript, API, EXEC_OS, STEP,
 };
 use common::client::{self, Alpn};
 use common::closed_port;
@@ -616,10 +616,24 @@ async fn resume_without_a_model_follows_the_conversation_pin() {
     h.assert_nothing_relayed();
 }
 
+/// Another feature's append, on a request id its stream named, is relayed untouched, even when
+/// it is no agent message or no `BidiAppendRequest` at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_that_is_not_an_agent_message_is_relayed_untouched() {
     let h = harness(vec![]).await;
-    let bidi = Bidi::new(&h.connect_door(), "req-other-feature");
+    let door = h.connect_door();
+    // Another feature's stream (a chat over SSE) names the request id first.
+    let mut chat = door.connect(Alpn::H1).await;
+    let open = connect_request(
+        "/aiserver.v1.ChatService/StreamUnifiedChatWithToolsSSE",
+        "application/connect+proto",
+        "req-other-feature",
+        chunked(frame(&ai::BidiRequestId {
+            request_id: "req-other-feature".into(),
+        })),
+    );
+    chat.send(&door.authority(), open).await.expect("answered");
+    let bidi = Bidi::new(&door, "req-other-feature");
     // A BidiAppendRequest whose payload is not an AgentClientMessage…
     let not_agent = ai::BidiAppendRequest {
         data: "ffff0a".into(),

@@ -143,8 +143,17 @@ fn assert_is_the_script(s: &Setup, (status, headers, body): (String, String, Str
     assert!(body.contains(&format!("\"PROXY {}\"", s.addr)), "{body}");
 }
 
-fn data_ready(data: &Path) -> bool {
-    data.join("proxy.pac").is_file()
+/// Whether the proxy has written its PAC copy, within `wait`: the file is another process's
+/// to write, after it serves, so this watches for it.
+fn data_ready(data: &Path, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    while !data.join("proxy.pac").is_file() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
 }
 
 #[test]
@@ -160,7 +169,10 @@ fn a_pac_fetch_made_before_the_proxy_starts_is_answered_once_it_does() {
         stop(&mut proxy)
     );
     assert_is_the_script(&s, got);
-    assert!(data_ready(&s.data), "the proxy wrote its PAC copy");
+    assert!(
+        data_ready(&s.data, std::time::Duration::from_secs(30)),
+        "the proxy wrote its PAC copy"
+    );
     stop(&mut proxy);
 }
 
