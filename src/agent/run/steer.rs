@@ -268,3 +268,142 @@ pub(super) fn drop_carried_copies(history: &mut Vec<Message>, user_text: &str) {
         i -= 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::inject_context_action::Payload;
+
+    fn user(id: &str, text: &str) -> pb::InjectContextAction {
+        pb::InjectContextAction {
+            injection_id: id.into(),
+            payload: Some(Payload::UserContext(pb::UserContextInjection {
+                user_message: Some(pb::UserMessage {
+                    text: text.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// The injection id and state an acknowledgement carries.
+    fn ack(m: &pb::AgentServerMessage) -> (String, State) {
+        use pb::agent_server_message::Message as M;
+        use pb::interaction_update::Message as U;
+        let Some(M::InteractionUpdate(u)) = &m.message else {
+            panic!("not an interaction update: {m:?}");
+        };
+        let Some(U::ContextInjectionState(s)) = &u.message else {
+            panic!("not an injection state: {u:?}");
+        };
+        let state = s.state.as_ref().and_then(|s| s.state.clone());
+        (s.injection_id.clone(), state.expect("a state"))
+    }
+
+    #[test]
+    fn an_injection_in_an_open_turn_is_queued_then_delivered_at_the_next_call() {
+        let mut s = Steering::new(Some("run-1".into()));
+        s.open_turn();
+        let (id, state) = ack(&s.on_inject(user("i1", "use tabs"), false));
+        assert_eq!(id, "i1");
+        assert!(matches!(state, State::Queued(_)));
+        assert!(s.has_queued());
+
+        let mut messages = Vec::new();
+        let (texts, acks) = s.deliver(&mut messages, 3);
+        assert_eq!(messages.len(), 1);
+        assert_eq!(texts, [format!("{STEER_NOTE}\nuse tabs")]);
+        let (id, state) = ack(&acks[0]);
+        assert_eq!(id, "i1");
+        let State::Delivered(d) = state else {
+            panic!("{state:?}")
+        };
+        assert_eq!(d.step, 3);
+        assert!(!s.has_queued());
+    }
+
+    #[test]
+    fn a_wrong_run_id_or_an_empty_payload_is_rejected() {
+        let mut s = Steering::new(Some("run-1".into()));
+        s.open_turn();
+        let mut other = user("i1", "x");
+        other.expected_run_id = "run-2".into();
+        let (_, state) = ack(&s.on_inject(other, false));
+        let State::Rejected(r) = state else {
+            panic!("{state:?}")
+        };
+        assert!(r.reason.contains("run-1") && r.reason.contains("run-2"));
+
+        let empty = pb::InjectContextAction {
+            injection_id: "i2".into(),
+            payload: Some(Payload::SystemContext(pb::SystemContextInjection {
+                producer: "ide".into(),
+                content: "  ".into(),
+            })),
+            ..Default::default()
+        };
+        assert!(matches!(ack(&s.on_inject(empty, false)).1, State::Rejected(_)));
+        assert!(!s.has_queued());
+    }
+
+    #[test]
+    fn what_the_turn_cannot_deliver_goes_to_the_next_turn_and_is_recorded() {
+        let mut s = Steering::new(None);
+        s.open_turn();
+        s.on_inject(user("i1", "first"), false);
+        s.note(Message::user_text("background done"));
+        // The turn's last model call is over: the injection is carried, our note recorded.
+        let acks = s.defer();
+        assert_eq!(acks.len(), 1, "our own note is never acknowledged");
+        assert!(matches!(ack(&acks[0]).1, State::QueuedForNextTurn(_)));
+        assert_eq!(s.take_late(), ["background done"]);
+        // Between the turn's calls and its record, a new one is carried too.
+        assert!(matches!(
+            ack(&s.on_inject(user("i2", "second"), false)).1,
+            State::QueuedForNextTurn(_)
+        ));
+        let carried = s.take_carried();
+        assert_eq!(carried.len(), 2);
+        assert!(carried[0].ends_with("first") && carried[1].ends_with("second"));
+        // Once recorded, later ones are answered without a record.
+        assert!(matches!(
+            ack(&s.on_inject(user("i3", "third"), false)).1,
+            State::QueuedForNextTurn(_)
+        ));
+        assert!(s.take_carried().is_empty());
+    }
+
+    #[test]
+    fn a_cancel_answers_every_waiting_injection_and_every_later_one() {
+        let mut s = Steering::new(None);
+        s.open_turn();
+        s.on_inject(user("i1", "a"), false);
+        s.note(Message::user_text("ours"));
+        s.close_canceled();
+        let acks = s.cancel_waiting();
+        assert_eq!(acks.len(), 1, "only the client's injection is answered");
+        assert_eq!(ack(&acks[0]).0, "i1");
+        assert!(matches!(ack(&acks[0]).1, State::Cancelled(_)));
+        assert!(matches!(
+            ack(&s.on_inject(user("i2", "b"), false)).1,
+            State::Cancelled(_)
+        ));
+    }
+
+    #[test]
+    fn the_next_turn_reads_a_carried_injection_once() {
+        let mut history = vec![
+            Message::user_text("earlier"),
+            Message::user_text(format!("{STEER_NOTE}\nfix the test")),
+        ];
+        drop_carried_copies(&mut history, " fix the test ");
+        assert_eq!(history.len(), 1);
+        assert_eq!(message_text(&history[0]), "earlier");
+        // An empty text drops nothing.
+        let mut history = vec![Message::user_text(format!("{STEER_NOTE}\n"))];
+        drop_carried_copies(&mut history, "");
+        assert_eq!(history.len(), 1);
+    }
+}

@@ -467,3 +467,73 @@ fn is_shell(plan: &ToolPlan) -> bool {
         }
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::exec_server_message::Message as ExecArgs;
+
+    fn exec(args: ExecArgs, access: Access) -> ToolPlan {
+        ToolPlan::Exec {
+            exec: args,
+            tool_call: pb::ToolCall::default(),
+            access,
+        }
+    }
+
+    fn read() -> ToolPlan {
+        exec(ExecArgs::ReadArgs(pb::ReadArgs::default()), Access::Read)
+    }
+
+    fn subagent() -> ToolPlan {
+        exec(
+            ExecArgs::SubagentArgs(pb::SubagentArgs::default()),
+            Access::Read,
+        )
+    }
+
+    fn shell() -> ToolPlan {
+        exec(
+            ExecArgs::ShellStreamArgs(pb::ShellArgs::default()),
+            Access::Exclusive,
+        )
+    }
+
+    fn planned(plans: Vec<ToolPlan>) -> Vec<(usize, ToolPlan)> {
+        plans.into_iter().enumerate().collect()
+    }
+
+    #[test]
+    fn reads_batch_until_a_write_or_the_subagent_limit() {
+        let p = planned(vec![read(), read(), shell(), read()]);
+        assert_eq!(read_batch_end(&p, 0, 4), 2, "the shell runs alone");
+        assert_eq!(read_batch_end(&p, 3, 4), 4);
+
+        let p = planned(vec![subagent(), read(), subagent(), subagent()]);
+        assert_eq!(read_batch_end(&p, 0, 2), 3, "the third subagent waits");
+        assert_eq!(read_batch_end(&p, 0, 0), 2, "a limit of 0 still runs one");
+        assert_eq!(read_batch_end(&p, 0, 8), 4);
+    }
+
+    #[test]
+    fn a_batch_names_each_calls_execs_and_streams_shell_output_to_its_call() {
+        let each = ToolPlan::ExecEach {
+            execs: vec![
+                ExecArgs::ReadArgs(pb::ReadArgs::default()),
+                ExecArgs::ReadArgs(pb::ReadArgs::default()),
+            ],
+            tool_call: pb::ToolCall::default(),
+        };
+        let todos = ToolPlan::Todos {
+            merge: false,
+            items: Vec::new(),
+            tool_call: pb::ToolCall::default(),
+        };
+        let batch = vec![(0, read()), (1, each), (2, todos), (5, shell())];
+        let (execs, spans) = batch_execs(&batch, |i| format!("call-{i}"));
+        assert_eq!(spans, [0..1, 1..3, 3..3, 3..4]);
+        assert_eq!(execs.len(), 4);
+        let streams: Vec<_> = execs.iter().map(|(_, to)| to.clone()).collect();
+        assert_eq!(streams, [None, None, None, Some("call-5".to_string())]);
+    }
+}
