@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::id_map::IdMap;
 use crate::config::{FailoverOn, FallbackConfig};
 use crate::provider::{
     Price, ProviderClient, ProviderError, ProviderErrorKind, ProviderEvent, ProviderRequest,
@@ -110,11 +111,28 @@ struct Cooldown {
     why: String,
 }
 
-#[derive(Debug, Default)]
 struct HealthState {
     cooling: HashMap<String, Cooldown>,
-    /// Conversation id → (target label, last call).
-    sticky: HashMap<String, (String, Instant)>,
+    /// Conversation id → the target label of its last call.
+    sticky: IdMap<String>,
+}
+
+impl Default for HealthState {
+    fn default() -> Self {
+        HealthState {
+            cooling: HashMap::new(),
+            sticky: IdMap::new(STICKY_MAX, STICKY_TTL),
+        }
+    }
+}
+
+impl std::fmt::Debug for HealthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthState")
+            .field("cooling", &self.cooling)
+            .field("sticky", &self.sticky.len())
+            .finish()
+    }
 }
 
 /// Cool-downs and conversation targets, shared by every run of a server.
@@ -159,34 +177,12 @@ impl Health {
 
     /// The target that served `conversation` last, if that was recent.
     pub(crate) fn sticky(&self, conversation: &str) -> Option<String> {
-        let now = Instant::now();
-        let state = self.lock();
-        let (label, at) = state.sticky.get(conversation)?;
-        (now.duration_since(*at) < STICKY_TTL).then(|| label.clone())
+        self.lock().sticky.get(conversation).cloned()
     }
 
     /// Remember that `label` serves `conversation`; the map stays bounded.
     pub(crate) fn stick(&self, conversation: &str, label: &str) {
-        let now = Instant::now();
-        let mut state = self.lock();
-        if state.sticky.len() >= STICKY_MAX && !state.sticky.contains_key(conversation) {
-            state
-                .sticky
-                .retain(|_, (_, at)| now.duration_since(*at) < STICKY_TTL);
-            if state.sticky.len() >= STICKY_MAX {
-                let oldest = state
-                    .sticky
-                    .iter()
-                    .min_by_key(|(_, (_, at))| *at)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = oldest {
-                    state.sticky.remove(&k);
-                }
-            }
-        }
-        state
-            .sticky
-            .insert(conversation.to_string(), (label.to_string(), now));
+        self.lock().sticky.insert(conversation, label.to_string());
     }
 
     #[cfg(test)]

@@ -2,18 +2,18 @@
 //! `BidiAppend`s are read as `RunInferenceClientMessage`s (whose field 1 is not the
 //! `AgentClientMessage`'s) and never as agent messages. Bounded in count and time.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-// Tokio's clock, so the lifetime is tested over hours on the paused clock.
-use tokio::time::Instant;
+use crate::base::id_map::IdMap;
 
-/// Request ids kept at most (the oldest goes first when full).
+/// Request ids kept at most, of each kind (the oldest goes first when full).
 const MAX_IDS: usize = 4096;
 /// An open id not seen for this long is forgotten (a run attempt's appends come within it); a
 /// refused one is kept until the count bound evicts it, so its late appends stay refused.
 const IDLE: Duration = Duration::from_secs(30 * 60);
+/// Longer than any proxy lives: refusals leave by the count bound only.
+const FOR_EVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// What is known of one inference request id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,71 +24,63 @@ pub(crate) enum InferenceVerdict {
     Refused(String),
 }
 
-#[derive(Default)]
+/// Ids are open or refused; the two are bounded apart, so open ids coming and going never
+/// push a refusal out.
+struct Ids {
+    open: IdMap<()>,
+    refused: IdMap<String>,
+}
+
 pub(crate) struct InferenceIds {
-    map: Mutex<HashMap<String, (InferenceVerdict, Instant)>>,
+    ids: Mutex<Ids>,
+}
+
+impl Default for InferenceIds {
+    fn default() -> Self {
+        InferenceIds {
+            ids: Mutex::new(Ids {
+                open: IdMap::new(MAX_IDS, IDLE),
+                refused: IdMap::new(MAX_IDS, FOR_EVER),
+            }),
+        }
+    }
 }
 
 impl InferenceIds {
+    fn ids(&self) -> std::sync::MutexGuard<'_, Ids> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Note `request_id` as an inference stream's; keeps a refusal already recorded.
     pub fn open(&self, request_id: &str) -> InferenceVerdict {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if !map.contains_key(request_id) {
-            make_room(&mut map, now);
+        let mut ids = self.ids();
+        if let Some(why) = ids.refused.get(request_id) {
+            return InferenceVerdict::Refused(why.clone());
         }
-        let entry = map
-            .entry(request_id.to_owned())
-            .or_insert((InferenceVerdict::Open, now));
-        entry.1 = now;
-        entry.0.clone()
+        ids.open.insert(request_id, ());
+        InferenceVerdict::Open
     }
 
     /// The verdict on `request_id`, if an inference stream opened it.
     pub fn get(&self, request_id: &str) -> Option<InferenceVerdict> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        map.get(request_id)
-            .filter(|(v, seen)| live(v, *seen, now))
-            .map(|(v, _)| v.clone())
+        let ids = self.ids();
+        if let Some(why) = ids.refused.get(request_id) {
+            return Some(InferenceVerdict::Refused(why.clone()));
+        }
+        ids.open.get(request_id).map(|()| InferenceVerdict::Open)
     }
 
     /// Refuse `request_id` from now on.
     pub fn refuse(&self, request_id: &str, reason: &str) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if !map.contains_key(request_id) {
-            make_room(&mut map, now);
-        }
-        map.insert(
-            request_id.to_owned(),
-            (InferenceVerdict::Refused(reason.to_owned()), now),
-        );
+        let mut ids = self.ids();
+        ids.open.remove(request_id);
+        ids.refused.insert(request_id, reason.to_owned());
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-/// Whether an entry still counts: a refusal always, an open id until it has been idle too long.
-fn live(v: &InferenceVerdict, seen: Instant, now: Instant) -> bool {
-    matches!(v, InferenceVerdict::Refused(_)) || now.duration_since(seen) < IDLE
-}
-
-/// Drop what no longer counts and, when still full, the oldest entry (an open one first).
-fn make_room(map: &mut HashMap<String, (InferenceVerdict, Instant)>, now: Instant) {
-    map.retain(|_, (v, seen)| live(v, *seen, now));
-    if map.len() < MAX_IDS {
-        return;
-    }
-    let oldest = map
-        .iter()
-        .min_by_key(|(_, (v, seen))| (matches!(v, InferenceVerdict::Refused(_)), *seen))
-        .map(|(k, _)| k.clone());
-    if let Some(k) = oldest {
-        map.remove(&k);
+        let ids = self.ids();
+        ids.open.len() + ids.refused.len()
     }
 }
 

@@ -1,14 +1,12 @@
 //! The "ours or Cursor's" decision for agent runs, pinned by request id so later frames
 //! without a model follow the first one. Conversations are pinned in [`super::pins`] only.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::agent::model;
 use crate::agent::RunError;
+use crate::base::id_map::IdMap;
 use crate::connect::ConnectError;
 use crate::proto::agent::v1 as pb;
 
@@ -24,15 +22,7 @@ pub enum Decision {
 /// Remembers decisions by request id. Bounded and expiring, so it cannot grow without limit on a
 /// long-running proxy.
 pub struct RoutingTable {
-    inner: Mutex<RequestDecisions>,
-    ttl: Duration,
-    max: usize,
-}
-
-#[derive(Default)]
-struct RequestDecisions {
-    map: HashMap<String, (Decision, Instant)>,
-    order: VecDeque<String>,
+    decisions: Mutex<IdMap<Decision>>,
 }
 
 impl Default for RoutingTable {
@@ -44,38 +34,20 @@ impl Default for RoutingTable {
 impl RoutingTable {
     pub fn new(ttl: Duration, max: usize) -> Self {
         RoutingTable {
-            inner: Mutex::new(RequestDecisions::default()),
-            ttl,
-            max,
+            decisions: Mutex::new(IdMap::new(max, ttl)),
         }
+    }
+
+    fn decisions(&self) -> std::sync::MutexGuard<'_, IdMap<Decision>> {
+        self.decisions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn pin_request(&self, request_id: &str, d: Decision) {
-        self.insert(format!("r:{request_id}"), d);
+        self.decisions().insert(request_id, d);
     }
 
     pub fn request(&self, request_id: &str) -> Option<Decision> {
-        self.get(&format!("r:{request_id}"))
-    }
-
-    fn insert(&self, key: String, d: Decision) {
-        let mut pins = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if pins.map.insert(key.clone(), (d, Instant::now())).is_none() {
-            pins.order.push_back(key);
-        }
-        while pins.order.len() > self.max {
-            if let Some(old) = pins.order.pop_front() {
-                pins.map.remove(&old);
-            }
-        }
-    }
-
-    fn get(&self, key: &str) -> Option<Decision> {
-        let pins = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        pins.map
-            .get(key)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(d, _)| d.clone())
+        self.decisions().get(request_id).cloned()
     }
 }
 

@@ -4,50 +4,48 @@
 //! on the user's model whose stream is still on its way: it waits a little for that stream,
 //! and is refused when none comes. Bounded in count and time.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-// Tokio's clock, so the lifetime is tested over hours on the paused clock.
 use tokio::time::Instant;
+
+use crate::base::id_map::IdMap;
 
 /// Request ids kept at most (the oldest goes first when full).
 const MAX_IDS: usize = 4096;
 /// An id not seen for this long is forgotten: a stream's appends come within it.
 const IDLE: Duration = Duration::from_secs(30 * 60);
 
-#[derive(Default)]
 pub(super) struct CursorStreams {
-    ids: Mutex<HashMap<String, Instant>>,
+    ids: Mutex<IdMap<()>>,
     /// Woken on each id noted, for an append that waits for its stream.
     noted: Notify,
 }
 
+impl Default for CursorStreams {
+    fn default() -> Self {
+        CursorStreams {
+            ids: Mutex::new(IdMap::new(MAX_IDS, IDLE)),
+            noted: Notify::new(),
+        }
+    }
+}
+
 impl CursorStreams {
+    fn ids(&self) -> std::sync::MutexGuard<'_, IdMap<()>> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Note `request_id` as a stream of Cursor's own.
     pub(super) fn note(&self, request_id: &str) {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if !ids.contains_key(request_id) && ids.len() >= MAX_IDS {
-            ids.retain(|_, seen| now.duration_since(*seen) < IDLE);
-            if ids.len() >= MAX_IDS {
-                let oldest = ids.iter().min_by_key(|(_, s)| **s).map(|(k, _)| k.clone());
-                if let Some(oldest) = oldest {
-                    ids.remove(&oldest);
-                }
-            }
-        }
-        ids.insert(request_id.to_owned(), now);
-        drop(ids);
+        self.ids().insert(request_id, ());
         self.noted.notify_waiters();
     }
 
     /// Whether a stream of Cursor's named `request_id` lately.
     pub(super) fn seen(&self, request_id: &str) -> bool {
-        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        ids.get(request_id)
-            .is_some_and(|seen| Instant::now().duration_since(*seen) < IDLE)
+        self.ids().get(request_id).is_some()
     }
 
     /// Whether a stream of Cursor's names `request_id` within `wait` (at once when one has).
@@ -67,7 +65,7 @@ impl CursorStreams {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.ids().len()
     }
 }
 
