@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::agent_client::{
+    raw_append,
     chunked, connect_request, frame, play, resume_request, run_request, Bidi, H2Run, Received,
     ServerStream, Sink, Store,
 };
@@ -369,24 +370,11 @@ async fn a_renamed_model_and_a_restart_keep_the_conversation_from_cursor() {
     assert_canary_unseen(&again);
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// An append whose agent message does not decode, carrying the canary, at `seqno`.
 fn garbled_append(request_id: &str, seqno: i64) -> Bytes {
     let mut garbage = b"\xff\xff\xff".to_vec();
     garbage.extend_from_slice(CANARY.as_bytes());
-    ai::BidiAppendRequest {
-        data: hex(&garbage),
-        request_id: Some(ai::BidiRequestId {
-            request_id: request_id.into(),
-        }),
-        append_seqno: seqno,
-        ..Default::default()
-    }
-    .encode_to_vec()
-    .into()
+    raw_append(request_id, seqno, &garbage)
 }
 
 /// An append that does not decode, on a run of ours: refused with `invalid_argument` naming
@@ -457,16 +445,7 @@ async fn an_undecodable_append_on_our_run_is_refused_never_relayed() {
 
 /// An append of another feature: its data is no agent message (a field 1 of the wrong type).
 fn feature_append(request_id: &str, seqno: i64) -> Bytes {
-    ai::BidiAppendRequest {
-        data: hex(b"\x0d\x01\x02\x03\x04"),
-        request_id: Some(ai::BidiRequestId {
-            request_id: request_id.into(),
-        }),
-        append_seqno: seqno,
-        ..Default::default()
-    }
-    .encode_to_vec()
-    .into()
+    raw_append(request_id, seqno, b"\x0d\x01\x02\x03\x04")
 }
 
 /// An append we cannot read, on a request id no stream has named, waits for its stream: one of

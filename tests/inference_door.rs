@@ -9,6 +9,7 @@ mod harness;
 
 use bytes::Bytes;
 use common::agent_client::{
+    raw_append,
     chunked, connect_request, frame, Bidi, Door, Received, ServerStream, STEP,
 };
 use common::client::{self, Alpn};
@@ -18,7 +19,6 @@ use cursor_byok::proto::aiserver::v1 as ai;
 use harness::{Harness, CURSORS, OURS};
 use http::StatusCode;
 use prost::encoding::{encode_key, encode_varint, string, WireType};
-use prost::Message;
 
 const RUN_INFERENCE: &str = "/aiserver.v1.InferenceService/RunInference";
 const RUN_INFERENCE_SSE: &str = "/aiserver.v1.InferenceService/RunInferenceSSE";
@@ -222,20 +222,6 @@ async fn run_inference_later_frame_that_cannot_be_read_ends_the_stream_unsent() 
     later_frame_is_refused(raw_frame(&unreadable), "cannot read").await;
 }
 
-/// A `BidiAppend` carrying `payload` (hex, as for agent messages) for `request_id`.
-fn append_body(request_id: &str, seqno: i64, payload: &[u8]) -> Bytes {
-    ai::BidiAppendRequest {
-        data: hex::encode(payload),
-        request_id: Some(ai::BidiRequestId {
-            request_id: request_id.into(),
-        }),
-        append_seqno: seqno,
-        ..Default::default()
-    }
-    .encode_to_vec()
-    .into()
-}
-
 async fn open_sse(door: &Door, request_id: &str) -> StatusCode {
     let mut conn = door.connect(Alpn::H1).await;
     let body = frame(&ai::BidiRequestId {
@@ -263,14 +249,14 @@ async fn run_inference_sse_appends_on_our_model_are_refused_cursors_relayed() {
     assert_eq!(open_sse(&door, "req-inf-ours").await, StatusCode::NOT_FOUND);
     let bidi = Bidi::new(&door, "req-inf-ours");
     let a0 = bidi
-        .append_body(append_body("req-inf-ours", 0, &run_request(OURS)))
+        .append_body(raw_append("req-inf-ours", 0, &run_request(OURS)))
         .await;
     assert_eq!(a0.status, StatusCode::BAD_REQUEST, "{:?}", a0.body);
     let e = ConnectError::from_unary_json(&a0.body).expect("a Connect error");
     assert_refusal(&e, OURS);
     // Every later append on that request id is refused too.
     let a1 = bidi
-        .append_body(append_body("req-inf-ours", 1, &heartbeat()))
+        .append_body(raw_append("req-inf-ours", 1, &heartbeat()))
         .await;
     assert_eq!(a1.status, StatusCode::BAD_REQUEST);
     assert!(h.upstream.recorded_on(BIDI_APPEND).is_empty());
@@ -282,7 +268,7 @@ async fn run_inference_sse_appends_on_our_model_are_refused_cursors_relayed() {
         StatusCode::NOT_FOUND
     );
     let bidi = Bidi::new(&door, "req-inf-cursor");
-    let body = append_body("req-inf-cursor", 0, &run_request(CURSORS));
+    let body = raw_append("req-inf-cursor", 0, &run_request(CURSORS));
     let a0 = bidi.append_body(body.clone()).await;
     assert_eq!(a0.headers["x-fake-upstream"], "bidi-append");
     let recorded = h.upstream.wait_recorded(BIDI_APPEND, 1, STEP).await;

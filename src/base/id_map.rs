@@ -25,8 +25,7 @@ impl<V> IdMap<V> {
             entries: HashMap::new(),
             order: VecDeque::new(),
             max: max.max(1),
-            // Never zero: the id just written is always there.
-            idle: idle.max(Duration::from_nanos(1)),
+            idle,
         }
     }
 
@@ -35,21 +34,6 @@ impl<V> IdMap<V> {
         let now = Instant::now();
         self.entries.insert(id.to_owned(), (value, now));
         self.written(id, now);
-    }
-
-    /// Renew `id`, setting it to `value` only when it is not there; its value.
-    pub(crate) fn renew_or_insert(&mut self, id: &str, value: V) -> &V {
-        let now = Instant::now();
-        self.forget_idle(now);
-        let entry = self
-            .entries
-            .entry(id.to_owned())
-            .or_insert_with(|| (value, now));
-        entry.1 = now;
-        self.written(id, now);
-        // Present: just written, and neither the count bound (at least one) nor the idle time
-        // (never zero) takes the id written last.
-        &self.entries[id].0
     }
 
     /// The value of `id`, unless it was forgotten.
@@ -121,7 +105,6 @@ mod tests {
         assert_eq!(m.len(), 3);
         assert_eq!(m.get("b"), None);
         assert_eq!(m.get("a"), Some(&10));
-        assert_eq!(m.renew_or_insert("c", 30), &3, "a value is kept when renewed");
         m.insert("e", 5);
         assert_eq!(m.get("a"), None);
         assert_eq!((m.get("c"), m.get("d"), m.get("e")), (Some(&3), Some(&4), Some(&5)));

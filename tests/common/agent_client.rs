@@ -905,3 +905,18 @@ pub fn shell_completion() -> pb::BackgroundTaskCompletionAction {
         system_reminder: None,
     }
 }
+
+/// A `BidiAppend` body for `request_id` at `seqno` whose `data` is `payload` in hex, whatever
+/// it holds.
+pub fn raw_append(request_id: &str, seqno: i64, payload: &[u8]) -> Bytes {
+    ai::BidiAppendRequest {
+        data: payload.iter().map(|b| format!("{b:02x}")).collect(),
+        request_id: Some(ai::BidiRequestId {
+            request_id: request_id.into(),
+        }),
+        append_seqno: seqno,
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
+}
