@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::agent_client::{
-    raw_append,
-    chunked, connect_request, frame, play, resume_request, run_request, Bidi, H2Run, Received,
-    ServerStream, Sink, Store,
+    chunked, connect_request, frame, play, raw_append, resume_request, run_request, Bidi, H2Run,
+    Received, ServerStream, Sink, Store,
 };
 use common::client::Alpn;
 use common::cursor_upstream::{relay_reply_bytes, AGENT_RUN, BIDI_APPEND};

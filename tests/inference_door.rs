@@ -9,8 +9,7 @@ mod harness;
 
 use bytes::Bytes;
 use common::agent_client::{
-    raw_append,
-    chunked, connect_request, frame, Bidi, Door, Received, ServerStream, STEP,
+    chunked, connect_request, frame, raw_append, Bidi, Door, Received, ServerStream, STEP,
 };
 use common::client::{self, Alpn};
 use common::cursor_upstream::BIDI_APPEND;

@@ -10,12 +10,20 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub(crate) struct IdMap<V> {
-    entries: HashMap<String, (V, Instant)>,
-    /// Ids in the order they were written, with the write's time; an id written again has an
-    /// older copy here that no longer matches its entry and is skipped.
-    order: VecDeque<(String, Instant)>,
+    entries: HashMap<String, Entry<V>>,
+    /// Ids in the order they were written, with the write's number; an id written again has
+    /// an older copy here that no longer matches its entry and is skipped.
+    order: VecDeque<(String, u64)>,
+    /// Numbers the writes (times may be equal).
+    writes: u64,
     max: usize,
     idle: Duration,
+}
+
+struct Entry<V> {
+    value: V,
+    at: Instant,
+    write: u64,
 }
 
 impl<V> IdMap<V> {
@@ -24,6 +32,7 @@ impl<V> IdMap<V> {
         IdMap {
             entries: HashMap::new(),
             order: VecDeque::new(),
+            writes: 0,
             max: max.max(1),
             idle,
         }
@@ -32,61 +41,62 @@ impl<V> IdMap<V> {
     /// Set `id` to `value` and renew it.
     pub(crate) fn insert(&mut self, id: &str, value: V) {
         let now = Instant::now();
-        self.entries.insert(id.to_owned(), (value, now));
-        self.written(id, now);
+        self.writes += 1;
+        let write = self.writes;
+        self.entries.insert(
+            id.to_owned(),
+            Entry {
+                value,
+                at: now,
+                write,
+            },
+        );
+        self.order.push_back((id.to_owned(), write));
+        self.forget_idle(now);
+        while self.entries.len() > self.max && self.pop_oldest().is_some() {}
+        // Stale copies of renewed ids are dropped once they outnumber the live ones.
+        if self.order.len() > 2 * self.max {
+            let entries = &self.entries;
+            self.order
+                .retain(|(id, w)| entries.get(id).is_some_and(|e| e.write == *w));
+        }
     }
 
     /// The value of `id`, unless it was forgotten.
     pub(crate) fn get(&self, id: &str) -> Option<&V> {
-        let (value, at) = self.entries.get(id)?;
-        (at.elapsed() < self.idle).then_some(value)
+        let e = self.entries.get(id)?;
+        (e.at.elapsed() < self.idle).then_some(&e.value)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<V> {
         // Its copies in `order` no longer match an entry and are skipped.
-        self.entries.remove(id).map(|(v, _)| v)
+        self.entries.remove(id).map(|e| e.value)
     }
 
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    fn written(&mut self, id: &str, now: Instant) {
-        self.order.push_back((id.to_owned(), now));
-        self.forget_idle(now);
-        while self.entries.len() > self.max {
-            if !self.pop_oldest() {
-                break;
-            }
-        }
-        // Stale copies of renewed ids are dropped once they outnumber the live ones.
-        if self.order.len() > 2 * self.max {
-            let entries = &self.entries;
-            self.order
-                .retain(|(id, at)| entries.get(id).is_some_and(|(_, seen)| seen == at));
-        }
-    }
-
-    /// Forget the ids idle for too long (they sit at the front of `order`).
+    /// Forget the ids idle for too long (the oldest writes come first in `order`).
     fn forget_idle(&mut self, now: Instant) {
-        while let Some((_, at)) = self.order.front() {
-            if now.duration_since(*at) < self.idle {
-                break;
+        while let Some((id, write)) = self.order.front() {
+            match self.entries.get(id) {
+                Some(e) if e.write == *write && now.duration_since(e.at) < self.idle => break,
+                _ => {
+                    self.pop_oldest();
+                }
             }
-            self.pop_oldest();
         }
     }
 
-    /// Drop the front of `order` and its entry when the entry was last written then; `false`
+    /// Drop the front of `order`, and its entry when that write was the entry's last; `None`
     /// when `order` is empty.
-    fn pop_oldest(&mut self) -> bool {
-        let Some((id, at)) = self.order.pop_front() else {
-            return false;
-        };
-        if self.entries.get(&id).is_some_and(|(_, seen)| *seen == at) {
+    fn pop_oldest(&mut self) -> Option<()> {
+        let (id, write) = self.order.pop_front()?;
+        if self.entries.get(&id).is_some_and(|e| e.write == write) {
             self.entries.remove(&id);
         }
-        true
+        Some(())
     }
 }
 
@@ -106,8 +116,11 @@ mod tests {
         assert_eq!(m.get("b"), None);
         assert_eq!(m.get("a"), Some(&10));
         m.insert("e", 5);
-        assert_eq!(m.get("a"), None);
-        assert_eq!((m.get("c"), m.get("d"), m.get("e")), (Some(&3), Some(&4), Some(&5)));
+        assert_eq!(m.get("c"), None);
+        assert_eq!(
+            (m.get("a"), m.get("d"), m.get("e")),
+            (Some(&10), Some(&4), Some(&5))
+        );
     }
 
     #[test]
@@ -138,6 +151,9 @@ mod tests {
         m.insert("new", ());
         assert_eq!(m.len(), 2, "the idle id is gone from the map too");
         tokio::time::advance(idle).await;
-        assert!(m.get("new").is_none(), "forgotten exactly `idle` after its write");
+        assert!(
+            m.get("new").is_none(),
+            "forgotten exactly `idle` after its write"
+        );
     }
 }

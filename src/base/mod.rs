@@ -4,9 +4,9 @@
 //! and values by id bounded in count and idle time. It imports nothing else from the crate.
 
 pub mod activation;
-pub(crate) mod id_map;
 pub(crate) mod cancel;
 pub(crate) mod conn_tasks;
+pub(crate) mod id_map;
 pub mod process;
 pub mod secret;
 pub mod side;

@@ -344,7 +344,10 @@ mod tests {
             })),
             ..Default::default()
         };
-        assert!(matches!(ack(&s.on_inject(empty, false)).1, State::Rejected(_)));
+        assert!(matches!(
+            ack(&s.on_inject(empty, false)).1,
+            State::Rejected(_)
+        ));
         assert!(!s.has_queued());
     }
 
