@@ -285,8 +285,8 @@ impl Turn {
             .collect()
     }
 
-    /// `(id, name, arguments)` of every tool call, in order.
-    pub fn tool_calls(&self) -> Vec<(&str, &str, &Value)> {
+    /// `(id, name, arguments, extra)` of every tool call, in order.
+    pub fn tool_calls(&self) -> Vec<(&str, &str, &Value, Option<&ProviderExtra>)> {
         self.parts()
             .iter()
             .filter_map(|p| match p {
@@ -294,8 +294,8 @@ impl Turn {
                     id,
                     name,
                     arguments,
-                    ..
-                } => Some((id.as_str(), name.as_str(), arguments)),
+                    extra,
+                } => Some((id.as_str(), name.as_str(), arguments, extra.as_ref())),
                 _ => None,
             })
             .collect()

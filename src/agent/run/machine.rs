@@ -562,16 +562,10 @@ fn record_results(
 
 /// The tool calls of a model call, in its order.
 fn tool_calls(turn: &Turn) -> Vec<Call> {
-    turn.parts()
-        .iter()
-        .filter_map(|p| match p {
-            AssistantPart::ToolCall {
-                id,
-                name,
-                arguments,
-                extra,
-            } => Some((id.clone(), name.clone(), arguments.clone(), extra.clone())),
-            _ => None,
+    turn.tool_calls()
+        .into_iter()
+        .map(|(id, name, arguments, extra)| {
+            (id.into(), name.into(), arguments.clone(), extra.cloned())
         })
         .collect()
 }
