@@ -170,7 +170,7 @@ fn extra_of(t: &Turn, n: usize) -> ExtraData {
 }
 
 fn tool(t: &Turn, i: usize) -> (String, String, Value) {
-    let (id, name, args) = t.tool_calls()[i];
+    let (id, name, args, _) = t.tool_calls()[i];
     (id.to_string(), name.to_string(), args.clone())
 }
 
@@ -1549,7 +1549,7 @@ async fn gemini_tool_round_trip_replays_signatures_exactly() {
         .await;
     let mut req = gemini_request();
     req.messages.push(first.message.clone());
-    for (i, (id, name, _)) in first.tool_calls().into_iter().enumerate() {
+    for (i, (id, name, _, _)) in first.tool_calls().into_iter().enumerate() {
         req.messages.push(Message::ToolResult {
             call_id: id.into(),
             name: name.into(),
@@ -1634,7 +1634,7 @@ async fn gemini_recorded_signature_replays_byte_for_byte() {
         .stream(gemini_request(), CancellationToken::new())
         .collect_turn()
         .await;
-    let (id, name, _) = first.tool_calls()[0];
+    let (id, name, _, _) = first.tool_calls()[0];
     let mut req = gemini_request();
     req.messages.push(first.message.clone());
     req.messages.push(Message::ToolResult {
