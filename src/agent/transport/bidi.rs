@@ -194,6 +194,19 @@ fn sse_response(reader: SseBody) -> Response<Body> {
     resp
 }
 
+/// A request whose body is one small message, read whole (bounded by the largest frame); an
+/// unreadable one is answered here.
+async fn read_small(
+    t: &AgentTransports,
+    req: Request<Incoming>,
+) -> Result<(http::request::Parts, Bytes), Response<Body>> {
+    let (parts, body) = req.into_parts();
+    match read_bounded(body, t.inner.limits.max_frame_bytes).await {
+        Ok(raw) => Ok((parts, raw)),
+        Err(e) => Err(error_response(&unreadable(e))),
+    }
+}
+
 /// One of Cursor's own `…SSE` / `…Poll` calls: its request id noted, then passed upstream
 /// whole (its body is one small frame).
 pub(super) async fn relay_cursor_stream(
@@ -202,10 +215,9 @@ pub(super) async fn relay_cursor_stream(
     ctx: RequestContext,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let (parts, body) = req.into_parts();
-    let raw = match read_bounded(body, t.inner.limits.max_frame_bytes).await {
-        Ok(b) => b,
-        Err(e) => return error_response(&unreadable(e)),
+    let (parts, raw) = match read_small(t, req).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
     let poll = parts.uri.path().ends_with("Poll");
     if let Some(id) =
@@ -223,10 +235,9 @@ pub(super) async fn append(
     ctx: RequestContext,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let (parts, body) = req.into_parts();
-    let raw = match read_bounded(body, t.inner.limits.max_frame_bytes).await {
-        Ok(b) => b,
-        Err(e) => return error_response(&unreadable(e)),
+    let (parts, raw) = match read_small(t, req).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
     // What follows (a run's inbox, the origin) is not the client's to hurry.
     crate::http::BodyRead::mark(&parts.extensions);
