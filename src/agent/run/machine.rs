@@ -728,6 +728,14 @@ mod tests {
         ]
     }
 
+    /// A model call that asks for one tool call: the steering taken, the call, its end.
+    fn tool_round(id: &str, name: &str, args: serde_json::Value) -> Vec<Event> {
+        let mut events = vec![steering()];
+        events.extend(tool_call(id, name, args));
+        events.extend(finished());
+        events
+    }
+
     fn outcome(content: &str) -> ToolOutcome {
         ToolOutcome {
             content: content.into(),
@@ -749,6 +757,14 @@ mod tests {
             .into_iter()
             .flat_map(|e| words(&m.handle(e, now)))
             .collect()
+    }
+
+    /// The last action a fresh machine (`shown`: an earlier part of the run was shown) takes
+    /// for `events`.
+    fn last_action(shown: bool, events: Vec<Event>) -> String {
+        let mut m = machine(10, shown);
+        m.start();
+        feed(&mut m, events).pop().unwrap_or_default()
     }
 
     #[test]
@@ -785,13 +801,7 @@ mod tests {
     fn a_tool_round_runs_the_calls_and_sends_the_results_to_the_next_call() {
         let mut m = machine(10, false);
         m.start();
-        let mut events = vec![steering()];
-        events.extend(tool_call(
-            "c1",
-            "read_file",
-            serde_json::json!({"path": "a"}),
-        ));
-        events.extend(finished());
+        let events = tool_round("c1", "read_file", serde_json::json!({"path": "a"}));
         let first = feed(&mut m, events);
         assert_eq!(first[1], "open 1 (1 messages)");
         assert_eq!(first[2], "send partial call c1#s1");
@@ -855,13 +865,11 @@ mod tests {
     fn a_cancel_by_the_transport_during_a_tool_round_aborts_and_stores_nothing() {
         let mut m = machine(10, false);
         m.start();
-        let mut events = vec![steering()];
-        events.extend(tool_call(
+        let events = tool_round(
             "c1",
             "run_terminal_cmd",
             serde_json::json!({"command": "ls"}),
-        ));
-        events.extend(finished());
+        );
         feed(&mut m, events);
         let resolutions = vec![pb::InterruptedPendingToolCallResolution::default()];
         let cancel = Event::Canceled {
@@ -881,44 +889,30 @@ mod tests {
 
     #[test]
     fn a_provider_failure_before_any_output_is_retriable() {
-        let mut m = machine(10, false);
-        m.start();
-        let actions = feed(&mut m, vec![steering(), overloaded()]);
         assert_eq!(
-            actions.last().map(String::as_str),
-            Some("end failed unavailable retry=true"),
-            "{actions:?}"
+            last_action(false, vec![steering(), overloaded()]),
+            "end failed unavailable retry=true"
         );
     }
 
     #[test]
     fn a_provider_failure_after_output_is_not_retriable() {
-        let mut m = machine(10, false);
-        m.start();
-        let actions = feed(&mut m, vec![steering(), text("Par"), overloaded()]);
         assert_eq!(
-            actions.last().map(String::as_str),
-            Some("end failed unknown retry=false"),
-            "{actions:?}"
+            last_action(false, vec![steering(), text("Par"), overloaded()]),
+            "end failed unknown retry=false"
         );
         // Nor when an earlier part of the run was shown.
-        let mut m = machine(10, true);
-        m.start();
-        let actions = feed(&mut m, vec![steering(), overloaded()]);
         assert_eq!(
-            actions.last().map(String::as_str),
-            Some("end failed unknown retry=false")
+            last_action(true, vec![steering(), overloaded()]),
+            "end failed unknown retry=false"
         );
     }
 
     #[test]
     fn a_stream_that_ends_without_finishing_fails_the_turn() {
-        let mut m = machine(10, false);
-        m.start();
-        let actions = feed(&mut m, vec![steering(), Event::ProviderClosed]);
         assert_eq!(
-            actions.last().map(String::as_str),
-            Some("end failed unknown retry=false")
+            last_action(false, vec![steering(), Event::ProviderClosed]),
+            "end failed unknown retry=false"
         );
     }
 
@@ -954,13 +948,7 @@ mod tests {
     fn the_round_limit_ends_the_turn_with_a_note() {
         let mut m = machine(1, false);
         m.start();
-        let mut events = vec![steering()];
-        events.extend(tool_call(
-            "c1",
-            "read_file",
-            serde_json::json!({"path": "a"}),
-        ));
-        events.extend(finished());
+        let mut events = tool_round("c1", "read_file", serde_json::json!({"path": "a"}));
         events.push(Event::Tools(vec![outcome("a")]));
         let actions = feed(&mut m, events);
         let n = actions.len();
@@ -981,13 +969,7 @@ mod tests {
         m.start();
         let mut last = Vec::new();
         for step in 1..=crate::agent::run::repeats::STOP_AT {
-            let mut events = vec![steering()];
-            events.extend(tool_call(
-                "c",
-                "read_file",
-                serde_json::json!({"path": "same"}),
-            ));
-            events.extend(finished());
+            let mut events = tool_round("c", "read_file", serde_json::json!({"path": "same"}));
             events.push(Event::Tools(vec![outcome("same")]));
             last = feed(&mut m, events);
             if step < crate::agent::run::repeats::STOP_AT {
