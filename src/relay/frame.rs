@@ -251,6 +251,8 @@ pub(crate) fn put_goaway(out: &mut BytesMut, last_stream: u32, reason: Reason, d
     out.put_slice(debug);
 }
 
+/// A whole DATA frame (the relay itself writes the header and queues the payload).
+#[cfg(test)]
 pub(crate) fn put_data(out: &mut BytesMut, stream: u32, end_stream: bool, data: &[u8]) {
     put_data_head(out, stream, end_stream, data.len());
     out.put_slice(data);

@@ -148,7 +148,13 @@ mod tests {
         out.push(Bytes::from_static(b"tiny"));
         out.push(big.slice(1000..));
         out.buf().extend_from_slice(b"trailer");
-        for part in [&b"head-1"[..], &big[..1000], b"head-2", b"tiny", &big[1000..]] {
+        for part in [
+            &b"head-1"[..],
+            &big[..1000],
+            b"head-2",
+            b"tiny",
+            &big[1000..],
+        ] {
             expected.extend_from_slice(part);
         }
         expected.extend_from_slice(b"trailer");

@@ -189,7 +189,12 @@ impl ConnState {
         }
         self.draining = true;
         let client = &mut self.flow.peers.client;
-        frame::put_goaway(client.out.buf(), self.flow.last_stream, Reason::NO_ERROR, "");
+        frame::put_goaway(
+            client.out.buf(),
+            self.flow.last_stream,
+            Reason::NO_ERROR,
+            "",
+        );
     }
 
     /// The client broke the protocol: GOAWAY with the reason, and close.
