@@ -516,7 +516,7 @@ impl Relay {
         };
         let mut progress = false;
         while !peer.out.is_empty() {
-            match Pin::new(&mut *io).poll_write(cx, &peer.out) {
+            match peer.out.poll_write(&mut **io, cx) {
                 Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed while writing".into())),
                 Poll::Ready(Ok(n)) => {
                     peer.sent(n);

@@ -31,7 +31,7 @@ pub(super) fn on_ping(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<(), 
     if frame.has(flag::ACK) {
         peer.ping_out = false;
     } else {
-        frame::put_ping(&mut peer.out, true, payload);
+        frame::put_ping(peer.out.buf(), true, payload);
     }
     Ok(())
 }
@@ -78,7 +78,7 @@ pub(super) fn on_settings(flow: &mut Flow, side: Conn, frame: &Frame) -> Result<
             _ => {}
         }
     }
-    frame::put_settings_ack(&mut peer.out);
+    frame::put_settings_ack(peer.out.buf());
     if window_delta != 0 {
         shift_stream_windows(flow, side, window_delta)?;
     }
@@ -184,7 +184,7 @@ pub(super) fn target_goaway(flow: &mut Flow, side: Conn, last: u32, code: Reason
     for id in refused {
         if let Some(st) = flow.remove(id) {
             if !st.down.ended_out {
-                frame::put_rst(&mut flow.peers.client.out, id, Reason::REFUSED_STREAM);
+                frame::put_rst(flow.peers.client.out.buf(), id, Reason::REFUSED_STREAM);
             }
         }
     }
@@ -226,7 +226,7 @@ fn on_reset(flow: &mut Flow, side: Conn, id: u32, reason: Reason) -> Result<(), 
         return Ok(());
     }
     if let Some(peer) = flow.peers.get_mut(other) {
-        frame::put_rst(&mut peer.out, id, reason);
+        frame::put_rst(peer.out.buf(), id, reason);
     }
     Ok(())
 }

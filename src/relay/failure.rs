@@ -14,7 +14,7 @@ use crate::upstream::UpstreamError;
 pub(super) fn client_error(flow: &mut Flow, e: &ConnError) {
     tracing::debug!(error = %e, "client connection error");
     frame::put_goaway(
-        &mut flow.peers.client.out,
+        flow.peers.client.out.buf(),
         flow.last_stream,
         e.reason,
         &e.what,
@@ -24,7 +24,7 @@ pub(super) fn client_error(flow: &mut Flow, e: &ConnError) {
         if let Some(st) = flow.remove(id) {
             let target = flow.peers.get_mut(st.target);
             if let Some(peer) = target.filter(|_| st.target != Conn::Client) {
-                frame::put_rst(&mut peer.out, id, Reason::CANCEL);
+                frame::put_rst(peer.out.buf(), id, Reason::CANCEL);
             }
         }
     }
@@ -73,7 +73,7 @@ fn streams_lost(flow: &mut Flow, side: Conn, err: Option<&UpstreamError>) {
         match err {
             Some(err) if !st.answered => answer_error(flow, id, st, err),
             _ => {
-                frame::put_rst(&mut flow.peers.client.out, id, Reason::INTERNAL_ERROR);
+                frame::put_rst(flow.peers.client.out.buf(), id, Reason::INTERNAL_ERROR);
             }
         }
     }

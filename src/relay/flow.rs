@@ -32,14 +32,14 @@ impl Flow {
     pub(super) fn new(limits: Limits) -> Self {
         let mut client = Peer::new(true, BlockEncoding::Raw);
         frame::put_settings(
-            &mut client.out,
+            client.out.buf(),
             &[
                 (setting::MAX_CONCURRENT_STREAMS, limits.max_streams as u32),
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
                 (setting::MAX_HEADER_LIST_SIZE, hpack::MAX_LIST_SIZE as u32),
             ],
         );
-        frame::put_window_update(&mut client.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
+        frame::put_window_update(client.out.buf(), 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
         // Frames for the origin wait in its buffer while it is dialled.
         let upstream = Peer::client_role(false, BlockEncoding::Raw);
         Flow {
@@ -235,7 +235,7 @@ impl Flow {
         };
         for side in [Conn::Client, st.target] {
             if let Some(peer) = self.peers.get_mut(side) {
-                frame::put_rst(&mut peer.out, id, reason);
+                frame::put_rst(peer.out.buf(), id, reason);
             }
         }
     }
@@ -251,7 +251,7 @@ impl Flow {
         if self.streams.contains_key(&id) {
             self.reset_stream(id, reason);
         } else {
-            frame::put_rst(&mut self.peers.client.out, id, reason);
+            frame::put_rst(self.peers.client.out.buf(), id, reason);
         }
         if side != Conn::Client {
             return Ok(());

@@ -206,6 +206,10 @@ impl FrameReader {
 pub(crate) fn put_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
     debug_assert!(len < 1 << 24);
     out.reserve(HEADER_LEN + len);
+    write_head(out, len, kind, flags, stream);
+}
+
+fn write_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
     out.put_uint(len as u64, 3);
     out.put_u8(kind);
     out.put_u8(flags);
@@ -247,10 +251,19 @@ pub(crate) fn put_goaway(out: &mut BytesMut, last_stream: u32, reason: Reason, d
     out.put_slice(debug);
 }
 
+/// A whole DATA frame (the relay itself writes the header and queues the payload).
+#[cfg(test)]
 pub(crate) fn put_data(out: &mut BytesMut, stream: u32, end_stream: bool, data: &[u8]) {
-    let flags = if end_stream { flag::END_STREAM } else { 0 };
-    put_head(out, data.len(), kind::DATA, flags, stream);
+    put_data_head(out, stream, end_stream, data.len());
     out.put_slice(data);
+}
+
+/// A DATA frame's header, for a payload of `len` bytes that follows it elsewhere.
+pub(crate) fn put_data_head(out: &mut BytesMut, stream: u32, end_stream: bool, len: usize) {
+    let flags = if end_stream { flag::END_STREAM } else { 0 };
+    debug_assert!(len < 1 << 24);
+    out.reserve(HEADER_LEN);
+    write_head(out, len, kind::DATA, flags, stream);
 }
 
 /// A header block as HEADERS plus CONTINUATION frames no larger than `max_frame`.

@@ -194,7 +194,7 @@ impl Opener {
                 // Over the limit we announced: the client's error.
                 return flow.stream_error(Conn::Client, id, Reason::REFUSED_STREAM);
             }
-            frame::put_rst(&mut flow.peers.client.out, id, Reason::REFUSED_STREAM);
+            frame::put_rst(flow.peers.client.out.buf(), id, Reason::REFUSED_STREAM);
             return Ok(());
         };
         if target != Conn::Upstream {
@@ -362,9 +362,9 @@ fn send_block(flow: &mut Flow, to: Direction, block: Block) {
     if counterpart && dest.encoding.is_raw() {
         if half.queue.is_empty() {
             match &block.raw {
-                Some(raw) => dest.out.extend_from_slice(raw),
+                Some(raw) => dest.out.push(raw.clone()),
                 None => {
-                    frame::put_headers(&mut dest.out, id, block.end, &block.hpack, dest.max_frame)
+                    frame::put_headers(dest.out.buf(), id, block.end, &block.hpack, dest.max_frame)
                 }
             }
             half.ended_out |= block.end;

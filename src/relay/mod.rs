@@ -26,6 +26,7 @@ mod fuzz;
 mod headers;
 mod hpack;
 mod limits;
+mod out;
 mod peer;
 mod state;
 mod stream;

@@ -4,11 +4,12 @@
 
 use std::collections::VecDeque;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 
 use super::common::{Conn, CONN_WINDOW, STREAM_WINDOW};
 use super::frame::{self, setting};
 use super::hpack::{self, BlockEncoding, Decoder};
+use super::out::Out;
 
 /// Bytes of DATA that came from `from` on `stream`, granted back once written up to `end`.
 pub(super) struct Credit {
@@ -24,7 +25,7 @@ pub(super) struct Peer {
     /// `out`).
     pub(super) connected: bool,
     /// Frames waiting for the socket.
-    pub(super) out: BytesMut,
+    pub(super) out: Out,
     /// Bytes ever written to this peer (positions in its byte stream, for credits).
     pub(super) written: u64,
     pub(super) credits: VecDeque<Credit>,
@@ -70,7 +71,7 @@ impl Peer {
     pub(super) fn new(connected: bool, encoding: BlockEncoding) -> Self {
         Peer {
             connected,
-            out: BytesMut::new(),
+            out: Out::default(),
             written: 0,
             credits: VecDeque::new(),
             decoder: Decoder::new(),
@@ -96,16 +97,16 @@ impl Peer {
     /// A connection where we are the client: preface, settings, the larger connection window.
     pub(super) fn client_role(connected: bool, encoding: BlockEncoding) -> Self {
         let mut peer = Peer::new(connected, encoding);
-        peer.out.extend_from_slice(frame::PREFACE);
+        peer.out.buf().extend_from_slice(frame::PREFACE);
         frame::put_settings(
-            &mut peer.out,
+            peer.out.buf(),
             &[
                 (setting::ENABLE_PUSH, 0),
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
                 (setting::MAX_HEADER_LIST_SIZE, hpack::MAX_LIST_SIZE as u32),
             ],
         );
-        frame::put_window_update(&mut peer.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
+        frame::put_window_update(peer.out.buf(), 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
         peer
     }
 
@@ -128,7 +129,7 @@ impl Peer {
     fn grant_conn(&mut self, len: u32) {
         self.recv_pending += len;
         if self.recv_pending >= CONN_WINDOW / 2 {
-            frame::put_window_update(&mut self.out, 0, self.recv_pending);
+            frame::put_window_update(self.out.buf(), 0, self.recv_pending);
             self.recv_conn += self.recv_pending as i64;
             self.recv_pending = 0;
         }
@@ -180,7 +181,7 @@ impl Peers {
             return;
         };
         if let Some((id, increment)) = stream_update {
-            frame::put_window_update(&mut peer.out, id, increment);
+            frame::put_window_update(peer.out.buf(), id, increment);
         }
         peer.grant_conn(len);
     }

@@ -189,7 +189,12 @@ impl ConnState {
         }
         self.draining = true;
         let client = &mut self.flow.peers.client;
-        frame::put_goaway(&mut client.out, self.flow.last_stream, Reason::NO_ERROR, "");
+        frame::put_goaway(
+            client.out.buf(),
+            self.flow.last_stream,
+            Reason::NO_ERROR,
+            "",
+        );
     }
 
     /// The client broke the protocol: GOAWAY with the reason, and close.
@@ -222,7 +227,7 @@ impl ConnState {
             return false;
         }
         if upstream.open_streams > 0 && !active {
-            frame::put_ping(&mut upstream.out, false, *b"byok-ka!");
+            frame::put_ping(upstream.out.buf(), false, *b"byok-ka!");
             upstream.ping_out = true;
         }
         true

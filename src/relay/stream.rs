@@ -102,7 +102,7 @@ impl Half {
                     self.ended_out |= end;
                 }
                 Item::Reset(reason) => {
-                    frame::put_rst(&mut dest.out, id, *reason);
+                    frame::put_rst(dest.out.buf(), id, *reason);
                     self.ended_out = true;
                 }
                 Item::Headers {
@@ -117,7 +117,7 @@ impl Half {
                             break;
                         }
                     }
-                    frame::put_headers(&mut dest.out, id, *end, &block, dest.max_frame);
+                    frame::put_headers(dest.out.buf(), id, *end, &block, dest.max_frame);
                     self.ended_out |= *end;
                 }
             }
@@ -138,9 +138,14 @@ impl Data {
             return None;
         }
         let whole = n == len;
-        match &self.raw {
-            Some(raw) if whole => dest.out.extend_from_slice(raw),
-            _ => frame::put_data(&mut dest.out, id, self.end && whole, &self.bytes[..n]),
+        // The payload joins the output as it was read (no copy), as the received frame
+        // when it goes whole.
+        match self.raw.take() {
+            Some(raw) if whole => dest.out.push(raw),
+            _ => {
+                frame::put_data_head(dest.out.buf(), id, self.end && whole, n);
+                dest.out.push(self.bytes.slice(..n));
+            }
         }
         *send_window -= n as i64;
         dest.send_conn -= n as i64;
@@ -207,6 +212,149 @@ impl Stream {
         match to {
             Direction::Up => Conn::Client,
             Direction::Down => self.target,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+
+    use bytes::BytesMut;
+    use tokio::io::AsyncWrite;
+
+    use super::*;
+    use crate::relay::hpack::BlockEncoding;
+
+    /// A socket that takes at most `take` bytes per write (first `first`, if set).
+    struct Trickle {
+        got: Vec<u8>,
+        first: Option<usize>,
+        take: usize,
+        vectored: bool,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let mut room = self.first.take().unwrap_or(self.take);
+            let before = self.got.len();
+            for buf in bufs {
+                let n = room.min(buf.len());
+                self.got.extend_from_slice(&buf[..n]);
+                room -= n;
+            }
+            Poll::Ready(Ok(self.got.len() - before))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.vectored
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// DATA as the reader hands it over: a slice of the received frame.
+    fn received(id: u32, payload: &[u8]) -> Data {
+        let mut raw = BytesMut::new();
+        frame::put_data(&mut raw, id, false, payload);
+        let raw = raw.freeze();
+        Data {
+            bytes: raw.slice(frame::HEADER_LEN..),
+            end: false,
+            raw: Some(raw),
+            from: Some(Conn::Upstream),
+        }
+    }
+
+    /// A WINDOW_UPDATE waiting, then a DATA frame forwarded whole and one larger than the
+    /// destination's frame size (sent in two): the peer, the bytes it must write, the payload
+    /// pointers that must reach its output uncopied, and where each DATA frame ends.
+    fn flushed() -> (Peer, Vec<u8>, Vec<*const u8>, Vec<u64>) {
+        let mut dest = Peer::new(true, BlockEncoding::Raw);
+        dest.send_conn = 1 << 20;
+        frame::put_window_update(dest.out.buf(), 0, 1000);
+        let small: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let large: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
+        let mut half = Half::new(1 << 20);
+        let (a, b) = (received(1, &small), received(1, &large));
+        let pointers = vec![
+            a.raw.as_ref().map_or(std::ptr::null(), |r| r.as_ptr()),
+            b.bytes.as_ptr(),
+            b.bytes[16_384..].as_ptr(),
+        ];
+        half.queue.push_back(Item::Data(a));
+        half.queue.push_back(Item::Data(b));
+        half.flush_into(1, &mut dest, &Limits::default(), false);
+        assert!(half.queue.is_empty());
+        let mut expected = BytesMut::new();
+        frame::put_window_update(&mut expected, 0, 1000);
+        let mut ends = Vec::new();
+        for part in [&small[..], &large[..16_384], &large[16_384..]] {
+            frame::put_data(&mut expected, 1, false, part);
+            ends.push(expected.len() as u64);
+        }
+        (dest, expected.to_vec(), pointers, ends)
+    }
+
+    #[test]
+    fn data_payloads_reach_the_output_uncopied() {
+        let (dest, expected, pointers, ends) = flushed();
+        let queued: Vec<*const u8> = dest.out.segments().map(|s| s.as_ptr()).collect();
+        for p in pointers {
+            assert!(queued.contains(&p), "a payload was copied into the output");
+        }
+        let credits: Vec<u64> = dest.credits.iter().map(|c| c.end).collect();
+        assert_eq!(credits, ends);
+        assert_eq!(dest.out.len(), expected.len());
+    }
+
+    /// Writes that stop at every byte keep `written` (and so the credits granted back) equal
+    /// to what the socket took, vectored or not.
+    #[test]
+    fn partial_writes_keep_credits_exact_at_every_split() {
+        let cx = &mut Context::from_waker(Waker::noop());
+        let total = flushed().1.len();
+        for vectored in [true, false] {
+            for split in 0..=total {
+                let (mut dest, expected, _, ends) = flushed();
+                let mut io = Trickle {
+                    got: Vec::new(),
+                    first: Some(split),
+                    take: 4099,
+                    vectored,
+                };
+                while !dest.out.is_empty() {
+                    let Poll::Ready(Ok(n)) = dest.out.poll_write(&mut io, cx) else {
+                        panic!("the writer is always ready");
+                    };
+                    dest.sent(n);
+                    assert_eq!(dest.written, io.got.len() as u64, "split {split}");
+                    let done = dest.credits.iter().filter(|c| c.end <= dest.written);
+                    let whole = ends.iter().filter(|end| **end <= io.got.len() as u64);
+                    assert_eq!(done.count(), whole.count(), "split {split}");
+                }
+                assert!(io.got == expected, "split {split} (vectored: {vectored})");
+            }
         }
     }
 }

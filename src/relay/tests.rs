@@ -62,6 +62,7 @@ async fn answer(from: &'static str, req: Request<Incoming>, gates: Gates) -> Res
             boxed(StreamBody::new(stream))
         }
         "/big" => full(vec![7u8; 4 * 1024 * 1024]),
+        "/pattern" => full(pattern()),
         // A body larger than a small client window, then trailers.
         "/big-trailers" => {
             let mut trailers = http::HeaderMap::new();
@@ -87,6 +88,75 @@ async fn answer(from: &'static str, req: Request<Incoming>, gates: Gates) -> Res
         );
     }
     resp
+}
+
+/// 3 MiB, more than the stream window we grant the origin, in an order a slip would show.
+fn pattern() -> Vec<u8> {
+    (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// The relay's end of the client connection, taking at most `cap` bytes per write.
+struct Capped {
+    io: DuplexStream,
+    cap: usize,
+}
+
+impl tokio::io::AsyncRead for Capped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let n = buf.len().min(self.cap);
+        std::pin::Pin::new(&mut self.io).poll_write(cx, &buf[..n])
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        // The first slices up to `cap`, the last one cut.
+        let mut room = self.cap;
+        let mut capped = Vec::new();
+        for buf in bufs {
+            if room == 0 {
+                break;
+            }
+            let n = buf.len().min(room);
+            capped.push(std::io::IoSlice::new(&buf[..n]));
+            room -= n;
+        }
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, &capped)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 #[derive(Clone, Default)]
@@ -144,6 +214,11 @@ struct Fixture {
 }
 
 async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
+    start_capped(origin, windows, usize::MAX).await
+}
+
+/// As [`start`], the relay writing at most `cap` bytes to the client at a time.
+async fn start_capped(origin: Origin, windows: (u32, u32), cap: usize) -> Fixture {
     let gates = Gates::default();
     let (release, held) = oneshot::channel();
     *gates.hold.lock().await = Some(held);
@@ -201,6 +276,7 @@ async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
         }),
     };
     let (client_io, relay_io) = tokio::io::duplex(64 * 1024);
+    let relay_io = Capped { io: relay_io, cap };
     let relay = tokio::spawn(Relay::new(Box::new(relay_io), setup));
     let (client, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(windows.0)
@@ -348,6 +424,20 @@ async fn small_client_windows_hold_data_back_until_read() {
     assert_eq!(collected.to_bytes().len(), 200 * 1024);
     for i in 0..3 {
         f.round_trip("/echo", &format!("after{i}"), "origin").await;
+    }
+}
+
+/// Writes to the client that stop anywhere (inside a frame header, between a header and its
+/// payload): the answer arrives whole and in order, and the data granted back to the origin
+/// as it leaves keeps an answer larger than its window moving.
+#[tokio::test(start_paused = true)]
+async fn partial_writes_to_the_client_deliver_bulk_in_order() {
+    for cap in [7, 4099, 16_393] {
+        let mut f = start_capped(Origin::Serves, (1 << 20, 4 << 20), cap).await;
+        let resp = f.send("/pattern", "p").await;
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(body[..] == pattern()[..], "cap {cap}");
+        f.round_trip("/echo", "after", "origin").await;
     }
 }
 
