@@ -55,6 +55,12 @@ impl Outbox {
     /// Room for one output: waits while the run lives, bounded once it is canceled.
     async fn reserve(&self) -> Result<mpsc::Permit<'_, RunOutput>, RunError> {
         if !self.cancel.is_cancelled() {
+            // Room is there most of the time: take it without setting up a wait.
+            match self.tx.try_reserve() {
+                Ok(permit) => return Ok(permit),
+                Err(mpsc::error::TrySendError::Closed(())) => return Err(RunError::ClientGone),
+                Err(mpsc::error::TrySendError::Full(())) => {}
+            }
             tokio::select! {
                 biased;
                 permit = self.tx.reserve() => return permit.map_err(|_| RunError::ClientGone),
