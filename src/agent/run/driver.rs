@@ -141,7 +141,11 @@ async fn perform(
 /// tasks that are ready run first (the provider's reader among them, whose next events may
 /// already be read), so a burst is handled and sent on together: one body chunk, one write
 /// for many deltas, where taking each event as it comes costs every hop per delta.
-async fn next_event(parts: &mut Parts<'_>, call: &mut Call, canceled: &mut Cancelled) -> Option<Event> {
+async fn next_event(
+    parts: &mut Parts<'_>,
+    call: &mut Call,
+    canceled: &mut Cancelled,
+) -> Option<Event> {
     if let Some(event) = ready(parts, call) {
         return Some(event);
     }

@@ -140,4 +140,26 @@ mod tests {
         assert!(matches!(end, Err(RunError::ClientGone)));
         assert_eq!(later.elapsed(), Duration::ZERO);
     }
+
+    /// With room, a send takes it at once; a full channel makes it wait for the reader; a
+    /// reader gone is the client gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_with_room_goes_at_once_and_a_full_one_waits() {
+        use futures_util::FutureExt;
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbox::new(tx, CancellationToken::new());
+        assert!(matches!(
+            out.send(msg::heartbeat()).now_or_never(),
+            Some(Ok(()))
+        ));
+        let mut second = Box::pin(out.send(msg::heartbeat()));
+        assert!((&mut second).now_or_never().is_none(), "full: it waits");
+        assert!(rx.recv().await.is_some());
+        assert!(matches!(second.await, Ok(())));
+        drop(rx);
+        assert!(matches!(
+            out.send(msg::heartbeat()).now_or_never(),
+            Some(Err(RunError::ClientGone))
+        ));
+    }
 }

@@ -66,10 +66,12 @@ fn plain_delta(m: &mut pb::AgentServerMessage) -> Option<&mut Update> {
         return None;
     }
     match &mut u.message {
-        Some(d @ Update::TextDelta(pb::TextDeltaUpdate {
-            is_server_notice: false,
-            ..
-        })) => Some(d),
+        Some(
+            d @ Update::TextDelta(pb::TextDeltaUpdate {
+                is_server_notice: false,
+                ..
+            }),
+        ) => Some(d),
         Some(d @ Update::TokenDelta(_)) => Some(d),
         _ => None,
     }
