@@ -6,6 +6,8 @@
 //! Only plain deltas merge: a notice, a message with any other field set, or one sent as exact
 //! bytes (`RunOutput::Encoded`) ends the run of deltas and keeps its place.
 
+use tokio::sync::mpsc;
+
 use crate::agent::messages as msg;
 use crate::agent::RunOutput;
 use crate::proto::agent::v1 as pb;
@@ -52,6 +54,41 @@ impl Deltas {
             .chain(tokens)
             .map(|m| RunOutput::Message(Box::new(m)))
     }
+}
+
+/// At most this many outputs are taken into one [`burst`]: a run that keeps its channel full
+/// (on another worker thread) cannot hold the taker in one burst for ever.
+const BURST_OUTPUTS: usize = 256;
+
+/// `first` and the outputs already queued behind it on `rx`, each run of deltas merged, in
+/// order. Never waits. Stops after an end, once the merged text reaches `max_text` bytes, or
+/// after [`BURST_OUTPUTS`] outputs.
+pub(super) fn burst(
+    first: RunOutput,
+    rx: &mut mpsc::Receiver<RunOutput>,
+    max_text: usize,
+) -> Vec<RunOutput> {
+    let mut outs = Vec::new();
+    let mut deltas = Deltas::default();
+    let mut next = Some(first);
+    let mut taken = 0;
+    while let Some(out) = next.take() {
+        taken += 1;
+        if let Err(other) = deltas.take(out) {
+            let end = matches!(other, RunOutput::End(_));
+            outs.extend(deltas.drain());
+            outs.push(other);
+            if end {
+                break;
+            }
+        }
+        if deltas.text_len() >= max_text || taken >= BURST_OUTPUTS {
+            break;
+        }
+        next = rx.try_recv().ok();
+    }
+    outs.extend(deltas.drain());
+    outs
 }
 
 /// The delta `m` is, when nothing else is set on it.
@@ -161,5 +198,42 @@ mod tests {
             ));
         }
         assert_eq!(d.drain().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_burst_merges_what_is_queued_and_stops_at_the_end() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for out in [
+            tokens(1),
+            text("b"),
+            tokens(2),
+            RunOutput::Message(Box::new(msg::heartbeat())),
+            text("c"),
+            RunOutput::End(EndStream::ok()),
+            text("after the end"),
+        ] {
+            tx.send(out).await.unwrap();
+        }
+        let outs = burst(text("a"), &mut rx, 1024);
+        let kinds: Vec<String> = outs
+            .iter()
+            .map(|o| match update_of(o) {
+                Some(Update::TextDelta(t)) => format!("text:{}", t.text),
+                Some(Update::TokenDelta(t)) => format!("tokens:{}", t.tokens),
+                _ if matches!(o, RunOutput::End(_)) => "end".into(),
+                _ => "other".into(),
+            })
+            .collect();
+        assert_eq!(kinds, ["text:ab", "tokens:3", "other", "text:c", "end"]);
+        assert!(rx.try_recv().is_ok(), "what follows the end stays queued");
+        // Alone, the first goes back at once; merged text stops at its bound.
+        assert_eq!(burst(text("x"), &mut rx, 1024).len(), 1);
+        for _ in 0..4 {
+            tx.send(text("yy")).await.unwrap();
+        }
+        let outs = burst(text("yy"), &mut rx, 4);
+        assert!(matches!(update_of(&outs[0]), Some(Update::TextDelta(t)) if t.text == "yyyy"));
+        let left = std::iter::from_fn(|| rx.try_recv().ok()).count();
+        assert_eq!(left, 3, "the rest waits for the next burst");
     }
 }
