@@ -545,6 +545,11 @@ impl ProviderStream {
         self.rx.recv().await
     }
 
+    /// The next event if one is already there; `None` when none is (or the stream ended).
+    pub fn try_recv(&mut self) -> Option<ProviderEvent> {
+        self.rx.try_recv().ok()
+    }
+
     /// Drain into a [`Turn`].
     pub async fn collect_turn(mut self) -> Turn {
         let mut b = TurnBuilder::new();

@@ -46,7 +46,7 @@ pub(super) async fn drive(mut parts: Parts<'_>, machine: &mut Machine<'_>) -> Ro
             Some(Action::End(end)) => return end,
             Some(action) => perform(&mut parts, machine, action, &mut call, &mut price).await,
             None => match call.as_mut() {
-                Some(c) if machine.streaming() => listen(&mut parts, c, &mut canceled).await,
+                Some(c) if machine.streaming() => next_event(&mut parts, c, &mut canceled).await,
                 // Every other phase is answered by the action that entered it.
                 _ => Some(Event::Failed(RunError::Internal(
                     "the turn's rounds stalled with nothing to wait for".into(),
@@ -137,16 +137,40 @@ async fn perform(
     }
 }
 
+/// The open call's next event. What was handled so far is already sent; before waiting, the
+/// tasks that are ready run first (the provider's reader among them, whose next events may
+/// already be read), so a burst is handled and sent on together: one body chunk, one write
+/// for many deltas, where taking each event as it comes costs every hop per delta.
+async fn next_event(
+    parts: &mut Parts<'_>,
+    call: &mut Call,
+    canceled: &mut Cancelled,
+) -> Option<Event> {
+    if let Some(event) = ready(parts, call) {
+        return Some(event);
+    }
+    tokio::task::yield_now().await;
+    match ready(parts, call) {
+        Some(event) => Some(event),
+        None => listen(parts, call, canceled).await,
+    }
+}
+
+/// The open call's next event when one is already there: a burst of deltas is taken one after
+/// the other without setting up a wait for each. A canceled run takes none (`listen` ends it).
+fn ready(parts: &mut Parts<'_>, call: &mut Call) -> Option<Event> {
+    if parts.model.cancel.is_cancelled() {
+        return None;
+    }
+    let event = call.first.take().or_else(|| call.stream.try_recv())?;
+    Some(heard(parts, call, Some(event)))
+}
+
 /// Wait for the open call's next event, handling what the client sends meanwhile.
 async fn listen(parts: &mut Parts<'_>, call: &mut Call, canceled: &mut Cancelled) -> Option<Event> {
     let resolutions = parts.resolutions;
     let client: &mut Client = &mut *parts.client;
-    let Call {
-        first,
-        stream,
-        started,
-        heard,
-    } = call;
+    let Call { first, stream, .. } = &mut *call;
     let event = tokio::select! {
         biased;
         _ = &mut *canceled => return Some(failed(resolutions, RunError::Canceled)),
@@ -156,13 +180,18 @@ async fn listen(parts: &mut Parts<'_>, call: &mut Call, canceled: &mut Cancelled
             return client.dispatch(ev).await.err().map(|e| failed(resolutions, e));
         }
     };
-    if !std::mem::replace(heard, true) {
-        parts.model.provider_latency(started.elapsed());
+    Some(heard(parts, call, event))
+}
+
+/// What the call brought, as the machine hears it; the first event of a call times the provider.
+fn heard(parts: &mut Parts<'_>, call: &mut Call, event: Option<ProviderEvent>) -> Event {
+    if !std::mem::replace(&mut call.heard, true) {
+        parts.model.provider_latency(call.started.elapsed());
     }
-    Some(match event {
+    match event {
         Some(e) => Event::Provider(e),
         None => Event::ProviderClosed,
-    })
+    }
 }
 
 /// A failed action as the machine hears it: a cancel, or a failure.

@@ -55,6 +55,12 @@ impl Outbox {
     /// Room for one output: waits while the run lives, bounded once it is canceled.
     async fn reserve(&self) -> Result<mpsc::Permit<'_, RunOutput>, RunError> {
         if !self.cancel.is_cancelled() {
+            // Room is there most of the time: take it without setting up a wait.
+            match self.tx.try_reserve() {
+                Ok(permit) => return Ok(permit),
+                Err(mpsc::error::TrySendError::Closed(())) => return Err(RunError::ClientGone),
+                Err(mpsc::error::TrySendError::Full(())) => {}
+            }
             tokio::select! {
                 biased;
                 permit = self.tx.reserve() => return permit.map_err(|_| RunError::ClientGone),
@@ -133,5 +139,27 @@ mod tests {
         let end = out.send_output(RunOutput::End(EndStream::ok())).await;
         assert!(matches!(end, Err(RunError::ClientGone)));
         assert_eq!(later.elapsed(), Duration::ZERO);
+    }
+
+    /// With room, a send takes it at once; a full channel makes it wait for the reader; a
+    /// reader gone is the client gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_with_room_goes_at_once_and_a_full_one_waits() {
+        use futures_util::FutureExt;
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbox::new(tx, CancellationToken::new());
+        assert!(matches!(
+            out.send(msg::heartbeat()).now_or_never(),
+            Some(Ok(()))
+        ));
+        let mut second = Box::pin(out.send(msg::heartbeat()));
+        assert!((&mut second).now_or_never().is_none(), "full: it waits");
+        assert!(rx.recv().await.is_some());
+        assert!(matches!(second.await, Ok(())));
+        drop(rx);
+        assert!(matches!(
+            out.send(msg::heartbeat()).now_or_never(),
+            Some(Err(RunError::ClientGone))
+        ));
     }
 }

@@ -34,6 +34,7 @@ use super::body::{
     FramePeek,
 };
 use super::caller::{parent_link, request_id, Caller, ClientMessage};
+use super::deltas::burst;
 use super::face::{unreadable, AgentTransports};
 use super::pairing::{digest, Inbound, Pairings, RequestPairing};
 use super::routing::{never_decided, with_pinned_model, Decision, DECIDE_WAIT, UNDECIDED_WAIT};
@@ -48,6 +49,10 @@ use crate::proto::aiserver::v1 as aiserver;
 const MAX_GAP: i64 = 256;
 /// Frames the run may get ahead of the RunSSE reader before it waits (backpressure).
 const MAX_UNREAD: usize = 256;
+
+/// Deltas queued one behind the other merge into one text delta of at most about this many
+/// bytes (one TLS record).
+const MERGED_TEXT: usize = 16 * 1024;
 /// How long a run survives without any RunSSE reader (the client may reconnect).
 const READER_GRACE: Duration = Duration::from_secs(5);
 
@@ -784,25 +789,28 @@ fn pump(
                 o = output.recv() => o,
             };
             let Some(o) = o else { return };
-            let (frame, end) = encode_output(&enc, o, capture.as_ref());
-            let space = {
-                let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
-                b.push(frame, end);
-                if end {
-                    return;
-                }
-                (b.unread() >= MAX_UNREAD).then(|| b.space.clone())
-            };
-            // Backpressure: wait for the reader before taking more from the run.
-            if let Some(space) = space {
-                loop {
-                    let notified = space.notified();
-                    if out.lock().unwrap_or_else(|p| p.into_inner()).unread() < MAX_UNREAD {
-                        break;
+            // What is already queued behind it goes too, its deltas merged.
+            for o in burst(o, &mut output, MERGED_TEXT) {
+                let (frame, end) = encode_output(&enc, o, capture.as_ref());
+                let space = {
+                    let mut b = out.lock().unwrap_or_else(|p| p.into_inner());
+                    b.push(frame, end);
+                    if end {
+                        return;
                     }
-                    tokio::select! {
-                        _ = gone.cancelled() => return,
-                        _ = notified => {}
+                    (b.unread() >= MAX_UNREAD).then(|| b.space.clone())
+                };
+                // Backpressure: wait for the reader before taking more from the run.
+                if let Some(space) = space {
+                    loop {
+                        let notified = space.notified();
+                        if out.lock().unwrap_or_else(|p| p.into_inner()).unread() < MAX_UNREAD {
+                            break;
+                        }
+                        tokio::select! {
+                            _ = gone.cancelled() => return,
+                            _ = notified => {}
+                        }
                     }
                 }
             }

@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use prost::Message;
 use tokio::sync::mpsc;
 
+use super::deltas::Deltas;
 use crate::agent::{RunFailer, RunOutput};
 use crate::capture::{Capture, Direction};
 use crate::connect::{Code, ConnectError, Encoding, EndStream, FrameDecoder, FrameEncoder, Limits};
@@ -80,26 +81,39 @@ pub(crate) struct RunBody {
 }
 
 impl RunBody {
-    /// Append the frames already queued behind `first` (a delta and its token count come in
-    /// pairs, a fast model in bursts): one body chunk is one HTTP/2 DATA frame or HTTP/1.1
-    /// chunk, one TLS record and one write instead of one each per frame. Never waits.
-    fn coalesce(&mut self, first: Bytes) -> Bytes {
-        if self.done {
-            return first;
-        }
-        let mut chunk: Option<BytesMut> = None;
-        while chunk.as_ref().map_or(first.len(), BytesMut::len) < COALESCE_BYTES {
-            let Ok(out) = self.rx.try_recv() else { break };
-            let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
-            chunk
-                .get_or_insert_with(|| BytesMut::from(&first[..]))
-                .extend_from_slice(&bytes);
-            if end {
-                self.done = true;
+    /// `first` and the outputs already queued behind it as one body chunk (a delta and its
+    /// token count come in pairs, a fast model in bursts): one HTTP/2 DATA frame or HTTP/1.1
+    /// chunk, one TLS record and one write instead of one each per frame, with each run of
+    /// text and token deltas merged into one of each ([`Deltas`]). Never waits: what is not
+    /// queued yet goes in a later chunk, so the first delta of a burst leaves at once.
+    fn chunk(&mut self, first: RunOutput) -> Bytes {
+        let mut chunk = BytesMut::new();
+        let mut deltas = Deltas::default();
+        let mut next = Some(first);
+        while let Some(out) = next.take() {
+            if let Err(other) = deltas.take(out) {
+                self.encode(deltas.drain(), &mut chunk);
+                self.encode([other], &mut chunk);
+            }
+            if self.done || chunk.len() + deltas.text_len() >= COALESCE_BYTES {
                 break;
             }
+            next = self.rx.try_recv().ok();
         }
-        chunk.map_or(first, BytesMut::freeze)
+        self.encode(deltas.drain(), &mut chunk);
+        chunk.freeze()
+    }
+
+    /// Append `outs` to `chunk` as frames, up to the end frame.
+    fn encode(&mut self, outs: impl IntoIterator<Item = RunOutput>, chunk: &mut BytesMut) {
+        for out in outs {
+            if self.done {
+                return;
+            }
+            let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
+            chunk.extend_from_slice(&bytes);
+            self.done = end;
+        }
     }
 
     pub(crate) fn new(rx: mpsc::Receiver<RunOutput>, enc: FrameEncoder, failer: RunFailer) -> Self {
@@ -132,11 +146,7 @@ impl HttpBody for RunBody {
         }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(out)) => {
-                let (bytes, end) = encode_output(&self.enc, out, self.capture.as_ref());
-                self.done = end;
-                Poll::Ready(Some(Ok(Frame::data(self.coalesce(bytes)))))
-            }
+            Poll::Ready(Some(out)) => Poll::Ready(Some(Ok(Frame::data(self.chunk(out))))),
             Poll::Ready(None) => {
                 // The run always sends an End; reaching here means it was lost: say so.
                 self.done = true;
@@ -387,5 +397,110 @@ mod tests {
         assert_eq!(frames.len(), 2);
         assert!(matches!(frames[1], ConnectFrame::End(_)));
         assert!(body.frame().await.is_none());
+    }
+
+    fn text(t: &str) -> RunOutput {
+        RunOutput::Message(Box::new(crate::agent::messages::text_delta(t.into())))
+    }
+
+    fn tokens(n: u32) -> RunOutput {
+        RunOutput::Message(Box::new(crate::agent::messages::token_delta(n)))
+    }
+
+    /// What each frame of `chunk` is: "text:<text>", "tokens:<n>", "other" or "end".
+    fn kinds(chunk: &Bytes) -> Vec<String> {
+        use crate::proto::agent::v1 as pb;
+        use pb::agent_server_message::Message as Server;
+        use pb::interaction_update::Message as Update;
+        decode_all(chunk)
+            .into_iter()
+            .map(|f| match f {
+                ConnectFrame::End(_) => "end".to_string(),
+                ConnectFrame::Message(m) => {
+                    let m = pb::AgentServerMessage::decode(m).unwrap();
+                    match m.message {
+                        Some(Server::InteractionUpdate(pb::InteractionUpdate {
+                            message: Some(Update::TextDelta(t)),
+                            ..
+                        })) => format!("text:{}", t.text),
+                        Some(Server::InteractionUpdate(pb::InteractionUpdate {
+                            message: Some(Update::TokenDelta(t)),
+                            ..
+                        })) => format!("tokens:{}", t.tokens),
+                        _ => "other".to_string(),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn body(rx: mpsc::Receiver<RunOutput>) -> RunBody {
+        RunBody::new(
+            rx,
+            FrameEncoder::new(Encoding::Identity),
+            RunFailer::new(CancellationToken::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn queued_deltas_merge_and_the_first_is_never_held_back() {
+        let (tx, rx) = mpsc::channel(16);
+        let mut body = body(rx);
+        // Alone, the first delta goes out at once, as it is.
+        tx.send(text("a")).await.unwrap();
+        assert_eq!(kinds(&next_chunk(&mut body).await), ["text:a"]);
+        tx.send(tokens(1)).await.unwrap();
+        for (t, n) in [("b", 2), ("c", 3)] {
+            tx.send(text(t)).await.unwrap();
+            tx.send(tokens(n)).await.unwrap();
+        }
+        assert_eq!(kinds(&next_chunk(&mut body).await), ["text:bc", "tokens:6"]);
+        assert!(body.frame().now_or_never().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_message_between_deltas_keeps_its_place() {
+        let (tx, rx) = mpsc::channel(16);
+        let mut body = body(rx);
+        tx.send(text("a")).await.unwrap();
+        tx.send(tokens(1)).await.unwrap();
+        tx.send(message()).await.unwrap();
+        tx.send(RunOutput::Message(Box::new(
+            crate::agent::messages::notice("n".into()),
+        )))
+        .await
+        .unwrap();
+        tx.send(text("b")).await.unwrap();
+        tx.send(text("c")).await.unwrap();
+        tx.send(RunOutput::End(EndStream::ok())).await.unwrap();
+        tx.send(text("after the end")).await.unwrap();
+        assert_eq!(
+            kinds(&next_chunk(&mut body).await),
+            ["text:a", "tokens:1", "other", "text:n", "text:bc", "end"]
+        );
+        assert!(body.frame().await.is_none());
+    }
+
+    /// A burst larger than a chunk leaves in chunks of about [`COALESCE_BYTES`], all of its
+    /// text in order.
+    #[tokio::test]
+    async fn merged_text_is_bounded_by_the_chunk_size() {
+        let (tx, rx) = mpsc::channel(4096);
+        let mut body = body(rx);
+        let piece = "x".repeat(100);
+        let pieces = 3 * COALESCE_BYTES / piece.len();
+        for _ in 0..pieces {
+            tx.send(text(&piece)).await.unwrap();
+        }
+        let mut texts = Vec::new();
+        while texts.iter().map(String::len).sum::<usize>() < pieces * piece.len() {
+            let chunk = next_chunk(&mut body).await;
+            assert!(chunk.len() <= COALESCE_BYTES + piece.len() + 64);
+            let k = kinds(&chunk);
+            assert_eq!(k.len(), 1, "one merged delta per chunk");
+            texts.push(k[0].trim_start_matches("text:").to_string());
+        }
+        assert!(texts.len() >= 3);
+        assert_eq!(texts.concat(), piece.repeat(pieces));
     }
 }

@@ -8,13 +8,14 @@
 //! Cmd+K's calls (`cmdk`) are served here too: their HTTP side, on `agent::cmdk`.
 //!
 //! The files use each other one way: `face` (what every transport shares), `caller`, `body`
-//! and `routing` sit below the transports `run` (HTTP/2), `bidi` (HTTP/1.1) and `cmdk`, and
-//! this file dispatches to them.
+//! (over `deltas`) and `routing` sit below the transports `run` (HTTP/2), `bidi` (HTTP/1.1) and
+//! `cmdk`, and this file dispatches to them.
 
 mod bidi;
 mod body;
 mod caller;
 mod cmdk;
+mod deltas;
 mod face;
 mod inference;
 mod inference_ids;
