@@ -55,6 +55,25 @@ fn endless_text(n: usize) -> Reply {
     Reply::sse(body).then(After::Trickle(Duration::from_millis(500)))
 }
 
+/// A model that streams `n` reasoning deltas of about a kilobyte (more than a closed
+/// connection's socket buffers swallow) and then keeps its stream open: each delta stays a
+/// frame of its own on the way (only text and token deltas queued together are merged).
+fn endless_thinking(n: usize) -> Reply {
+    let mut body = String::new();
+    for i in 0..n {
+        let words = format!("t{i} ").repeat(200);
+        let delta = serde_json::json!({"id":"c","choices":[{"index":0,"delta":{"reasoning_content":words}}]});
+        body += &format!("data: {delta}\n\n");
+    }
+    Reply::sse(body).then(After::Trickle(Duration::from_millis(500)))
+}
+
+fn is_thinking(m: &pb::AgentServerMessage) -> bool {
+    use pb::interaction_update::Message as Update;
+    matches!(&m.message, Some(Server::InteractionUpdate(u))
+        if matches!(u.message, Some(Update::ThinkingDelta(_))))
+}
+
 /// A model that streams `n` text deltas, one per write `every` apart, and finishes.
 fn long_text(n: usize, every: Duration) -> (Reply, String) {
     let mut body = String::new();
@@ -429,11 +448,13 @@ async fn a_reader_that_reconnects_within_the_grace_drains_the_run_to_its_end() {
 #[tokio::test(start_paused = true)]
 async fn a_returning_reader_is_not_kept_out_by_appends_waiting_on_a_full_run() {
     let _metronome = common::metronome();
-    let h = harness(vec![endless_text(3000)]).await;
+    let h = harness(vec![endless_thinking(3000)]).await;
     let bidi = Bidi::new(&h.connect_door(), "req-full");
     let first = run_request(OURS, "conv-full", "hi", true);
-    let sse = open_and_read(&h, Transport::Sse, "req-full", &first, is_text).await;
+    let sse = open_and_read(&h, Transport::Sse, "req-full", &first, is_thinking).await;
     drop(sse);
+    // The paused clock moves only once every task waits: the run has filled its output.
+    tokio::time::sleep(READER_GRACE / 4).await;
     bidi.seqno(); // append 0 went out on the helper's own `Bidi`
     let heartbeats: Vec<_> = (0..100)
         .map(|_| bidi.spawn_append(bidi.seqno(), common::agent_client::client_heartbeat()))
