@@ -431,7 +431,7 @@ async fn run() {
         mv.as_secs_f64() / md.as_secs_f64()
     );
     println!(
-        "| cost per delta | {:.2} µs | {:.2} µs | +{:.2} µs |",
+        "| cost per delta | {:.2} µs | {:.2} µs | {:+.2} µs |",
         per(mv),
         per(md),
         per(mv) - per(md)
