@@ -430,7 +430,7 @@ impl Relay {
         if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
             socket.rbuf.reserve(READ_CHUNK);
         }
-        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut socket.rbuf) {
+        match read_some(io, cx, &mut socket.rbuf) {
             Poll::Pending => Ok(false),
             Poll::Ready(Ok(0)) => Err(Fault::Closed("closed by the peer".into())),
             Poll::Ready(Ok(_)) => {
@@ -471,7 +471,7 @@ impl Relay {
         if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
             socket.rbuf.reserve(READ_CHUNK);
         }
-        match tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut socket.rbuf) {
+        match read_some(io, cx, &mut socket.rbuf) {
             Poll::Pending if probed => {}
             Poll::Pending => return Ok(false),
             Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed by the peer".into())),
@@ -537,6 +537,17 @@ impl Relay {
         progress |= self.state.release_written(side);
         Ok(progress)
     }
+}
+
+/// One read into `rbuf`, of at most [`READ_CHUNK`] bytes whatever room the buffer has (a
+/// buffer that grew keeps its room), so what one read brings past a bound stays small.
+fn read_some(
+    io: &mut BoxIo,
+    cx: &mut Context<'_>,
+    rbuf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    use bytes::BufMut;
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut rbuf.limit(READ_CHUNK))
 }
 
 impl Future for Relay {

@@ -1,6 +1,8 @@
 //! The frames that are not header blocks: DATA, SETTINGS, WINDOW_UPDATE, GOAWAY,
 //! RST_STREAM and PING, each applied to the streams and peers (`flow`).
 
+use bytes::Bytes;
+
 use super::common::{Conn, Direction};
 use super::flow::Flow;
 use super::frame::{self, flag, kind, setting, ConnError, Frame, Reason};
@@ -283,6 +285,26 @@ fn reset_after_answer(flow: &mut Flow, id: u32) {
     flow.flush_dir(id, Direction::Down);
 }
 
+/// Payloads under this are copied out of the read buffer when queued.
+const DETACH_BELOW: usize = 4096;
+
+/// A DATA payload (and its frame, when it goes whole) as it is held until written. A small one
+/// is copied out of the read buffer it was split from: held, it would keep that whole buffer
+/// (a read's worth) alive while the limits count only its own bytes. A large one is kept as
+/// read, so bulk data is not copied; what it keeps alive is at most a few times its size.
+fn detach_small(data: Bytes, raw: Option<Bytes>) -> (Bytes, Option<Bytes>) {
+    if data.len() >= DETACH_BELOW {
+        return (data, raw);
+    }
+    match raw {
+        Some(raw) => {
+            let raw = Bytes::copy_from_slice(&raw);
+            (raw.slice(frame::HEADER_LEN..), Some(raw))
+        }
+        None => (Bytes::copy_from_slice(&data), None),
+    }
+}
+
 pub(super) fn on_data(flow: &mut Flow, side: Conn, frame: Frame) -> Result<(), ConnError> {
     let id = frame.stream;
     if id == 0 {
@@ -338,8 +360,9 @@ pub(super) fn on_data(flow: &mut Flow, side: Conn, frame: Frame) -> Result<(), C
     let padding = len - data.len() as u32;
     let held = data.len() + flow.limits.frame_overhead;
     let raw = (!frame.has(flag::PADDED)).then_some(frame.raw);
+    let (bytes, raw) = detach_small(data, raw);
     half.queue.push_back(Item::Data(Data {
-        bytes: data,
+        bytes,
         end,
         raw,
         from: Some(side),
@@ -350,4 +373,42 @@ pub(super) fn on_data(flow: &mut Flow, side: Conn, frame: Frame) -> Result<(), C
     }
     flow.flush_dir(id, to);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read holding one DATA frame of `len` bytes, then more of the read; the frame.
+    fn read_with_frame(len: usize) -> (Bytes, Bytes) {
+        let mut buf = bytes::BytesMut::new();
+        frame::put_data(&mut buf, 1, false, &vec![7; len]);
+        buf.extend_from_slice(&[0; 16 * 1024]);
+        let read = buf.freeze();
+        let raw = read.slice(..frame::HEADER_LEN + len);
+        (read, raw)
+    }
+
+    #[test]
+    fn a_small_payload_is_held_apart_from_its_read_and_a_large_one_as_read() {
+        let (read, raw) = read_with_frame(100);
+        let (bytes, kept) = detach_small(raw.slice(frame::HEADER_LEN..), Some(raw.clone()));
+        let kept = kept.expect("the frame goes whole");
+        assert_eq!((&kept[..], &bytes[..]), (&raw[..], &[7; 100][..]));
+        let in_read = read.as_ptr_range();
+        assert!(!in_read.contains(&kept.as_ptr()) && !in_read.contains(&bytes.as_ptr()));
+        assert!(
+            kept.as_ptr_range().contains(&bytes.as_ptr()),
+            "one copy serves both"
+        );
+        // A padded frame's payload alone.
+        let (bytes, kept) = detach_small(raw.slice(frame::HEADER_LEN..), None);
+        assert!(kept.is_none() && !in_read.contains(&bytes.as_ptr()));
+
+        let (read, raw) = read_with_frame(DETACH_BELOW);
+        let (bytes, kept) = detach_small(raw.slice(frame::HEADER_LEN..), Some(raw));
+        let in_read = read.as_ptr_range();
+        assert!(in_read.contains(&bytes.as_ptr()), "bulk data is not copied");
+        assert!(in_read.contains(&kept.expect("whole").as_ptr()));
+    }
 }
