@@ -236,4 +236,26 @@ mod tests {
         let left = std::iter::from_fn(|| rx.try_recv().ok()).count();
         assert_eq!(left, 3, "the rest waits for the next burst");
     }
+
+    /// Tokens alone never reach the text bound: the output count stops the burst.
+    #[tokio::test]
+    async fn a_burst_takes_at_most_its_output_bound() {
+        let queued = BURST_OUTPUTS + 10;
+        let (tx, mut rx) = mpsc::channel(queued);
+        for _ in 0..queued {
+            tx.send(tokens(1)).await.unwrap();
+        }
+        let outs = burst(tokens(1), &mut rx, 1024);
+        assert_eq!(outs.len(), 1);
+        assert!(matches!(
+            update_of(&outs[0]),
+            Some(Update::TokenDelta(t)) if t.tokens == BURST_OUTPUTS as i32
+        ));
+        let left = std::iter::from_fn(|| rx.try_recv().ok()).count();
+        assert_eq!(
+            left,
+            queued + 1 - BURST_OUTPUTS,
+            "the rest waits for the next burst"
+        );
+    }
 }
