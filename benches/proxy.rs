@@ -20,7 +20,7 @@
 //! Knobs (environment): `BENCH_ROUNDS` (default 8), `BENCH_SECS` per unary measurement
 //! (default 0.5), `BENCH_BULK_MIB` (default 256), `BENCH_QUICK=1` (a smoke run),
 //! `BENCH_ONLY=cursor-byok[,hudsucker,…]` (direct plus these), `BENCH_NO_MITMDUMP=1`,
-//! `BENCH_CASES=h1c16[,h2c4,…]` (these unary cases instead), `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
+//! `BENCH_CASES=h1c16[,h2c4,…]` (these unary cases instead), `BENCH_BULK_ROUNDS` (default: `BENCH_ROUNDS`, at most 3), `BENCH_STREAM=h1|h2` (one protocol's streaming cases), `BENCH_LOG=<tracing filter>`, `BENCH_FIRST_PATH=/slow?chunks=1` (the first-chunk request).
 
 #[path = "../tests/common/mod.rs"]
 #[allow(dead_code, unused_imports)]
@@ -597,6 +597,51 @@ async fn slow_once(sender: &mut Sender, path: &str, out: &mut Slow) {
     }
 }
 
+/// Whether the streaming cases run for `alpn` (`BENCH_STREAM=h1` or `h2` keeps one).
+fn streamed(alpn: Alpn) -> bool {
+    std::env::var("BENCH_STREAM").map_or(true, |only| only == alpn.name())
+}
+
+/// cursor-byok's bulk rate over each other proxy's in the same round: the median and the
+/// quartiles of those per-round ratios.
+fn print_paired_bulk(targets: &[Target], rates: &[Vec<Vec<f64>>]) {
+    let ours = 1;
+    let mut lines = Vec::new();
+    for (ai, alpn) in [Alpn::H1, Alpn::H2].into_iter().enumerate() {
+        for (ti, t) in targets.iter().enumerate().skip(2) {
+            let mut ratios: Vec<f64> = rates[ai][ours]
+                .iter()
+                .zip(&rates[ai][ti])
+                .map(|(a, b)| a / b)
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            ratios.sort_by(f64::total_cmp);
+            let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+            lines.push(format!(
+                "| {} | {} | {} | {:.2}–{:.2} | {} |",
+                alpn.name(),
+                t.name,
+                fmt_ratio(at(0.5)),
+                at(0.25),
+                at(0.75),
+                ratios.len()
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!("Bulk, cursor-byok over each proxy in the same round:\n");
+    println!("| proto | against | median | quartiles | rounds |");
+    println!("|---|---|---:|---:|---:|");
+    for line in lines {
+        println!("{line}");
+    }
+    println!();
+}
+
 fn fmt_ratio(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.2}×")
@@ -791,6 +836,9 @@ async fn run(threads: usize) {
 
     // 2. Streaming.
     let mut bulk = vec![vec![(0u64, Duration::ZERO); fast.len()]; 2];
+    // Each round's rate per target, for ratios paired within a round (a host's slow spell
+    // then moves both sides of a ratio alike).
+    let mut bulk_rates = vec![vec![Vec::new(); fast.len()]; 2];
     let mut slow: Vec<Vec<Slow>> = (0..2)
         .map(|_| {
             (0..fast.len())
@@ -801,9 +849,12 @@ async fn run(threads: usize) {
                 .collect()
         })
         .collect();
-    let bulk_rounds = rounds.clamp(1, 3);
+    let bulk_rounds: usize = env_or("BENCH_BULK_ROUNDS", rounds.clamp(1, 3)).max(1);
     let first_samples = if quick { 5 } else { 40 };
     for (ai, alpn) in [Alpn::H1, Alpn::H2].into_iter().enumerate() {
+        if !streamed(alpn) {
+            continue;
+        }
         let mut conns = Vec::new();
         for t in &fast {
             let mut s = t.open(alpn).await;
@@ -816,13 +867,15 @@ async fn run(threads: usize) {
                 let t0 = Instant::now();
                 let resp = conns[ti].get("/bulk").await;
                 let n = drain(resp).await;
+                let took = t0.elapsed();
                 bulk[ai][ti].0 += n;
-                bulk[ai][ti].1 += t0.elapsed();
+                bulk[ai][ti].1 += took;
+                bulk_rates[ai][ti].push(n as f64 / took.as_secs_f64());
             }
         }
         // The whole 20 × 50 ms stream for the travel times, then short streams (first chunk
         // at once, the second 50 ms later) for many first-chunk samples.
-        for round in 0..bulk_rounds {
+        for round in 0..rounds.clamp(1, 3) {
             for k in 0..fast.len() {
                 let ti = (k + round) % fast.len();
                 slow_once(&mut conns[ti], "/slow", &mut slow[ai][ti]).await;
@@ -853,6 +906,9 @@ async fn run(threads: usize) {
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
     for (ai, alpn) in [Alpn::H1, Alpn::H2].into_iter().enumerate() {
+        if !streamed(alpn) {
+            continue;
+        }
         let mibs = |ti: usize| {
             let (n, d) = bulk[ai][ti];
             n as f64 / (1024.0 * 1024.0) / d.as_secs_f64()
@@ -872,6 +928,7 @@ async fn run(threads: usize) {
         }
     }
     println!();
+    print_paired_bulk(&fast, &bulk_rates);
 
     // 3. TLS.
     let store = CertStore::new(ca.clone()).unwrap();
