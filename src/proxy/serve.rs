@@ -56,12 +56,16 @@ pub(crate) async fn serve_tls<IO>(
 /// Serve HTTP on an established TLS stream, speaking what ALPN picked.
 pub(crate) async fn serve_tls_stream<IO>(
     state: Arc<ProxyState>,
-    tls: TlsStream<IO>,
+    mut tls: TlsStream<IO>,
     base: RequestContext,
     watch: Arc<Watch>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Room for a whole turn of the relay's frames (or a bulk body chunk) in one write.
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(relay::TLS_SEND_BUFFER));
     let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     // HTTP/2 after CONNECT: the frame relay (passthrough streams never meet hyper). The direct
     // doors rewrite `:authority` to the origin's, so they keep the hyper path.

@@ -29,6 +29,11 @@ pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 /// Reads from one peer per turn of the driver, before what they brought is written on.
 const READS_PER_TURN: usize = 4;
 
+/// What a TLS connection the relay writes to should accept in one write. rustls's default
+/// (64 KiB) is 36 bytes short of a turn's four whole frames, so each such turn would leave in
+/// two writes, the second a 36-byte record in a segment of its own.
+pub(crate) const TLS_SEND_BUFFER: usize = READS_PER_TURN * READ_CHUNK + 16 * 1024;
+
 /// Buffer of the in-memory connection to our own server.
 const INTERNAL_BUF: usize = 256 * 1024;
 

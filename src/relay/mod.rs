@@ -31,7 +31,7 @@ mod peer;
 mod state;
 mod stream;
 
-pub(crate) use conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};
+pub(crate) use conn::{BoxFuture, BoxIo, Dialer, Relay, Setup, TLS_SEND_BUFFER};
 #[cfg(any(test, fuzzing))]
 pub use fuzz::{fuzz_frames_and_headers, fuzz_relay};
 
