@@ -432,9 +432,6 @@ impl Relay {
         if socket.rbuf.len() >= self.state.limits().max_probe {
             return Ok(false);
         }
-        if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
-            socket.rbuf.reserve(READ_CHUNK);
-        }
         match read_some(io, cx, &mut socket.rbuf) {
             Poll::Pending => Ok(false),
             Poll::Ready(Ok(0)) => Err(Fault::Closed("closed by the peer".into())),
@@ -473,9 +470,6 @@ impl Relay {
         let Some(io) = socket.io.as_mut() else {
             return Ok(false);
         };
-        if socket.rbuf.capacity() - socket.rbuf.len() < 4096 {
-            socket.rbuf.reserve(READ_CHUNK);
-        }
         match read_some(io, cx, &mut socket.rbuf) {
             Poll::Pending if probed => {}
             Poll::Pending => return Ok(false),
@@ -545,13 +539,17 @@ impl Relay {
 }
 
 /// One read into `rbuf`, of at most [`READ_CHUNK`] bytes whatever room the buffer has (a
-/// buffer that grew keeps its room), so what one read brings past a bound stays small.
+/// buffer that grew keeps its room), so what one read brings past a bound stays small. Room
+/// for a frame's worth is made first when little is left.
 fn read_some(
     io: &mut BoxIo,
     cx: &mut Context<'_>,
     rbuf: &mut BytesMut,
 ) -> Poll<std::io::Result<usize>> {
     use bytes::BufMut;
+    if rbuf.capacity() - rbuf.len() < 4096 {
+        rbuf.reserve(READ_CHUNK);
+    }
     tokio_util::io::poll_read_buf(Pin::new(io), cx, &mut rbuf.limit(READ_CHUNK))
 }
 
