@@ -2,7 +2,7 @@
 //! own server answers it. Pure: the run carries the result out. A branch without a handler is
 //! an error naming it, never a silent "continue".
 
-use super::RunError;
+use super::error::RunError;
 use crate::proto::agent::v1 as pb;
 use pb::conversation_action::Action;
 

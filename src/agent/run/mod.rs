@@ -1,18 +1,20 @@
 //! The run state machine: one per agent run, transport-agnostic.
 //!
 //! It consumes `AgentClientMessage`s (through [`RunHandle::input`](super::RunHandle)) and
-//! produces `AgentServerMessage`s followed by exactly one end of stream. Two helper tasks ride
-//! along: an inbox pump (answers client heartbeats at once, turns a cancel action into
-//! cancellation, forwards everything else) and a heartbeat that speaks when the run has been
-//! silent, because clients abort a stream after 30 s without server output.
+//! produces `AgentServerMessage`s followed by exactly one end of stream. An inbox pump rides
+//! along (it answers client heartbeats at once, turns a cancel action into cancellation and
+//! forwards everything else to the run).
 //!
-//! The files below compose one run: `turn` carries out what the request asks for (a model
-//! turn, or what else); a model turn opens with `opening` and `history`, runs its model rounds
-//! as the sans-IO `machine` (events in, actions out) performed by its one `driver`, and is
-//! stored by `store`. `tooling` carries out a round of tool calls, `model_calls` opens and
-//! counts the model's calls, `client` holds every exchange that waits on the client, and
-//! `outbox` / `inbox` are the two channels. This file only starts the tasks and reports the
-//! end.
+//! The run is two sans-IO machines, events in and actions out: `lifecycle` is its course (what
+//! the request asks for; a model turn's opening, rounds, storing and end; what a cancel or a
+//! failure leaves), and `machine` a turn's model rounds. `turn` drives the course and `driver`
+//! the rounds: they do every wait of the run, each under cancellation, and the course's steps
+//! under the `outbox`'s heartbeat timer, which speaks when the run has been silent because
+//! clients abort a stream after 30 s without server output. A model turn opens with `opening`
+//! and `history` and is stored by `store`; `tooling` carries out a round of tool calls,
+//! `model_calls` opens and counts the model's calls, `client` holds every exchange that waits
+//! on the client, and `outbox` / `inbox` are the two channels. This file only starts the tasks
+//! and reports the end.
 
 mod action;
 mod background;
@@ -24,6 +26,7 @@ mod exec;
 mod history;
 mod inbox;
 mod kv;
+mod lifecycle;
 mod machine;
 mod model_calls;
 mod opening;
@@ -93,10 +96,6 @@ pub(super) fn spawn(
             resolutions.clone(),
         )
         .instrument(span.clone()),
-    );
-    tokio::spawn(
-        outbox::heartbeat(outbox.clone(), run.settings.heartbeat, done.clone())
-            .instrument(span.clone()),
     );
     let route = Arc::new(Mutex::new(FallbackRoute::default()));
     track_subagent(&run, &first, &cancel);

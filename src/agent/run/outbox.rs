@@ -81,9 +81,26 @@ impl Outbox {
         let permit = self.reserve().await?;
         self.shown.note(&o);
         permit.send(o);
+        self.sent();
+        Ok(())
+    }
+
+    /// Send `m` if there is room at once; dropped otherwise (and once the run is canceled).
+    fn try_send(&self, m: pb::AgentServerMessage) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        if let Ok(permit) = self.tx.try_reserve() {
+            let o = RunOutput::Message(Box::new(m));
+            self.shown.note(&o);
+            permit.send(o);
+            self.sent();
+        }
+    }
+
+    fn sent(&self) {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
-        Ok(())
     }
 
     pub(super) fn silent_for(&self) -> Duration {
@@ -94,19 +111,62 @@ impl Outbox {
     }
 }
 
-/// Sends `interaction_update.heartbeat` whenever the run has been silent for `every`.
-pub(super) async fn heartbeat(out: Outbox, every: Duration, done: CancellationToken) {
-    loop {
-        let wait = every.saturating_sub(out.silent_for());
-        tokio::select! {
-            _ = done.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+/// When a silent run speaks up: clients abort a stream after 30 s without server output, so a
+/// run silent for `every` sends `interaction_update.heartbeat`. Sans-IO: told the time and how
+/// long the run has been silent, it says whether to beat now or when to look again.
+#[derive(Clone, Copy)]
+pub(super) struct Heartbeat {
+    every: Duration,
+}
+
+/// What the heartbeat's clock asks for.
+#[derive(Debug, PartialEq)]
+pub(super) enum Beat {
+    /// Send a heartbeat now.
+    Now,
+    /// Nothing to send before this instant.
+    At(Instant),
+}
+
+impl Heartbeat {
+    pub(super) fn new(every: Duration) -> Heartbeat {
+        // A zero period would beat in a busy loop.
+        Heartbeat {
+            every: every.max(Duration::from_millis(10)),
         }
-        if out.silent_for() >= every {
-            tokio::select! {
-                _ = done.cancelled() => return,
-                sent = out.send(msg::heartbeat()) => if sent.is_err() { return },
+    }
+
+    pub(super) fn next(&self, now: Instant, silent_for: Duration) -> Beat {
+        match self.every.checked_sub(silent_for) {
+            Some(left) if !left.is_zero() => Beat::At(now + left),
+            _ => Beat::Now,
+        }
+    }
+}
+
+/// Run `work` to its end, sending a heartbeat through `out` whenever the run has been silent
+/// for the heartbeat's period meanwhile. A heartbeat never waits for room: output that waits
+/// for the client's reader already tells it the run lives.
+pub(super) async fn with_heartbeat<F: std::future::Future>(
+    out: &Outbox,
+    heartbeat: Heartbeat,
+    work: F,
+) -> F::Output {
+    tokio::pin!(work);
+    loop {
+        let now = Instant::now();
+        let at = match heartbeat.next(now, out.silent_for()) {
+            Beat::Now => {
+                out.try_send(msg::heartbeat());
+                // Sent or not (no room), the next look is a period away.
+                now + heartbeat.every
             }
+            Beat::At(at) => at,
+        };
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            _ = tokio::time::sleep_until(at) => {}
         }
     }
 }
@@ -161,5 +221,70 @@ mod tests {
             out.send(msg::heartbeat()).now_or_never(),
             Some(Err(RunError::ClientGone))
         ));
+    }
+
+    #[test]
+    fn the_heartbeat_beats_once_the_run_was_silent_for_its_period() {
+        let hb = Heartbeat::new(Duration::from_secs(20));
+        let now = Instant::now();
+        assert_eq!(
+            hb.next(now, Duration::from_secs(5)),
+            Beat::At(now + Duration::from_secs(15))
+        );
+        assert_eq!(hb.next(now, Duration::from_secs(20)), Beat::Now);
+        assert_eq!(hb.next(now, Duration::from_secs(3600)), Beat::Now);
+        // A zero period is not a busy loop.
+        let zero = Heartbeat::new(Duration::ZERO);
+        assert!(matches!(zero.next(now, Duration::ZERO), Beat::At(at) if at > now));
+    }
+
+    /// Over two silent hours a step gets a heartbeat every period, and none while it speaks
+    /// itself more often than that.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_step_gets_heartbeats_for_hours_and_a_talking_one_none() {
+        let (tx, mut rx) = mpsc::channel(1024);
+        let out = Outbox::new(tx, CancellationToken::new());
+        let hb = Heartbeat::new(Duration::from_secs(20));
+        let silent = tokio::time::sleep(Duration::from_secs(2 * 3600));
+        with_heartbeat(&out, hb, silent).await;
+        let mut beats = 0;
+        while let Ok(o) = rx.try_recv() {
+            assert!(matches!(o, RunOutput::Message(m) if *m == msg::heartbeat()));
+            beats += 1;
+        }
+        // One every 20 s; the step ends at the instant the last one would be due.
+        assert_eq!(beats, 2 * 3600 / 20 - 1);
+
+        let (tx, mut rx) = mpsc::channel(1024);
+        let out = Outbox::new(tx, CancellationToken::new());
+        let talking = async {
+            for _ in 0..(3600 / 10) {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                out.send(msg::notice("working".into())).await.unwrap();
+            }
+        };
+        with_heartbeat(&out, hb, talking).await;
+        let mut notices = 0;
+        while let Ok(o) = rx.try_recv() {
+            assert!(matches!(o, RunOutput::Message(m) if *m != msg::heartbeat()));
+            notices += 1;
+        }
+        assert_eq!(notices, 360);
+    }
+
+    /// A heartbeat never waits for room: with the client's reader stalled, the step goes on
+    /// and the heartbeat is dropped, not queued behind it.
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_without_room_is_dropped_and_the_step_goes_on() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbox::new(tx, CancellationToken::new());
+        out.send(msg::notice("first".into())).await.unwrap(); // full now
+        let hb = Heartbeat::new(Duration::from_secs(20));
+        let step = tokio::time::sleep(Duration::from_secs(600));
+        let started = Instant::now();
+        with_heartbeat(&out, hb, step).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(600));
+        assert!(matches!(rx.recv().await, Some(RunOutput::Message(m)) if *m != msg::heartbeat()));
+        assert!(rx.try_recv().is_err(), "no heartbeat was queued");
     }
 }

@@ -1,5 +1,5 @@
 //! Whether the user has seen part of the turn: after that, a failure must not let Cursor's
-//! client run the turn again by itself (see [`RunError::ending`](super::RunError::ending)).
+//! client run the turn again by itself (see [`RunError::ending`](super::error::RunError::ending)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,18 +1,20 @@
-//! One run's work: what the first request asks for (a model turn, a summary, a command the
-//! user ran), carried out by [`RunState`] with the run's parts (its client, its model calls).
-//! A model turn opens (`opening`, `history`), runs its model rounds (the `machine`, performed by
-//! the `driver`), and is stored (`store`).
+//! One run's driver: it performs the steps of the run's course (the sans-IO [`Lifecycle`])
+//! with the run's parts (its client, its model calls), each under the heartbeat, and feeds the
+//! course how each went. A model turn opens (`opening`, `history`), runs its model rounds (the
+//! `machine`, performed by the `driver`), and is stored (`store`).
 
-use tracing::debug;
+use std::collections::VecDeque;
 
 use super::action::{self, Begin, TurnInput};
 use super::client::Client;
 use super::driver::{self, Parts};
 use super::error::RunError;
 use super::history;
-use super::machine::{Machine, RequestFor, RoundRules, RoundsEnd, TurnWork};
+use super::lifecycle::{Event, Lifecycle, Step};
+use super::machine::{Machine, RequestFor, RoundRules, TurnWork};
 use super::model_calls::{request_options, ModelCalls};
 use super::opening;
+use super::outbox::{with_heartbeat, Heartbeat};
 use super::pending::CancelResolutions;
 use super::setup::{Run, RunSummary};
 use super::store::{self, wire_at, PriorCheckpoint, Storing, CONVERSATION_STATE};
@@ -54,6 +56,22 @@ struct OpenedTurn {
     summary: Option<(String, state::BlobId)>,
 }
 
+/// What a request carries from one step of its course to the next.
+#[derive(Default)]
+struct Carried {
+    /// The model turn's input, until the turn opens (its plan id until the turn is stored).
+    input: Option<TurnInput>,
+    opened: Option<OpenedTurn>,
+    /// The turn's work: what the model reads next and what the turn records.
+    work: Option<TurnWork>,
+    /// The turn's lines for Cursor's transcript, once it is stored.
+    transcript: Option<String>,
+    /// A command the user ran, and the client's exec id for it.
+    shell: Option<(String, String)>,
+    /// The subagent to stop.
+    subagent: Option<String>,
+}
+
 impl RunState {
     pub(super) fn new(
         run: Run,
@@ -69,52 +87,96 @@ impl RunState {
         }
     }
 
+    /// Carry out what the run request asks for: its course's steps (see [`Lifecycle`]), each
+    /// under the heartbeat, until the course finishes.
     pub(super) async fn execute(
         mut self,
         req: Box<pb::AgentRunRequest>,
     ) -> Result<RunSummary, RunError> {
-        let result = self.begin(req).await;
-        if result.is_err() {
-            self.client.cancel_injections().await;
-            self.client.abort_open_execs().await;
+        let begin = match action::begin(&req) {
+            Ok(begin) => begin,
+            Err(e) => {
+                self.clean_up().await;
+                return Err(e);
+            }
+        };
+        let (mut course, first) = Lifecycle::start(&begin);
+        let mut carried = Carried::default();
+        match begin {
+            Begin::Turn(input) => carried.input = Some(*input),
+            Begin::Shell { command, exec_id } => carried.shell = Some((command, exec_id)),
+            Begin::CancelSubagent { id } => carried.subagent = Some(id),
+            Begin::Summarize | Begin::BackgroundSubagent { .. } => {}
         }
-        result?;
-        Ok(self.model.summary())
+        let out = self.client.out.clone();
+        let heartbeat = Heartbeat::new(self.run.settings.heartbeat);
+        let mut queue: VecDeque<Step> = first.into();
+        while let Some(step) = queue.pop_front() {
+            if let Step::Finish(result) = step {
+                return result.map(|()| self.model.summary());
+            }
+            let work = self.perform(&req, &mut carried, step);
+            if let Some(event) = with_heartbeat(&out, heartbeat, work).await {
+                queue.extend(course.handle(event));
+            }
+        }
+        Err(RunError::Internal(
+            "the run's course stopped without finishing".into(),
+        ))
     }
 
-    /// Carry out what the run request's action asks for.
-    async fn begin(&mut self, req: Box<pb::AgentRunRequest>) -> Result<(), RunError> {
-        match action::begin(&req)? {
-            Begin::Turn(input) => {
-                if let Some(pb::conversation_action::Action::BackgroundTaskCompletionAction(a)) =
-                    req.action.as_ref().and_then(|a| a.action.as_ref())
-                {
-                    self.client.background.remember(a);
-                }
-                self.turn(req, *input).await
-            }
-            Begin::Summarize => {
+    /// Carry out one step of the course; how it went, for a step that is answered.
+    async fn perform(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        carried: &mut Carried,
+        step: Step,
+    ) -> Option<Event> {
+        let done = |r: Result<(), RunError>| Some(r.map_or_else(Event::Failed, |()| Event::Done));
+        match step {
+            Step::OpenTurn => done(self.open_turn(req, carried).await),
+            Step::RunRounds => Some(self.model_rounds(req, carried).await),
+            Step::DeferSteering => {
                 self.client.steering.defer_to_next_turn();
-                self.summarize_now(&req).await
+                None
             }
-            Begin::Shell { command, exec_id } => {
-                self.client.steering.defer_to_next_turn();
-                self.shell_command(&req, command, exec_id).await
+            Step::TakeCarried => done(self.take_carried(carried).await),
+            Step::StoreTurn => done(self.store_turn(req, carried).await),
+            Step::StoreCanceled { by_user } => Some(Event::Failed(
+                self.store_canceled(req, carried, by_user).await,
+            )),
+            Step::AppendTranscript => {
+                let folder = carried
+                    .opened
+                    .as_ref()
+                    .and_then(|o| opening::transcripts_folder(o.request_context.as_ref()));
+                let lines = carried.transcript.take().unwrap_or_default();
+                store::append_transcript(&self.run, req, folder, lines).await;
+                done(Ok(()))
             }
-            Begin::CancelSubagent { id } => {
-                self.client.steering.defer_to_next_turn();
-                self.client.cancel_subagent(&id);
-                self.turn_ended().await
+            Step::Summarize => done(self.summarize_now(req).await),
+            Step::RunShell => {
+                let (command, exec_id) = carried.shell.take().unwrap_or_default();
+                done(self.shell_command(req, command, exec_id).await)
             }
-            Begin::BackgroundSubagent { call } => {
-                self.client.steering.defer_to_next_turn();
-                debug!(
-                    call,
-                    "no subagent call runs in the foreground of this run: nothing to move"
-                );
-                self.turn_ended().await
+            Step::CancelSubagent => {
+                self.client
+                    .cancel_subagent(&carried.subagent.take().unwrap_or_default());
+                done(Ok(()))
             }
+            Step::SendTurnEnded => done(self.turn_ended().await),
+            Step::CleanUp => {
+                self.clean_up().await;
+                None
+            }
+            Step::Finish(_) => None,
         }
+    }
+
+    /// Stop what the client still runs for a run that failed.
+    async fn clean_up(&mut self) {
+        self.client.cancel_injections().await;
+        self.client.abort_open_execs().await;
     }
 
     /// The run's parts that store a turn.
@@ -133,50 +195,48 @@ impl RunState {
             .await
     }
 
-    /// A model turn: the conversation rebuilt, model calls in rounds with Cursor's tools, then
-    /// the turn stored and a new checkpoint sent.
-    async fn turn(
-        &mut self,
-        req: Box<pb::AgentRunRequest>,
-        mut input: TurnInput,
-    ) -> Result<(), RunError> {
-        // Steering from now on joins this turn's first (or next) model call.
-        self.client.steering.open_turn();
-        let (opened, work) = self.open_turn(&req, &mut input).await?;
-        let prev = PriorCheckpoint {
-            state: &opened.prev_state,
-            wire: &opened.prev_wire,
-            todos: &opened.known_todos,
-        };
-        let (end, mut work) = self.model_rounds(&req, &opened, work).await;
-        match end {
-            RoundsEnd::Done => {}
-            RoundsEnd::Canceled { store } => {
-                let done = work.done(None, None);
-                let mut storing = self.storing();
-                return Err(storing.canceled(store, &req, prev, done).await);
-            }
-            RoundsEnd::Failed { error, ending } => {
-                debug!(
-                    retriable = ending.retry,
-                    "the turn's model rounds failed: {error}"
-                );
-                return Err(error);
-            }
-        }
-        // Steers carried to the next turn, and our notes that came after the last model call.
-        let mut carried = self.client.take_carried().await?;
-        carried.extend(self.client.steering.take_late());
-        for text in carried {
+    /// Steers carried to the next turn, and our notes that came after the last model call,
+    /// join the turn's record.
+    async fn take_carried(&mut self, carried: &mut Carried) -> Result<(), RunError> {
+        let work = carried.work.as_mut().ok_or_else(out_of_order)?;
+        let mut texts = self.client.take_carried().await?;
+        texts.extend(self.client.steering.take_late());
+        for text in texts {
             work.steps.push(StepRecord::UserContext { text });
         }
-        let transcript = transcript::turn_lines(&work.user.text, &work.steps);
-        let done = work.done(input.plan_id.take(), opened.summary.clone());
-        self.storing().write_turn(&req, prev, done).await?;
-        // The turn has ended and is stored: now, and only now, it joins Cursor's transcript.
-        let folder = opening::transcripts_folder(opened.request_context.as_ref());
-        store::append_transcript(&self.run, &req, folder, transcript).await;
-        self.turn_ended().await
+        Ok(())
+    }
+
+    /// Store the turn and send the new checkpoint; its transcript lines wait for the next step.
+    async fn store_turn(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        carried: &mut Carried,
+    ) -> Result<(), RunError> {
+        let (Some(opened), Some(work)) = (carried.opened.as_ref(), carried.work.take()) else {
+            return Err(out_of_order());
+        };
+        carried.transcript = Some(transcript::turn_lines(&work.user.text, &work.steps));
+        let plan = carried.input.as_mut().and_then(|i| i.plan_id.take());
+        let done = work.done(plan, opened.summary.clone());
+        self.storing().write_turn(req, opened.prior(), done).await
+    }
+
+    /// A canceled turn: stored as far as it went when the user canceled it. The failure the
+    /// run ends with.
+    async fn store_canceled(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        carried: &mut Carried,
+        by_user: bool,
+    ) -> RunError {
+        let (Some(opened), Some(work)) = (carried.opened.as_ref(), carried.work.take()) else {
+            return out_of_order();
+        };
+        let done = work.done(None, None);
+        self.storing()
+            .canceled(by_user, req, opened.prior(), done)
+            .await
     }
 
     /// The turn's opening: its context and blobs, the history rebuilt (and compacted when it
@@ -184,8 +244,16 @@ impl RunState {
     async fn open_turn(
         &mut self,
         req: &pb::AgentRunRequest,
-        input: &mut TurnInput,
-    ) -> Result<(OpenedTurn, TurnWork), RunError> {
+        carried: &mut Carried,
+    ) -> Result<(), RunError> {
+        let input = carried.input.as_mut().ok_or_else(out_of_order)?;
+        if let Some(pb::conversation_action::Action::BackgroundTaskCompletionAction(a)) =
+            req.action.as_ref().and_then(|a| a.action.as_ref())
+        {
+            self.client.background.remember(a);
+        }
+        // Steering from now on joins this turn's first (or next) model call.
+        self.client.steering.open_turn();
         let (run, client) = (&self.run, &mut self.client);
         let (request_context, blobs) = opening::turn_context(run, client, req, input).await?;
         let prev_state = req.conversation_state.clone().unwrap_or_default();
@@ -222,17 +290,17 @@ impl RunState {
             known_todos,
             summary,
         };
-        Ok((opened, work))
+        carried.opened = Some(opened);
+        carried.work = Some(work);
+        Ok(())
     }
 
-    /// The turn's model calls, in rounds (see [`Machine`]), driven to their end. Returns how
-    /// they ended and what the turn did.
-    async fn model_rounds(
-        &mut self,
-        req: &pb::AgentRunRequest,
-        opened: &OpenedTurn,
-        work: TurnWork,
-    ) -> (RoundsEnd, TurnWork) {
+    /// The turn's model calls, in rounds (see [`Machine`]), driven to their end: how they
+    /// ended. What the turn did stays in `carried`.
+    async fn model_rounds(&mut self, req: &pb::AgentRunRequest, carried: &mut Carried) -> Event {
+        let (Some(opened), Some(work)) = (carried.opened.as_ref(), carried.work.take()) else {
+            return Event::Failed(out_of_order());
+        };
         let background = state::background_subagents(&opened.prev_state);
         let ctx = opened.request_context.as_ref();
         let globbed = ctx.map(context::rules::GlobbedRules::new);
@@ -261,7 +329,8 @@ impl RunState {
             resolutions: &self.cancel_resolutions,
         };
         let end = driver::drive(parts, &mut machine).await;
-        (end, machine.into_work())
+        carried.work = Some(machine.into_work());
+        Event::Rounds(end)
     }
 
     /// `/summarize`: the whole conversation so far, by the path automatic compaction takes; the
@@ -275,7 +344,7 @@ impl RunState {
                 .out
                 .send(msg::notice("There is nothing to summarise yet.".into()))
                 .await?;
-            return self.turn_ended().await;
+            return Ok(());
         };
         let text = history::summarize(
             &self.run,
@@ -291,8 +360,7 @@ impl RunState {
         checkpoint.set_summary(&text, &through);
         self.storing()
             .publish(&prev_state, &prev_wire, checkpoint, Vec::new())
-            .await?;
-        self.turn_ended().await
+            .await
     }
 
     /// A command the user ran from the chat: run through the client like the model's shell
@@ -352,9 +420,24 @@ impl RunState {
             .push(bytes::Bytes::copy_from_slice(&turn_id));
         self.storing()
             .publish(&prev_state, &prev_wire, checkpoint, turn_blobs)
-            .await?;
-        self.turn_ended().await
+            .await
     }
+}
+
+impl OpenedTurn {
+    /// The checkpoint the turn starts from, as storing reads it.
+    fn prior(&self) -> PriorCheckpoint<'_> {
+        PriorCheckpoint {
+            state: &self.prev_state,
+            wire: &self.prev_wire,
+            todos: &self.known_todos,
+        }
+    }
+}
+
+/// A step that found the turn's parts missing: the course asked for steps out of order.
+fn out_of_order() -> RunError {
+    RunError::Internal("a step of the turn ran before the step that prepares it".into())
 }
 
 /// The next model call of the turn: the system prompt for the conversation so far, the
