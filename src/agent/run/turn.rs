@@ -115,7 +115,9 @@ impl RunState {
             if let Step::Finish(result) = step {
                 return result.map(|()| self.model.summary());
             }
-            let work = self.perform(&req, &mut carried, step);
+            // Boxed: the step's future is large, and moved into the heartbeat's it would
+            // otherwise take its room twice in the run's future for the run's whole life.
+            let work = Box::pin(self.perform(&req, &mut carried, step));
             if let Some(event) = with_heartbeat(&out, heartbeat, work).await {
                 queue.extend(course.handle(event));
             }
