@@ -17,10 +17,10 @@ use super::machine::RoundsEnd;
 
 /// How the step asked for went.
 #[derive(Debug)]
-pub(super) enum Event {
+pub(super) enum StepResult {
     /// The step was carried out.
     Done,
-    /// The model rounds ended (the answer to [`Step::RunRounds`]).
+    /// The model rounds ended (the answer to [`RunStep::RunRounds`]).
     Rounds(RoundsEnd),
     /// The step failed, or the run was canceled while it ran.
     Failed(RunError),
@@ -28,11 +28,11 @@ pub(super) enum Event {
 
 /// What the run does next.
 #[derive(Debug)]
-pub(super) enum Step {
+pub(super) enum RunStep {
     /// Open the turn: its context and blobs, the history rebuilt (and compacted when it would
     /// not fit), its todos, tools and first messages.
     OpenTurn,
-    /// Run the turn's model rounds (answered with [`Event::Rounds`]).
+    /// Run the turn's model rounds (answered with [`StepResult::Rounds`]).
     RunRounds,
     /// Steering from now on waits for the next turn: this request makes no model call.
     DeferSteering,
@@ -62,7 +62,7 @@ pub(super) enum Step {
 
 /// Where the run is.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Phase {
+enum Stage {
     Opening,
     Rounds,
     Carrying,
@@ -77,19 +77,25 @@ enum Phase {
 
 /// A run's course.
 pub(super) struct Lifecycle {
-    phase: Phase,
+    stage: Stage,
 }
 
 impl Lifecycle {
     /// The run's course for its first request, and its first steps.
-    pub(super) fn start(begin: &Begin) -> (Lifecycle, Vec<Step>) {
-        let (phase, steps) = match begin {
-            Begin::Turn(_) => (Phase::Opening, vec![Step::OpenTurn]),
-            Begin::Summarize => (Phase::Single, vec![Step::DeferSteering, Step::Summarize]),
-            Begin::Shell { .. } => (Phase::Single, vec![Step::DeferSteering, Step::RunShell]),
+    pub(super) fn start(begin: &Begin) -> (Lifecycle, Vec<RunStep>) {
+        let (stage, steps) = match begin {
+            Begin::Turn(_) => (Stage::Opening, vec![RunStep::OpenTurn]),
+            Begin::Summarize => (
+                Stage::Single,
+                vec![RunStep::DeferSteering, RunStep::Summarize],
+            ),
+            Begin::Shell { .. } => (
+                Stage::Single,
+                vec![RunStep::DeferSteering, RunStep::RunShell],
+            ),
             Begin::CancelSubagent { .. } => (
-                Phase::Single,
-                vec![Step::DeferSteering, Step::CancelSubagent],
+                Stage::Single,
+                vec![RunStep::DeferSteering, RunStep::CancelSubagent],
             ),
             Begin::BackgroundSubagent { call } => {
                 debug!(
@@ -97,42 +103,44 @@ impl Lifecycle {
                     "no subagent call runs in the foreground of this run: nothing to move"
                 );
                 (
-                    Phase::Ending,
-                    vec![Step::DeferSteering, Step::SendTurnEnded],
+                    Stage::Ending,
+                    vec![RunStep::DeferSteering, RunStep::SendTurnEnded],
                 )
             }
         };
-        (Lifecycle { phase }, steps)
+        (Lifecycle { stage }, steps)
     }
 
     /// Take how the last step went; the next steps, in order.
-    pub(super) fn handle(&mut self, event: Event) -> Vec<Step> {
-        match (self.phase, event) {
-            (Phase::Ended, _) => Vec::new(),
-            (_, Event::Failed(e)) => self.fail(e),
-            (Phase::Rounds, Event::Rounds(end)) => self.after_rounds(end),
-            (Phase::Opening, Event::Done) => self.next(Phase::Rounds, Step::RunRounds),
-            (Phase::Carrying, Event::Done) => self.next(Phase::Storing, Step::StoreTurn),
-            (Phase::Storing, Event::Done) => self.next(Phase::Transcript, Step::AppendTranscript),
-            (Phase::Transcript | Phase::Single, Event::Done) => {
-                self.next(Phase::Ending, Step::SendTurnEnded)
+    pub(super) fn handle(&mut self, event: StepResult) -> Vec<RunStep> {
+        match (self.stage, event) {
+            (Stage::Ended, _) => Vec::new(),
+            (_, StepResult::Failed(e)) => self.fail(e),
+            (Stage::Rounds, StepResult::Rounds(end)) => self.after_rounds(end),
+            (Stage::Opening, StepResult::Done) => self.next(Stage::Rounds, RunStep::RunRounds),
+            (Stage::Carrying, StepResult::Done) => self.next(Stage::Storing, RunStep::StoreTurn),
+            (Stage::Storing, StepResult::Done) => {
+                self.next(Stage::Transcript, RunStep::AppendTranscript)
             }
-            (Phase::Ending, Event::Done) => {
-                self.phase = Phase::Ended;
-                vec![Step::Finish(Ok(()))]
+            (Stage::Transcript | Stage::Single, StepResult::Done) => {
+                self.next(Stage::Ending, RunStep::SendTurnEnded)
             }
-            (phase, event) => self.fail(RunError::Internal(format!(
-                "the run's course heard {event:?} while in {phase:?}"
+            (Stage::Ending, StepResult::Done) => {
+                self.stage = Stage::Ended;
+                vec![RunStep::Finish(Ok(()))]
+            }
+            (stage, event) => self.fail(RunError::Internal(format!(
+                "the run's course heard {event:?} at stage {stage:?}"
             ))),
         }
     }
 
-    fn after_rounds(&mut self, end: RoundsEnd) -> Vec<Step> {
+    fn after_rounds(&mut self, end: RoundsEnd) -> Vec<RunStep> {
         match end {
-            RoundsEnd::Done => self.next(Phase::Carrying, Step::TakeCarried),
+            RoundsEnd::Done => self.next(Stage::Carrying, RunStep::TakeCarried),
             RoundsEnd::Canceled { store } => self.next(
-                Phase::StoringCanceled,
-                Step::StoreCanceled { by_user: store },
+                Stage::StoringCanceled,
+                RunStep::StoreCanceled { by_user: store },
             ),
             RoundsEnd::Failed { error, ending } => {
                 debug!(
@@ -144,14 +152,14 @@ impl Lifecycle {
         }
     }
 
-    fn next(&mut self, phase: Phase, step: Step) -> Vec<Step> {
-        self.phase = phase;
+    fn next(&mut self, stage: Stage, step: RunStep) -> Vec<RunStep> {
+        self.stage = stage;
         vec![step]
     }
 
-    fn fail(&mut self, e: RunError) -> Vec<Step> {
-        self.phase = Phase::Ended;
-        vec![Step::CleanUp, Step::Finish(Err(e))]
+    fn fail(&mut self, e: RunError) -> Vec<RunStep> {
+        self.stage = Stage::Ended;
+        vec![RunStep::CleanUp, RunStep::Finish(Err(e))]
     }
 }
 
@@ -164,7 +172,7 @@ mod tests {
     }
 
     /// Feed `events` one by one after the start; every step asked for, in order, by name.
-    fn course(begin: Begin, events: Vec<Event>) -> Vec<String> {
+    fn course(begin: Begin, events: Vec<StepResult>) -> Vec<String> {
         let (mut life, mut steps) = Lifecycle::start(&begin);
         for e in events {
             steps.extend(life.handle(e));
@@ -181,12 +189,12 @@ mod tests {
         let steps = course(
             turn(),
             vec![
-                Event::Done,
-                Event::Rounds(RoundsEnd::Done),
-                Event::Done,
-                Event::Done,
-                Event::Done,
-                Event::Done,
+                StepResult::Done,
+                StepResult::Rounds(RoundsEnd::Done),
+                StepResult::Done,
+                StepResult::Done,
+                StepResult::Done,
+                StepResult::Done,
             ],
         );
         let expected = [
@@ -207,10 +215,10 @@ mod tests {
         let steps = course(
             turn(),
             vec![
-                Event::Done,
-                Event::Rounds(RoundsEnd::Done),
-                Event::Done,
-                Event::Failed(RunError::ClientGone),
+                StepResult::Done,
+                StepResult::Rounds(RoundsEnd::Done),
+                StepResult::Done,
+                StepResult::Failed(RunError::ClientGone),
             ],
         );
         let expected = [
@@ -230,9 +238,9 @@ mod tests {
             let steps = course(
                 turn(),
                 vec![
-                    Event::Done,
-                    Event::Rounds(RoundsEnd::Canceled { store: by_user }),
-                    Event::Failed(RunError::Canceled),
+                    StepResult::Done,
+                    StepResult::Rounds(RoundsEnd::Canceled { store: by_user }),
+                    StepResult::Failed(RunError::Canceled),
                 ],
             );
             let store = format!("StoreCanceled {{ by_user: {by_user} }}");
@@ -254,8 +262,8 @@ mod tests {
         let steps = course(
             turn(),
             vec![
-                Event::Done,
-                Event::Rounds(RoundsEnd::Failed { error, ending }),
+                StepResult::Done,
+                StepResult::Rounds(RoundsEnd::Failed { error, ending }),
             ],
         );
         let expected = [
@@ -269,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_failure_while_opening_runs_no_model_call() {
-        let steps = course(turn(), vec![Event::Failed(RunError::ClientGone)]);
+        let steps = course(turn(), vec![StepResult::Failed(RunError::ClientGone)]);
         let expected = ["OpenTurn", "CleanUp", "Finish(Err(ClientGone))"];
         assert_eq!(steps, names(&expected));
     }
@@ -286,19 +294,22 @@ mod tests {
             (Begin::CancelSubagent { id: "a".into() }, "CancelSubagent"),
         ];
         for (begin, step) in cases {
-            let steps = course(begin, vec![Event::Done, Event::Done]);
+            let steps = course(begin, vec![StepResult::Done, StepResult::Done]);
             let expected = ["DeferSteering", step, "SendTurnEnded", "Finish(Ok(()))"];
             assert_eq!(steps, names(&expected));
         }
         let moved = Begin::BackgroundSubagent { call: "c".into() };
         let expected = ["DeferSteering", "SendTurnEnded", "Finish(Ok(()))"];
-        assert_eq!(course(moved, vec![Event::Done]), names(&expected));
+        assert_eq!(course(moved, vec![StepResult::Done]), names(&expected));
     }
 
     /// A step that fails after a request without a model turn ends the run the same way.
     #[test]
     fn a_summary_that_fails_ends_with_its_failure_and_no_turn_end() {
-        let steps = course(Begin::Summarize, vec![Event::Failed(RunError::ClientGone)]);
+        let steps = course(
+            Begin::Summarize,
+            vec![StepResult::Failed(RunError::ClientGone)],
+        );
         let expected = [
             "DeferSteering",
             "Summarize",
@@ -310,7 +321,7 @@ mod tests {
 
     #[test]
     fn an_event_out_of_order_ends_the_run_with_an_internal_error() {
-        let steps = course(turn(), vec![Event::Rounds(RoundsEnd::Done)]);
+        let steps = course(turn(), vec![StepResult::Rounds(RoundsEnd::Done)]);
         assert_eq!(steps[..2], names(&["OpenTurn", "CleanUp"]));
         assert!(steps[2].starts_with("Finish(Err(Internal("), "{steps:?}");
     }
@@ -318,9 +329,11 @@ mod tests {
     #[test]
     fn an_ended_run_takes_no_more_steps() {
         let (mut life, _) = Lifecycle::start(&turn());
-        assert_eq!(life.handle(Event::Failed(RunError::Canceled)).len(), 2);
-        assert!(life.handle(Event::Done).is_empty());
-        assert!(life.handle(Event::Failed(RunError::ClientGone)).is_empty());
-        assert!(life.handle(Event::Rounds(RoundsEnd::Done)).is_empty());
+        assert_eq!(life.handle(StepResult::Failed(RunError::Canceled)).len(), 2);
+        assert!(life.handle(StepResult::Done).is_empty());
+        assert!(life
+            .handle(StepResult::Failed(RunError::ClientGone))
+            .is_empty());
+        assert!(life.handle(StepResult::Rounds(RoundsEnd::Done)).is_empty());
     }
 }

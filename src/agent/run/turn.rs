@@ -10,7 +10,7 @@ use super::client::Client;
 use super::driver::{self, Parts};
 use super::error::RunError;
 use super::history;
-use super::lifecycle::{Event, Lifecycle, Step};
+use super::lifecycle::{Lifecycle, RunStep, StepResult};
 use super::machine::{Machine, RequestFor, RoundRules, TurnWork};
 use super::model_calls::{request_options, ModelCalls};
 use super::opening;
@@ -110,9 +110,9 @@ impl RunState {
         }
         let out = self.client.out.clone();
         let heartbeat = Heartbeat::new(self.run.settings.heartbeat);
-        let mut queue: VecDeque<Step> = first.into();
+        let mut queue: VecDeque<RunStep> = first.into();
         while let Some(step) = queue.pop_front() {
-            if let Step::Finish(result) = step {
+            if let RunStep::Finish(result) = step {
                 return result.map(|()| self.model.summary());
             }
             // Boxed: the step's future is large, and moved into the heartbeat's it would
@@ -132,22 +132,24 @@ impl RunState {
         &mut self,
         req: &pb::AgentRunRequest,
         carried: &mut Carried,
-        step: Step,
-    ) -> Option<Event> {
-        let done = |r: Result<(), RunError>| Some(r.map_or_else(Event::Failed, |()| Event::Done));
+        step: RunStep,
+    ) -> Option<StepResult> {
+        let done = |r: Result<(), RunError>| {
+            Some(r.map_or_else(StepResult::Failed, |()| StepResult::Done))
+        };
         match step {
-            Step::OpenTurn => done(self.open_turn(req, carried).await),
-            Step::RunRounds => Some(self.model_rounds(req, carried).await),
-            Step::DeferSteering => {
+            RunStep::OpenTurn => done(self.open_turn(req, carried).await),
+            RunStep::RunRounds => Some(self.model_rounds(req, carried).await),
+            RunStep::DeferSteering => {
                 self.client.steering.defer_to_next_turn();
                 None
             }
-            Step::TakeCarried => done(self.take_carried(carried).await),
-            Step::StoreTurn => done(self.store_turn(req, carried).await),
-            Step::StoreCanceled { by_user } => Some(Event::Failed(
+            RunStep::TakeCarried => done(self.take_carried(carried).await),
+            RunStep::StoreTurn => done(self.store_turn(req, carried).await),
+            RunStep::StoreCanceled { by_user } => Some(StepResult::Failed(
                 self.store_canceled(req, carried, by_user).await,
             )),
-            Step::AppendTranscript => {
+            RunStep::AppendTranscript => {
                 let folder = carried
                     .opened
                     .as_ref()
@@ -156,22 +158,22 @@ impl RunState {
                 store::append_transcript(&self.run, req, folder, lines).await;
                 done(Ok(()))
             }
-            Step::Summarize => done(self.summarize_now(req).await),
-            Step::RunShell => {
+            RunStep::Summarize => done(self.summarize_now(req).await),
+            RunStep::RunShell => {
                 let (command, exec_id) = carried.shell.take().unwrap_or_default();
                 done(self.shell_command(req, command, exec_id).await)
             }
-            Step::CancelSubagent => {
+            RunStep::CancelSubagent => {
                 self.client
                     .cancel_subagent(&carried.subagent.take().unwrap_or_default());
                 done(Ok(()))
             }
-            Step::SendTurnEnded => done(self.turn_ended().await),
-            Step::CleanUp => {
+            RunStep::SendTurnEnded => done(self.turn_ended().await),
+            RunStep::CleanUp => {
                 self.clean_up().await;
                 None
             }
-            Step::Finish(_) => None,
+            RunStep::Finish(_) => None,
         }
     }
 
@@ -299,9 +301,13 @@ impl RunState {
 
     /// The turn's model calls, in rounds (see [`Machine`]), driven to their end: how they
     /// ended. What the turn did stays in `carried`.
-    async fn model_rounds(&mut self, req: &pb::AgentRunRequest, carried: &mut Carried) -> Event {
+    async fn model_rounds(
+        &mut self,
+        req: &pb::AgentRunRequest,
+        carried: &mut Carried,
+    ) -> StepResult {
         let (Some(opened), Some(work)) = (carried.opened.as_ref(), carried.work.take()) else {
-            return Event::Failed(out_of_order());
+            return StepResult::Failed(out_of_order());
         };
         let background = state::background_subagents(&opened.prev_state);
         let ctx = opened.request_context.as_ref();
@@ -332,7 +338,7 @@ impl RunState {
         };
         let end = driver::drive(parts, &mut machine).await;
         carried.work = Some(machine.into_work());
-        Event::Rounds(end)
+        StepResult::Rounds(end)
     }
 
     /// `/summarize`: the whole conversation so far, by the path automatic compaction takes; the
