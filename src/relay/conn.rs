@@ -29,6 +29,9 @@ pub(super) const READ_CHUNK: usize = 16 * 1024 + 9;
 /// Reads from one peer per turn of the driver, before what they brought is written on.
 const READS_PER_TURN: usize = 4;
 
+/// The most plaintext one TLS record carries.
+pub(super) const TLS_RECORD: usize = 16 * 1024;
+
 /// What a TLS connection the relay writes to should accept in one write. rustls's default
 /// (64 KiB) is 36 bytes short of a turn's four whole frames, so each such turn would leave in
 /// two writes, the second a 36-byte record in a segment of its own.
@@ -160,6 +163,9 @@ pub(crate) struct Relay {
     preface_seen: bool,
     /// Bytes read from the client while it was held back, not yet parsed.
     probed: bool,
+    /// The origin filled a whole turn of reads in this pass: more is likely ready, and the
+    /// client's TLS records are filled whole (see [`Relay::write`]).
+    more_ready: bool,
 }
 
 impl Relay {
@@ -191,6 +197,7 @@ impl Relay {
             keep_alive: Box::pin(tokio::time::sleep(H2_KEEP_ALIVE)),
             preface_seen: false,
             probed: false,
+            more_ready: false,
         }
     }
 
@@ -259,6 +266,7 @@ impl Relay {
     /// Read every peer that may be read, and make the connections that asked for.
     fn read_all(&mut self, cx: &mut Context<'_>) -> Result<bool, ClientGone> {
         let mut progress = false;
+        self.more_ready = false;
         if !self.state.closing() {
             progress |= self.read_client(cx)?;
         }
@@ -449,13 +457,16 @@ impl Relay {
     /// write each. The bounds are checked between reads, as between turns.
     fn read(&mut self, side: Conn, cx: &mut Context<'_>) -> Result<bool, Fault> {
         let mut progress = false;
-        for _ in 0..READS_PER_TURN {
+        for i in 0..READS_PER_TURN {
             if !self.read_once(side, cx)? {
                 break;
             }
             progress = true;
             if !self.state.may_read(side) || self.state.closing() || self.state.faulted() {
                 break;
+            }
+            if i + 1 == READS_PER_TURN && side != Conn::Client {
+                self.more_ready = true;
             }
         }
         Ok(progress)
@@ -514,10 +525,17 @@ impl Relay {
             return Ok(false);
         };
         let mut progress = false;
-        while !peer.out.is_empty() {
-            match peer.out.poll_write(&mut **io, cx) {
+        let mut allowed = match side {
+            // More follows at once: whole TLS records now, the rest with it. The loop reads
+            // again before it can stop, and a pass that finds nothing new writes everything.
+            Conn::Client if self.more_ready => peer.out.len() - peer.out.len() % TLS_RECORD,
+            _ => usize::MAX,
+        };
+        while !peer.out.is_empty() && allowed > 0 {
+            match peer.out.poll_write(&mut **io, cx, allowed) {
                 Poll::Ready(Ok(0)) => return Err(Fault::Closed("closed while writing".into())),
                 Poll::Ready(Ok(n)) => {
+                    allowed = allowed.saturating_sub(n);
                     peer.sent(n);
                     socket.flush = true;
                     progress = true;

@@ -59,12 +59,18 @@ impl Out {
         self.len() == 0
     }
 
-    /// What waits, in order, as up to `dst.len()` slices; how many were filled.
-    pub(super) fn slices<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
+    /// What waits, in order, as up to `dst.len()` slices of at most `limit` bytes in all; how
+    /// many were filled.
+    pub(super) fn slices<'a>(&'a self, dst: &mut [IoSlice<'a>], mut limit: usize) -> usize {
         let parts = self.queued.iter().map(|b| &b[..]);
         let all = parts.chain(std::iter::once(&self.tail[..]));
         let mut n = 0;
         for (slot, part) in dst.iter_mut().zip(all.filter(|p| !p.is_empty())) {
+            if limit == 0 {
+                break;
+            }
+            let part = &part[..part.len().min(limit)];
+            limit -= part.len();
             *slot = IoSlice::new(part);
             n += 1;
         }
@@ -74,7 +80,7 @@ impl Out {
     /// Everything waiting as one slice, copied together first if it is in several segments:
     /// for a writer that takes one slice at a time (a TLS stream would make a record of each
     /// frame header).
-    pub(super) fn contiguous(&mut self) -> &[u8] {
+    pub(super) fn contiguous(&mut self, limit: usize) -> &[u8] {
         if !self.queued.is_empty() {
             let mut all = BytesMut::with_capacity(self.len());
             for part in self.queued.drain(..) {
@@ -84,22 +90,24 @@ impl Out {
             self.queued_len = 0;
             self.tail = all;
         }
-        &self.tail
+        &self.tail[..self.tail.len().min(limit)]
     }
 
     /// One write of what waits to `io` (the caller advances by what it took): vectored where
     /// the writer takes several slices at once (TLS then fills whole records from them), else
     /// the output copied together first.
+    /// At most `limit` bytes go.
     pub(super) fn poll_write<W: AsyncWrite + Unpin + ?Sized>(
         &mut self,
         io: &mut W,
         cx: &mut Context<'_>,
+        limit: usize,
     ) -> Poll<io::Result<usize>> {
         if !io.is_write_vectored() {
-            return Pin::new(io).poll_write(cx, self.contiguous());
+            return Pin::new(io).poll_write(cx, self.contiguous(limit));
         }
         let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-        let n = self.slices(&mut slices);
+        let n = self.slices(&mut slices, limit);
         Pin::new(io).poll_write_vectored(cx, &slices[..n])
     }
 
@@ -133,7 +141,7 @@ mod tests {
 
     fn gather(out: &Out) -> Vec<u8> {
         let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-        let n = out.slices(&mut slices);
+        let n = out.slices(&mut slices, usize::MAX);
         slices[..n].iter().flat_map(|s| s.iter().copied()).collect()
     }
 
@@ -184,7 +192,11 @@ mod tests {
             out.advance(split);
             assert_eq!(out.len(), expected.len() - split, "split {split}");
             assert_eq!(gather(&out), expected[split..], "split {split}");
-            assert_eq!(out.contiguous(), &expected[split..], "split {split}");
+            assert_eq!(
+                out.contiguous(usize::MAX),
+                &expected[split..],
+                "split {split}"
+            );
         }
     }
 
@@ -196,8 +208,23 @@ mod tests {
             out.push(Bytes::from(vec![i; COPY_BELOW]));
         }
         let mut slices = [IoSlice::new(&[]); 5];
-        assert_eq!(out.slices(&mut slices), 5);
+        assert_eq!(out.slices(&mut slices, usize::MAX), 5);
         assert_eq!(&slices[0][..], &[0]);
         assert_eq!(slices[1].len(), COPY_BELOW);
+    }
+
+    /// A limit cuts the output at that byte, inside a segment or the tail, at every limit.
+    #[test]
+    fn slices_and_the_contiguous_copy_stop_at_the_limit() {
+        let (_, expected) = sample();
+        for limit in 0..=expected.len() + 1 {
+            let (mut out, _) = sample();
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let n = out.slices(&mut slices, limit);
+            let got: Vec<u8> = slices[..n].iter().flat_map(|s| s.iter().copied()).collect();
+            let want = &expected[..limit.min(expected.len())];
+            assert_eq!(got, want, "limit {limit}");
+            assert_eq!(out.contiguous(limit), want, "limit {limit}");
+        }
     }
 }

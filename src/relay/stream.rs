@@ -344,7 +344,7 @@ mod tests {
                     vectored,
                 };
                 while !dest.out.is_empty() {
-                    let Poll::Ready(Ok(n)) = dest.out.poll_write(&mut io, cx) else {
+                    let Poll::Ready(Ok(n)) = dest.out.poll_write(&mut io, cx, usize::MAX) else {
                         panic!("the writer is always ready");
                     };
                     dest.sent(n);

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::conn::{BoxFuture, BoxIo, Dialer, Relay, Setup};
+use super::conn::{BoxFuture, BoxIo, Dialer, Relay, Setup, TLS_RECORD};
 use crate::http::{boxed, full, Body};
 use crate::upstream::UpstreamError;
 
@@ -95,10 +95,24 @@ fn pattern() -> Vec<u8> {
     (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect()
 }
 
-/// The relay's end of the client connection, taking at most `cap` bytes per write.
+/// The relay's end of the client connection, taking at most `cap` bytes per write; the size
+/// of every write it took, in order.
 struct Capped {
     io: DuplexStream,
     cap: usize,
+    writes: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl Capped {
+    fn took(
+        &self,
+        written: std::task::Poll<std::io::Result<usize>>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let std::task::Poll::Ready(Ok(n)) = written {
+            self.writes.lock().unwrap().push(n);
+        }
+        written
+    }
 }
 
 impl tokio::io::AsyncRead for Capped {
@@ -118,7 +132,8 @@ impl tokio::io::AsyncWrite for Capped {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let n = buf.len().min(self.cap);
-        std::pin::Pin::new(&mut self.io).poll_write(cx, &buf[..n])
+        let written = std::pin::Pin::new(&mut self.io).poll_write(cx, &buf[..n]);
+        self.took(written)
     }
 
     fn poll_write_vectored(
@@ -137,7 +152,8 @@ impl tokio::io::AsyncWrite for Capped {
             capped.push(std::io::IoSlice::new(&buf[..n]));
             room -= n;
         }
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, &capped)
+        let written = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, &capped);
+        self.took(written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -211,6 +227,8 @@ struct Fixture {
     dials: Arc<AtomicUsize>,
     /// Requests the origin has seen.
     origin_seen: Arc<AtomicUsize>,
+    /// The size of every write the relay made to the client.
+    client_writes: Arc<std::sync::Mutex<Vec<usize>>>,
 }
 
 async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
@@ -219,6 +237,11 @@ async fn start(origin: Origin, windows: (u32, u32)) -> Fixture {
 
 /// As [`start`], the relay writing at most `cap` bytes to the client at a time.
 async fn start_capped(origin: Origin, windows: (u32, u32), cap: usize) -> Fixture {
+    start_piped(origin, windows, cap, 64 * 1024).await
+}
+
+/// As [`start_capped`], every in-memory connection holding up to `pipe` bytes each way.
+async fn start_piped(origin: Origin, windows: (u32, u32), cap: usize, pipe: usize) -> Fixture {
     let gates = Gates::default();
     let (release, held) = oneshot::channel();
     *gates.hold.lock().await = Some(held);
@@ -228,14 +251,14 @@ async fn start_capped(origin: Origin, windows: (u32, u32), cap: usize) -> Fixtur
     let (dial, origin_task): (Dialer, _) = match origin {
         Origin::Serves => {
             // The first connection (which the test may stop), then a new origin per redial.
-            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let (ours, theirs) = tokio::io::duplex(pipe);
             let task = tokio::spawn(serve("origin", theirs, gates.clone(), Some(goaway_rx)));
             let first = std::sync::Mutex::new(Some(ours));
             let gates = gates.clone();
             let dial: Dialer = Box::new(move || -> BoxFuture<Result<BoxIo, UpstreamError>> {
                 dialled.fetch_add(1, Ordering::SeqCst);
                 let io = first.lock().unwrap().take().unwrap_or_else(|| {
-                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    let (ours, theirs) = tokio::io::duplex(pipe);
                     tokio::spawn(serve("origin", theirs, gates.clone(), None));
                     ours
                 });
@@ -275,8 +298,13 @@ async fn start_capped(origin: Origin, windows: (u32, u32), cap: usize) -> Fixtur
             let _ = stopped.await;
         }),
     };
-    let (client_io, relay_io) = tokio::io::duplex(64 * 1024);
-    let relay_io = Capped { io: relay_io, cap };
+    let (client_io, relay_io) = tokio::io::duplex(pipe);
+    let client_writes = Arc::default();
+    let relay_io = Capped {
+        io: relay_io,
+        cap,
+        writes: Arc::clone(&client_writes),
+    };
     let relay = tokio::spawn(Relay::new(Box::new(relay_io), setup));
     let (client, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(windows.0)
@@ -296,6 +324,7 @@ async fn start_capped(origin: Origin, windows: (u32, u32), cap: usize) -> Fixtur
         internal_conns,
         dials,
         origin_seen: gates.seen.clone(),
+        client_writes,
     }
 }
 
@@ -439,6 +468,25 @@ async fn partial_writes_to_the_client_deliver_bulk_in_order() {
         assert!(body[..] == pattern()[..], "cap {cap}");
         f.round_trip("/echo", "after", "origin").await;
     }
+}
+
+/// While the origin has more ready, the client's writes are whole TLS records (a frame header
+/// per frame otherwise leaves a few bytes for a record of their own at every turn); what is
+/// left over goes as soon as a pass finds nothing new, so the answer still arrives whole.
+#[tokio::test(start_paused = true)]
+async fn bulk_leaves_in_whole_records_while_more_is_ready() {
+    let mut f = start_piped(Origin::Serves, (16 << 20, 16 << 20), usize::MAX, 8 << 20).await;
+    let resp = f.send("/pattern", "p").await;
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body[..] == pattern()[..]);
+    let writes = f.client_writes.lock().unwrap().clone();
+    let total: usize = writes.iter().sum();
+    let whole: usize = writes.iter().filter(|n| *n % TLS_RECORD == 0).sum();
+    // Without the rule none is whole: a turn of four frames is 65,572 bytes.
+    assert!(
+        whole * 10 > total * 9,
+        "{whole} of {total} bytes in whole records: {writes:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
