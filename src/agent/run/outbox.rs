@@ -79,9 +79,7 @@ impl Outbox {
 
     pub(super) async fn send_output(&self, o: RunOutput) -> Result<(), RunError> {
         let permit = self.reserve().await?;
-        self.shown.note(&o);
-        permit.send(o);
-        self.sent();
+        self.put(permit, o);
         Ok(())
     }
 
@@ -91,14 +89,14 @@ impl Outbox {
             return;
         }
         if let Ok(permit) = self.tx.try_reserve() {
-            let o = RunOutput::Message(Box::new(m));
-            self.shown.note(&o);
-            permit.send(o);
-            self.sent();
+            self.put(permit, RunOutput::Message(Box::new(m)));
         }
     }
 
-    fn sent(&self) {
+    /// Send `o` into the room taken, noting what the user saw and when the run last spoke.
+    fn put(&self, permit: mpsc::Permit<'_, RunOutput>, o: RunOutput) {
+        self.shown.note(&o);
+        permit.send(o);
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_sent_ms.store(ms, Ordering::Relaxed);
     }
